@@ -1,0 +1,112 @@
+"""The state contract between model/ and cache/.
+
+A sequence state at position P is: the K/V of every attention layer for tokens
+[0, P), plus every recurrent layer's conv state and delta-rule state at P.
+
+Layouts (fixed here, used by the runner, the kernels and the cache tiers):
+
+    KV page        [n_attn, 2, block_size, kv_heads, head_dim]   kv_dtype
+                   (one page = block_size tokens of every attention layer, K then V)
+    device KV pool [num_pages, n_attn, 2, block_size, kv_heads, head_dim]
+    conv state     [n_rec, conv_dim, conv_kernel - 1]             conv_dtype
+                   (the last conv_kernel-1 inputs of the causal conv, oldest first)
+    ssm state      [n_rec, v_heads, k_head_dim, v_head_dim]       float32
+
+Attention layers are numbered 0..n_attn-1 and recurrent layers 0..n_rec-1 in
+the order they appear in the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    n_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    n_layers: int
+    conv_dim: int
+    conv_kernel: int
+    v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_dtype: torch.dtype
+    ssm_dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    block_size: int
+    attention: AttentionSpec | None
+    recurrent: RecurrentSpec | None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.attention is None and self.recurrent is None:
+            raise ValueError("a model has attention layers, recurrent layers, or both")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when some layer's state can't be cut: restores need snapshots."""
+        return self.recurrent is not None and self.recurrent.n_layers > 0
+
+    def kv_shape(self, n_tokens: int | None = None) -> tuple[int, ...]:
+        """Shape of n_tokens (default: one page) of KV for all attention layers."""
+        a = self.attention
+        if a is None:
+            return (0,)
+        n = self.block_size if n_tokens is None else n_tokens
+        return (a.n_layers, 2, n, a.kv_heads, a.head_dim)
+
+    def conv_shape(self) -> tuple[int, ...]:
+        r = self.recurrent
+        return () if r is None else (r.n_layers, r.conv_dim, r.conv_kernel - 1)
+
+    def ssm_shape(self) -> tuple[int, ...]:
+        r = self.recurrent
+        return () if r is None else (r.n_layers, r.v_heads, r.k_head_dim, r.v_head_dim)
+
+    def page_bytes(self) -> int:
+        if self.attention is None:
+            return 0
+        return _numel(self.kv_shape()) * _itemsize(self.attention.dtype)
+
+    def snapshot_bytes(self, partial_tokens: int = 0) -> int:
+        """Bytes of one recurrent snapshot plus `partial_tokens` of unpaged KV."""
+        n = 0
+        if self.recurrent is not None:
+            n += _numel(self.conv_shape()) * _itemsize(self.recurrent.conv_dtype)
+            n += _numel(self.ssm_shape()) * _itemsize(self.recurrent.ssm_dtype)
+        if self.attention is not None and partial_tokens:
+            n += _numel(self.kv_shape(partial_tokens)) * _itemsize(self.attention.dtype)
+        return n
+
+    def describe(self) -> dict:
+        """A JSON-able description, part of the model fingerprint."""
+        def one(x):
+            if x is None:
+                return None
+            return {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(x).items()}
+        return {"block_size": self.block_size, "attention": one(self.attention),
+                "recurrent": one(self.recurrent)}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

