@@ -1,0 +1,1 @@
+"""conv1d kernels: naive.py is the plain-torch reference."""

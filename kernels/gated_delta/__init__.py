@@ -1,0 +1,1 @@
+"""gated_delta kernels: naive.py is the plain-torch reference."""

@@ -1,0 +1,1 @@
+"""norm kernels: naive.py is the plain-torch reference."""

@@ -1,0 +1,1 @@
+"""paged_attention kernels: naive.py is the plain-torch reference."""

@@ -1,0 +1,1 @@
+"""rotary kernels: naive.py is the plain-torch reference."""

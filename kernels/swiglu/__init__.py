@@ -1,0 +1,1 @@
+"""swiglu kernels: naive.py is the plain-torch reference."""
