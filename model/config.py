@@ -1,0 +1,165 @@
+"""Model configuration, built from a Hugging Face config.json dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from model.spec import AttentionSpec, RecurrentSpec, StateSpec
+
+ARCHS = ("llama", "qwen3_5_text")
+LAYER_KINDS = ("full_attention", "linear_attention")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layer_types: tuple[str, ...]
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    max_position_embeddings: int = 8192
+    # Gated DeltaNet (linear_attention layers)
+    linear_conv_kernel: int = 4
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"unsupported architecture {self.arch!r} "
+                             f"(supported: {', '.join(ARCHS)})")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_kv_heads}")
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"config: layer_types has {len(self.layer_types)} entries for "
+                             f"{self.num_layers} layers")
+        bad = set(self.layer_types) - set(LAYER_KINDS)
+        if bad:
+            raise ValueError(f"config: unknown layer type(s) {sorted(bad)}")
+        if self.arch == "llama" and "linear_attention" in self.layer_types:
+            raise ValueError("config: llama has no linear_attention layers")
+        if "linear_attention" in self.layer_types:
+            for name in ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                         "linear_num_value_heads", "linear_conv_kernel"):
+                if getattr(self, name) <= 0:
+                    raise ValueError(f"config: {name} must be positive for linear attention")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError("config: linear_num_value_heads must be a multiple of "
+                                 "linear_num_key_heads")
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise ValueError(f"config: rotary dim {self.rotary_dim} must be even and <= head_dim")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"config: unsupported dtype {self.dtype!r}")
+
+    @classmethod
+    def from_hf(cls, d: dict) -> ModelConfig:
+        """Build from a Hugging Face config.json dict (llama, qwen3_5_text, or qwen3_5 with
+        a nested text_config)."""
+        if not isinstance(d, dict):
+            raise ValueError("config.json must hold a JSON object")
+        model_type = d.get("model_type")
+        if model_type == "qwen3_5" and isinstance(d.get("text_config"), dict):
+            d = {**d["text_config"], "model_type": "qwen3_5_text"}
+            model_type = "qwen3_5_text"
+        if model_type not in ARCHS:
+            raise ValueError(f"unsupported architecture: model_type {model_type!r} "
+                             f"(supported: {', '.join(ARCHS)})")
+        try:
+            hidden = int(d["hidden_size"])
+            heads = int(d["num_attention_heads"])
+            n_layers = int(d["num_hidden_layers"])
+            rope = d.get("rope_parameters") or {}
+            eos = d.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            if model_type == "qwen3_5_text":
+                types = d.get("layer_types") or [
+                    "full_attention" if (i + 1) % int(d.get("full_attention_interval", 4)) == 0
+                    else "linear_attention" for i in range(n_layers)]
+                partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 0.25))
+            else:
+                types = ["full_attention"] * n_layers
+                partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+            dtype = str(d.get("dtype") or d.get("torch_dtype") or "float32")
+            return cls(
+                arch=model_type,
+                vocab_size=int(d["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(d["intermediate_size"]),
+                num_layers=n_layers,
+                num_heads=heads,
+                num_kv_heads=int(d.get("num_key_value_heads") or heads),
+                head_dim=int(d.get("head_dim") or hidden // heads),
+                layer_types=tuple(types),
+                rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
+                partial_rotary_factor=float(partial),
+                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                attention_bias=bool(d.get("attention_bias", False)),
+                max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
+                linear_conv_kernel=int(d.get("linear_conv_kernel_dim", 4)),
+                linear_key_head_dim=int(d.get("linear_key_head_dim", 0)),
+                linear_value_head_dim=int(d.get("linear_value_head_dim", 0)),
+                linear_num_key_heads=int(d.get("linear_num_key_heads", 0)),
+                linear_num_value_heads=int(d.get("linear_num_value_heads", 0)),
+                bos_token_id=d.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                dtype=dtype if dtype in _DTYPES else "float32",
+                raw=dict(d),
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json is missing {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ValueError) and str(e).startswith("config"):
+                raise
+            raise ValueError(f"config.json has a value of the wrong type: {e}") from None
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def n_attention(self) -> int:
+        return self.layer_types.count("full_attention")
+
+    @property
+    def n_recurrent(self) -> int:
+        return self.layer_types.count("linear_attention")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def state_spec(self, block_size: int, dtype: torch.dtype = torch.float32) -> StateSpec:
+        """The state layout for a model computing in `dtype`."""
+        attn = AttentionSpec(self.n_attention, self.num_kv_heads, self.head_dim, dtype) \
+            if self.n_attention else None
+        rec = None
+        if self.n_recurrent:
+            key_dim = self.linear_key_head_dim * self.linear_num_key_heads
+            value_dim = self.linear_value_head_dim * self.linear_num_value_heads
+            rec = RecurrentSpec(self.n_recurrent, 2 * key_dim + value_dim, self.linear_conv_kernel,
+                                self.linear_num_value_heads, self.linear_key_head_dim,
+                                self.linear_value_head_dim, conv_dtype=dtype)
+        return StateSpec(block_size, attn, rec)

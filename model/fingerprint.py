@@ -1,0 +1,35 @@
+"""Model identity for cache keys: two models never share cache entries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from model.config import ModelConfig
+
+_EDGE = 1 << 20  # bytes hashed at each end of a weight file
+
+
+def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.dtype) -> str:
+    """Hex blake2b-128 over the config, the compute dtype, and each weight file's size
+    plus its first and last MiB.
+
+    Hashing whole files would cost minutes on a 16 GB checkpoint at every start; the
+    size and both ends (headers, tensor index, first and last tensors) change with any
+    re-export, re-quantization or fine-tune we know of.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(cfg.raw, sort_keys=True, default=str).encode())
+    h.update(str(dtype).encode())
+    for f in sorted(weight_files):
+        size = f.stat().st_size
+        h.update(f.name.encode() + size.to_bytes(8, "little"))
+        with open(f, "rb") as fh:
+            h.update(fh.read(_EDGE))
+            if size > _EDGE:
+                fh.seek(max(_EDGE, size - _EDGE))
+                h.update(fh.read(_EDGE))
+    return h.hexdigest()

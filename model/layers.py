@@ -1,0 +1,126 @@
+"""Building blocks shared by the architectures: norm, MLP, paged attention.
+
+Every module works on packed tokens: x [N, hidden] holds the tokens of all
+sequences in a step, sliced per sequence by `StepBatch.seqs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels import ops
+from model.batch import StepBatch
+from model.config import ModelConfig
+from model.state import DeviceState
+
+
+@dataclass
+class StepContext:
+    """Per-step values every layer needs, computed once per forward."""
+    batch: StepBatch
+    state: DeviceState
+    slots: torch.Tensor  # int64 [N]: flat KV slot (page * block_size + offset) of each token
+    cos: torch.Tensor    # [N, rotary_dim]
+    sin: torch.Tensor
+
+    @classmethod
+    def build(cls, batch: StepBatch, state: DeviceState, cfg: ModelConfig) -> StepContext:
+        B = state.spec.block_size
+        parts = []
+        for s in batch.seqs:
+            pos = torch.arange(s.ctx_len, s.ctx_len + s.q_len)
+            pages = s.page_table.long()[pos // B]
+            parts.append(pages * B + pos % B)
+        slots = torch.cat(parts).to(state.device) if parts else torch.empty(0, dtype=torch.long)
+        cos, sin = ops.rotary_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
+        return cls(batch, state, slots, cos, sin)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+        self.offset = offset  # 1.0: weights are stored zero-centred (Qwen3.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps, self.offset)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class Attention(nn.Module):
+    """Causal GQA attention over paged KV.
+
+    llama: plain. Qwen3.5 (`gated`): q_proj also yields a per-head output gate,
+    q and k get a zero-centred RMSNorm, and only a part of each head is rotated.
+    """
+
+    def __init__(self, cfg: ModelConfig, attn_index: int, gated: bool) -> None:
+        super().__init__()
+        self.attn_index = attn_index
+        self.gated = gated
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d * (2 if gated else 1), bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=bias)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=bias)
+        if gated:
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, offset=1.0)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, offset=1.0)
+        self.scale = self.d ** -0.5
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        N = x.shape[0]
+        q = self.q_proj(x)
+        gate = None
+        if self.gated:
+            q, gate = q.view(N, self.h, 2 * self.d).chunk(2, dim=-1)
+            gate = gate.reshape(N, self.h * self.d)
+        q = q.reshape(N, self.h, self.d)
+        k = self.k_proj(x).view(N, self.hkv, self.d)
+        v = self.v_proj(x).view(N, self.hkv, self.d)
+        if self.gated:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = ops.apply_rotary(q, ctx.cos, ctx.sin)
+        k = ops.apply_rotary(k, ctx.cos, ctx.sin)
+        kv = ctx.state.kv
+        ops.write_kv(kv, self.attn_index, ctx.slots, k, v)
+        out = self._attend(q, kv, ctx.batch)
+        out = out.reshape(N, self.h * self.d)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        seqs = batch.seqs
+        if batch.is_decode_only and len(seqs) > 1:
+            width = max(len(s.page_table) for s in seqs)
+            tables = torch.zeros(len(seqs), width, dtype=torch.int32)
+            for i, s in enumerate(seqs):
+                tables[i, :len(s.page_table)] = s.page_table
+            lens = torch.tensor([s.ctx_len + 1 for s in seqs], dtype=torch.int32)
+            order = torch.tensor([s.q_start for s in seqs])
+            out = torch.empty_like(q)
+            out[order] = ops.paged_decode_attention(q[order], kv, self.attn_index, tables, lens,
+                                                    self.scale)
+            return out
+        out = torch.empty_like(q)
+        for s in seqs:
+            sl = slice(s.q_start, s.q_start + s.q_len)
+            out[sl] = ops.paged_attention(q[sl], kv, self.attn_index, s.page_table, s.ctx_len,
+                                          self.scale)
+        return out

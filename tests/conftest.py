@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny random-weight models written once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.make_tiny import make_tiny
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_dir(tmp_path_factory):
+    return make_tiny("qwen3_5_text", tmp_path_factory.mktemp("tiny-hybrid"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    return make_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session", params=["qwen3_5_text", "llama"])
+def tiny_dir(request, tiny_hybrid_dir, tiny_llama_dir):
+    return tiny_hybrid_dir if request.param == "qwen3_5_text" else tiny_llama_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    from model.loader import load_model
+    return load_model(tiny_dir)

@@ -1,0 +1,125 @@
+"""`ckptd make-tiny`: a deterministic tiny random-weight model in Hugging Face format.
+
+Writes config.json, model.safetensors, tokenizer.json (a byte-level BPE trained on a
+fixed text, so any string encodes), tokenizer_config.json with a ChatML template,
+and generation_config.json. transformers loads the folder as Qwen3_5ForCausalLM
+or LlamaForCausalLM; tests and demos use it in place of real weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ARCHES = ("qwen3_5_text", "llama")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog. A cache keeps what was computed so it "
+    "is never computed again. Paris is the capital of France; Berlin is the capital of "
+    "Germany. def add(a, b):\n    return a + b\nNumbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. "
+    "Memory, context, prefix, snapshot, restore, token, layer, state, model, query. "
+)
+VOCAB = 512
+
+
+def _config(arch: str) -> dict:
+    common = {
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "silu", "torch_dtype": "float32",
+        "attention_bias": False,
+    }
+    if arch == "llama":
+        return {**common, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": 3, "rope_theta": 10000.0, "mlp_bias": False}
+    return {**common, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+            "num_hidden_layers": 4,
+            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.25}}
+
+
+def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
+    from model.config import ModelConfig
+    from model.decoder import CausalLM
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        meta = CausalLM(ModelConfig.from_hf(cfg))
+    shapes = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    out = {}
+    for name, shape in sorted(shapes.items()):
+        if name.endswith("A_log"):
+            t = torch.log(torch.empty(shape).uniform_(0.05, 1.0, generator=gen))
+        elif name.endswith("dt_bias"):
+            t = torch.empty(shape).uniform_(-1.0, 1.0, generator=gen)
+        elif name.endswith("linear_attn.norm.weight") or (arch == "llama" and "norm" in name):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif "norm" in name:      # Qwen3.5 zero-centred norms: weight + 1 is applied
+            t = 0.1 * torch.randn(shape, generator=gen)
+        elif name.endswith("embed_tokens.weight"):
+            t = 0.2 * torch.randn(shape, generator=gen)
+        elif name == "lm_head.weight":
+            # logits of a few units: fp32 rounding then stays well under the 1e-5
+            # tolerance the chunking tests hold the model to
+            t = 0.1 * torch.randn(shape, generator=gen)
+        else:
+            t = 0.5 * torch.randn(shape, generator=gen) / (shape[-1] ** 0.5)
+        out[name] = t.contiguous()
+    return out
+
+
+def _tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
+        "add_bos_token": False, "model_max_length": 131072,
+    }, indent=1))
+
+
+def make_tiny(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    if arch not in ARCHES:
+        raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = _config(arch)
+    _tokenizer(out)
+    from tokenizers import Tokenizer
+    cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}))
+    return out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--arch", required=True, choices=ARCHES)
+    p.add_argument("--out", required=True, help="folder to write")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    out = make_tiny(args.arch, args.out, args.seed)
+    print(f"wrote tiny {args.arch} model to {out}")
+    return 0
