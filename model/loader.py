@@ -22,15 +22,28 @@ _RENAMES = (("model.language_model.", "model."),)
 _SKIP = ("mtp.", "model.visual.", "visual.")
 
 
+def load(path: str | Path, dtype: torch.dtype | None = None,
+         device: str | torch.device = "cpu"):
+    """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once."""
+    from model.tokenizer import Tokenizer
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from model.gguf import open_gguf
+        reader = open_gguf(path)
+        return load_model(path, dtype, device, reader), Tokenizer.from_gguf(reader)
+    model = load_model(path, dtype, device)
+    return model, Tokenizer.from_dir(path)
+
+
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
-               device: str | torch.device = "cpu") -> CausalLM:
+               device: str | torch.device = "cpu", gguf_reader=None) -> CausalLM:
     """A ready CausalLM from an HF folder or a .gguf file; fp32 unless dtype says otherwise."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
     if path.is_file() and path.suffix == ".gguf":
         from model.gguf import load_gguf
-        hf_config, tensors = load_gguf(path)
+        hf_config, tensors = load_gguf(path, gguf_reader)
         files = [path]
     elif path.is_dir():
         hf_config = _read_config(path)
