@@ -38,6 +38,8 @@ class RestorePlan:
     position: int                     # tokens the restored state covers
     blocks: list[PieceRef]            # blocks 0 .. position // B - 1
     snapshot: PieceRef | None         # state at exactly `position` (needed by hybrids)
+    snapshot_position: int = 0        # where the snapshot was taken; > position when an
+                                      # attention-only model uses a prefix of its partial page
 
     def bytes_by_tier(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -124,8 +126,8 @@ class CacheStore:
             blocks.append(self._ref(k, *found))
         snap = self._best_snapshot(tokens, root, keys, len(blocks), limit)
         if snap is not None:
-            position, ref = snap
-            plan = RestorePlan(position, blocks[:position // self.B], ref)
+            position, ref, taken_at = snap
+            plan = RestorePlan(position, blocks[:position // self.B], ref, taken_at)
         elif self.spec.is_hybrid:
             plan = RestorePlan(0, [], None)
         else:
@@ -138,11 +140,14 @@ class CacheStore:
         return plan
 
     def _best_snapshot(self, tokens, root, keys, depth, limit):
+        """(position, snapshot ref, position it was taken at) or None."""
         for d in range(depth, -1, -1):
             parent = keys[d - 1] if d else root
             cands = {k: r for r, k in self.disk.snapshots_after(parent)}
             cands.update({k: len(m.tokens) for k, m in self.host.scan()
                           if m.kind == SNAPSHOT and m.parent == parent.hex()})
+            if not self.spec.is_hybrid:
+                return self._best_partial(tokens, d, cands, limit)
             for key, r in sorted(cands.items(), key=lambda kv: -kv[1]):
                 pos = d * self.B + r
                 if r >= self.B or pos > limit:
@@ -151,12 +156,25 @@ class CacheStore:
                 found = self._find(key)
                 if found is None or snapshot_key(parent, tail) != key or found[0].tokens != tail:
                     continue
-                if not self.spec.is_hybrid and r == 0:
-                    continue        # a block boundary needs no snapshot without recurrent layers
-                return pos, self._ref(key, *found)
-            if not self.spec.is_hybrid:
-                return None         # attention-only: only the deepest block's tail matters
+                return pos, self._ref(key, *found), pos
         return None
+
+    def _best_partial(self, tokens, d, cands, limit):
+        """Attention-only: KV can be cut anywhere, so any snapshot after block d serves the
+        part of its partial page that matches the prompt (tokens compared)."""
+        want = tokens[d * self.B:min(limit, (d + 1) * self.B)]
+        best = None
+        for key in cands:
+            found = self._find(key)
+            if found is None:
+                continue
+            have = found[0].tokens
+            m = 0
+            while m < min(len(have), len(want)) and have[m] == want[m]:
+                m += 1
+            if m and (best is None or m > best[0]):
+                best = (m, self._ref(key, *found), d * self.B + len(have))
+        return None if best is None else (d * self.B + best[0], best[1], best[2])
 
     def load(self, plan: RestorePlan) -> Restored:
         refs = [*plan.blocks, *([plan.snapshot] if plan.snapshot else [])]
@@ -176,7 +194,11 @@ class CacheStore:
                     self.touched[ref.key] = m
         n = len(plan.blocks)
         pages = torch.stack([v["kv"] for v in values[:n]]) if n else None
-        return Restored(plan.position, pages, values[n] if plan.snapshot else None)
+        snap = dict(values[n]) if plan.snapshot else None
+        if snap and plan.snapshot_position != plan.position:
+            snap.pop("logits", None)                 # they belong to the full snapshot
+            snap["kv"] = snap["kv"][:, :, :plan.position % self.B]
+        return Restored(plan.position, pages, snap)
 
     def _read(self, ref: PieceRef) -> dict[str, torch.Tensor] | None:
         item = self.host.get(ref.key)

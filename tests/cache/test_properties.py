@@ -14,23 +14,27 @@ prompts = st.lists(st.integers(0, 3), min_size=1, max_size=26)     # small alpha
 salted = st.tuples(prompts, st.sampled_from(["", "a"]))
 
 
+def _common(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def expected(stored: list[tuple[list[int], str]], query: list[int], salt: str, hybrid: bool):
+    """What a perfect lookup returns; every stored prompt has its blocks and a snapshot at
+    its end; at least one query token is left to compute."""
     limit = len(query) - 1
-    best = 0
-    for toks, s in stored:
-        if s != salt:
-            continue
-        common = 0
-        while common < min(len(toks), len(query)) and toks[common] == query[common]:
-            common += 1
-        if hybrid:          # a snapshot exists exactly at len(toks)
-            if common == len(toks) and len(toks) <= limit:
-                best = max(best, len(toks))
-        else:               # blocks up to the common prefix, plus the snapshot if fully matched
-            full = min(common, len(toks)) // B * B
-            best = max(best, min(full, limit // B * B))
-            if common == len(toks) and len(toks) <= limit:
-                best = max(best, len(toks))
+    mine = [(t, _common(t, query)) for t, s in stored if s == salt]
+    if hybrid:      # only a snapshot fully matched within the limit is restorable
+        return max([len(t) for t, c in mine if c == len(t) and len(t) <= limit], default=0)
+    # attention only: the deepest matching block, then any snapshot after that block can
+    # lend the matching part of its partial page (KV can be cut anywhere)
+    depth = max([min(c, len(t), limit) // B for t, c in mine], default=0)
+    best = depth * B
+    for t, c in mine:
+        if len(t) // B == depth and c >= depth * B:
+            best = max(best, min(c, len(t), limit))
     return best
 
 

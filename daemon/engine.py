@@ -1,0 +1,164 @@
+"""The checkpointing engine: restore the longest cached prefix, leave checkpoints behind.
+
+A restore copies a cached state into a fresh sequence: full blocks into its
+pages, the snapshot's partial-page KV after them, the recurrent snapshot into
+its slot. Prefill then continues from the restored position. Checkpoints are
+taken at snapshot_interval boundaries during prefill, at the end of the prompt
+(with the last logits, so an exact repeat computes nothing) and at the end of a
+generation (so the next chat turn resumes after this answer).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cache.store import CacheStore
+from kernels import ops
+from model.runner import Runner, Sequence
+
+
+@dataclass
+class RestoreInfo:
+    cached_tokens: int = 0
+    tier: str | None = None       # "host", "disk" or None
+    restore_ms: float = 0.0
+    logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
+    fallbacks: int = 0            # plans abandoned because a piece failed verification
+
+
+class Rates:
+    """Measured throughputs (exponential moving averages) for planning restores by cost."""
+
+    def __init__(self) -> None:
+        self.prefill_tps = 2000.0          # tokens/s; replaced by measurements
+        self.bytes_per_s = {"host": 4e9, "disk": 3e8}
+
+    def update_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= 16 and seconds > 0:
+            self.prefill_tps = 0.8 * self.prefill_tps + 0.2 * tokens / seconds
+
+    def update_read(self, tier: str, nbytes: int, seconds: float) -> None:
+        if nbytes > 0 and seconds > 0:
+            self.bytes_per_s[tier] = 0.8 * self.bytes_per_s[tier] + 0.2 * nbytes / seconds
+
+
+class Engine:
+    def __init__(self, runner: Runner, store: CacheStore | None,
+                 snapshot_interval: int = 1024) -> None:
+        if store is not None and store.B != runner.block_size:
+            raise ValueError("store and runner must use the same block size")
+        if snapshot_interval % runner.block_size:
+            raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a multiple of "
+                             f"block_size ({runner.block_size})")
+        self.runner, self.store = runner, store
+        self.B = runner.block_size
+        self.interval = snapshot_interval
+        self.rates = Rates()
+        self.hybrid = runner.spec.is_hybrid
+
+    # ---- restore -----------------------------------------------------------------
+    def admit(self, tokens: list[int], salt: str | None, use_cache: bool) -> tuple[Sequence,
+                                                                                  RestoreInfo]:
+        seq = self.runner.add(tokens)
+        seq.salt, seq.stored_blocks, seq.use_cache = salt, 0, use_cache
+        info = RestoreInfo()
+        if not use_cache or self.store is None:
+            return seq, info
+        t0 = time.perf_counter()
+        for _ in range(8):                  # each failed load drops a piece, so this ends
+            plan = self.store.lookup(tokens, salt, max_tokens=len(tokens))
+            if plan.position == len(tokens) and plan.snapshot is None:
+                plan = self.store.lookup(tokens, salt, max_tokens=len(tokens) - 1)
+            if plan.position == 0 or not self._worth_it(plan):
+                break
+            t_read = time.perf_counter()
+            restored = self.store.load(plan)
+            if not restored.ok:
+                info.fallbacks += 1
+                continue
+            if plan.position == len(tokens) and "logits" not in (restored.snapshot or {}):
+                plan = self.store.lookup(tokens, salt, max_tokens=len(tokens) - 1)
+                if plan.position == 0:
+                    break
+                restored = self.store.load(plan)
+                if not restored.ok:
+                    info.fallbacks += 1
+                    continue
+            for tier, n in plan.bytes_by_tier().items():
+                self.rates.update_read(tier, n, time.perf_counter() - t_read)
+            self._install(seq, restored)
+            info.cached_tokens, info.tier = restored.position, plan.tier
+            if restored.position == len(tokens):
+                info.logits = restored.snapshot["logits"]
+            seq.stored_blocks = restored.position // self.B
+            break
+        info.restore_ms = (time.perf_counter() - t0) * 1000
+        return seq, info
+
+    def _worth_it(self, plan) -> bool:
+        read_s = sum(n / self.rates.bytes_per_s[t] for t, n in plan.bytes_by_tier().items())
+        return read_s <= plan.position / self.rates.prefill_tps
+
+    def _install(self, seq: Sequence, restored) -> None:
+        P = restored.position
+        r = self.runner
+        r._ensure_pages(seq, P)
+        n_full = P // self.B
+        state = r.state
+        if n_full and state.kv is not None:
+            ops.scatter_pages(state.kv, seq.pages[:n_full], restored.pages)
+        snap = restored.snapshot or {}
+        if P % self.B and state.kv is not None:
+            kv = snap["kv"]                                  # [n_attn, 2, r, Hkv, D]
+            state.kv[seq.pages[n_full], :, :, :kv.shape[2]] = kv.to(state.kv.dtype)
+        if state.conv is not None:
+            state.conv[seq.slot] = snap["conv"].to(state.conv.dtype)
+            state.ssm[seq.slot] = snap["ssm"].to(state.ssm.dtype)
+        seq.num_computed = P
+
+    # ---- checkpoints -------------------------------------------------------------
+    def next_chunk(self, seq: Sequence, budget: int) -> int:
+        """Prefill tokens to compute next: at most `budget`, ending on a snapshot
+        boundary when one is near, so interval snapshots land exactly."""
+        left = len(seq.tokens) - seq.num_computed
+        n = min(left, budget)
+        if self.store is not None and seq.use_cache and self.hybrid:
+            to_boundary = self.interval - seq.num_computed % self.interval
+            if to_boundary < n:
+                n = to_boundary
+        return max(n, 1)
+
+    def after_prefill_step(self, seq: Sequence, logits: torch.Tensor | None) -> None:
+        """Called after each prefill chunk: interval snapshot, or the end-of-prompt one."""
+        if self.store is None or not seq.use_cache:
+            return
+        done = seq.num_computed == len(seq.tokens)
+        if done:
+            self.checkpoint(seq, logits)
+        elif seq.num_computed % self.interval == 0:
+            self.checkpoint(seq, None)
+
+    def checkpoint(self, seq: Sequence, logits: torch.Tensor | None) -> None:
+        """Store the full blocks computed so far and a snapshot at num_computed."""
+        if self.store is None or not seq.use_cache or seq.num_computed == 0:
+            return
+        state, P = self.runner.state, seq.num_computed
+        tokens = seq.tokens[:P]
+        n_full = P // self.B
+        if n_full > seq.stored_blocks and state.kv is not None:
+            pages = ops.gather_pages(state.kv, seq.pages[seq.stored_blocks:n_full])
+            self.store.put_blocks(tokens, seq.stored_blocks, pages, seq.salt)
+        seq.stored_blocks = max(seq.stored_blocks, n_full)
+        snap = {}
+        if P % self.B and state.kv is not None:
+            snap["kv"] = state.kv[seq.pages[n_full], :, :, :P % self.B].clone()
+        if state.conv is not None:
+            snap["conv"] = state.conv[seq.slot].clone()
+            snap["ssm"] = state.ssm[seq.slot].clone()
+        if logits is not None:
+            snap["logits"] = logits.detach().float().clone()
+        if snap:
+            self.store.put_snapshot(tokens, snap, seq.salt)

@@ -1,0 +1,157 @@
+"""The central property: a restored cache gives the same tokens and logits as no cache."""
+
+from __future__ import annotations
+
+import threading
+
+import lmdb
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cache.store import CacheStore
+from daemon.engine import Engine
+from daemon.scheduler import Finished, Request, Scheduler
+from model.runner import Runner
+from model.sampling import SamplingParams
+from model.testing import prompt_logits
+from model.tokenizer import Tokenizer
+
+B, INTERVAL = 8, 32
+
+
+def make_engine(model, path, **kw):
+    runner = Runner(model, num_pages=512, num_slots=8, block_size=B)
+    store = CacheStore(path, runner.spec, model.fingerprint, **kw) if path else None
+    return Engine(runner, store, snapshot_interval=INTERVAL)
+
+
+def run(engine, tokenizer, prompts, salt=None, use_cache=True, max_tokens=6):
+    """Submit all prompts at once; return (tokens, stats) per prompt."""
+    sched = Scheduler(engine, tokenizer, max_running=4, step_tokens=48)
+    sched.start()
+    results = [None] * len(prompts)
+    done = threading.Semaphore(0)
+
+    def emitter(i):
+        toks = []
+
+        def emit(ev):
+            if isinstance(ev, Finished):
+                results[i] = (toks, ev)
+                done.release()
+            else:
+                toks.append(ev.token)
+        return emit
+
+    for i, p in enumerate(prompts):
+        sched.submit(Request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                             emitter(i), salt=salt, use_cache=use_cache))
+    for _ in prompts:
+        assert done.acquire(timeout=120)
+    sched.stop()
+    return results
+
+
+def _tok(tiny_dir):
+    return Tokenizer.from_dir(tiny_dir)
+
+
+prefix_pool = [list(range(3, 3 + n)) for n in (5, 19, 40, 77)]
+requests = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 30), st.integers(1, 9)),
+                    min_size=2, max_size=5)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(reqs=requests)
+def test_cached_equals_uncached_random_sharing(tiny_dir, tiny_model, tmp_path_factory, reqs):
+    tok = _tok(tiny_dir)
+    prompts = [prefix_pool[p][:cut + 1] + [400 + s] * s for p, cut, s in reqs]
+    want = run(make_engine(tiny_model, None), tok, prompts, use_cache=False)
+    path = tmp_path_factory.mktemp("store")
+    eng = make_engine(tiny_model, path)
+    first = run(eng, tok, prompts)
+    second = run(eng, tok, prompts)                          # host tier
+    eng.store.close()
+    eng = make_engine(tiny_model, path, host_budget=0)       # restart: disk only
+    third = run(eng, tok, prompts)
+    eng.store.close()
+    for w, a, b, c in zip(want, first, second, third):
+        assert w[0] == a[0] == b[0] == c[0]
+    assert all(r[1].stats.cache_n > 0 for r in second)
+    assert any(r[1].stats.cache_tier == "disk" for r in third)
+
+
+def test_restored_logits_match_uncached(tiny_dir, tiny_model, tmp_path):
+    prompt = list(range(10, 10 + 70))
+    eng = make_engine(tiny_model, tmp_path)
+    run(eng, _tok(tiny_dir), [prompt], max_tokens=1)
+    eng.store.flush()
+    longer = prompt + [5, 6, 7]
+    want = prompt_logits(tiny_model, longer)
+    for restart in (False, True):
+        if restart:
+            eng.store.close()
+            eng = make_engine(tiny_model, tmp_path, host_budget=0)
+        seq, info = eng.admit(longer, None, True)
+        assert info.cached_tokens == 70 and info.tier == ("disk" if restart else "host")
+        got = eng.runner.step([(seq, len(longer) - seq.num_computed)])[0]
+        assert (got - want[-1]).abs().max() <= 1e-5
+        eng.runner.release(seq)
+    eng.store.close()
+
+
+def test_corrupt_store_falls_back_to_correct_output(tiny_dir, tiny_model, tmp_path):
+    tok = _tok(tiny_dir)
+    prompts = [list(range(20, 20 + 60)), list(range(20, 20 + 60)) + [9, 9]]
+    want = run(make_engine(tiny_model, None), tok, prompts, use_cache=False)
+    eng = make_engine(tiny_model, tmp_path)
+    run(eng, tok, prompts[:1])
+    eng.store.close()
+    env = lmdb.open(str(tmp_path), max_dbs=4)
+    db = env.open_db(b"values")
+    with env.begin(write=True, db=db) as txn:          # flip a byte in every value
+        for k, v in list(txn.cursor()):
+            b = bytearray(v)
+            b[len(b) // 2] ^= 0x10
+            txn.put(k, bytes(b))
+    env.close()
+    eng = make_engine(tiny_model, tmp_path, host_budget=0)
+    got = run(eng, tok, prompts)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert eng.store.stats()["corrupt_dropped"] > 0
+    eng.store.close()
+
+
+def test_exact_repeat_computes_nothing_and_salts_isolate(tiny_dir, tiny_model, tmp_path):
+    tok = _tok(tiny_dir)
+    prompt = list(range(30, 30 + 45))
+    eng = make_engine(tiny_model, tmp_path)
+    a = run(eng, tok, [prompt], salt="A")
+    b = run(eng, tok, [prompt], salt="A")
+    c = run(eng, tok, [prompt], salt="B")
+    assert a[0][0] == b[0][0] == c[0][0]
+    assert b[0][1].stats.cache_n == len(prompt)             # exact repeat: nothing computed
+    assert c[0][1].stats.cache_n == 0                       # another tenant sees nothing
+    eng.store.close()
+
+
+def test_multi_turn_resumes_after_previous_answer(tiny_dir, tiny_model, tmp_path):
+    tok = _tok(tiny_dir)
+    eng = make_engine(tiny_model, tmp_path)
+    msgs, computed, prev_prompt_len = [], [], 0
+    for turn in range(6):
+        msgs.append({"role": "user", "content": f"question number {turn} about the cache"})
+        ids = tok.encode(tok.apply_chat_template(msgs))
+        (toks, fin), = run(eng, tok, [ids], max_tokens=5)
+        if turn:
+            # the state after the previous answer was checkpointed: everything this prompt
+            # shares with (previous prompt + answer) is restored, not recomputed
+            common = 0
+            while common < min(len(ids), len(computed)) and ids[common] == computed[common]:
+                common += 1
+            assert fin.stats.cache_n >= min(common, len(ids) - 1), (turn, fin.stats, common)
+            assert fin.stats.cache_n > prev_prompt_len - 4
+        prev_prompt_len = len(ids)
+        computed = ids + toks[:-1]          # the last sampled token was never run
+        msgs.append({"role": "assistant", "content": tok.decode(toks, skip_special_tokens=True)})
+    eng.store.close()
