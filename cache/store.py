@@ -172,9 +172,10 @@ class CacheStore:
             m = 0
             while m < min(len(have), len(want)) and have[m] == want[m]:
                 m += 1
-            if m and (best is None or m > best[0]):
-                best = (m, self._ref(key, *found), d * self.B + len(have))
-        return None if best is None else (d * self.B + best[0], best[1], best[2])
+            full = m == len(have)          # an aligned snapshot (empty tail) matches fully
+            if (m or full) and (best is None or (m, full) > best[:2]):
+                best = (m, full, self._ref(key, *found), d * self.B + len(have))
+        return None if best is None else (d * self.B + best[0], best[2], best[3])
 
     def load(self, plan: RestorePlan) -> Restored:
         refs = [*plan.blocks, *([plan.snapshot] if plan.snapshot else [])]
