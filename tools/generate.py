@@ -1,44 +1,68 @@
-"""`ckptd generate`: one prompt in, the generated text out (stdout only)."""
+"""`ckptd generate`: one prompt in, the generated text out.
+
+Only the generated text goes to stdout, streamed as it is decoded; everything
+else goes to stderr, so the output can be piped.
+"""
 
 from __future__ import annotations
 
 import sys
 
+_DTYPES = ("float32", "bfloat16")
+
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", help="HF folder or .gguf (default: the embedded SmolLM2)")
+    p.add_argument("--model", help="HF folder or .gguf file (default: the embedded SmolLM2)")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--system", help="system message (chat mode)")
-    p.add_argument("--raw", action="store_true", help="no chat template")
+    p.add_argument("--system", help="system message (chat mode; default: the template's)")
+    p.add_argument("--raw", action="store_true", help="no chat template: complete the prompt")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--dtype", choices=_DTYPES, default="float32")
     p.add_argument("--block-size", type=int, default=16)
 
 
 def run(args) -> int:
+    import torch
+
     from model.default import default_model_path
     from model.generate import generate
     from model.loader import load
     from model.runner import Runner
     from model.sampling import SamplingParams
 
+    # Check everything the user typed before the model is loaded.
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    model, tok = load(args.model or default_model_path())
+                            top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                            seed=args.seed, stop=tuple(args.stop))
+    if args.block_size <= 0:
+        raise ValueError(f"--block-size must be positive, got {args.block_size}")
+    model, tok = load(args.model or default_model_path(), dtype=getattr(torch, args.dtype))
     if args.raw:
         prompt = tok.encode(args.prompt, add_special_tokens=True)
     else:
-        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        msgs = [{"role": "system", "content": args.system}] if args.system else []
         msgs.append({"role": "user", "content": args.prompt})
         prompt = tok.encode(tok.apply_chat_template(msgs))
+    if not prompt:
+        raise ValueError("the prompt encodes to no tokens")
     total = len(prompt) + params.max_tokens
+    limit = model.config.max_position_embeddings
+    if total > limit:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + --max-tokens ({params.max_tokens}) "
+                         f"exceeds the model's context of {limit} tokens")
     runner = Runner(model, num_pages=-(-total // args.block_size) + 1, num_slots=1,
                     block_size=args.block_size)
+    text = ""
     for ev in generate(runner, tok, prompt, params):
+        text += ev.text
         sys.stdout.write(ev.text)
         sys.stdout.flush()
-    sys.stdout.write("\n")
+    if sys.stdout.isatty() and not text.endswith("\n"):
+        sys.stdout.write("\n")
     return 0
