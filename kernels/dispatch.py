@@ -1,0 +1,218 @@
+"""Every kernel op, routed per call to its Triton kernel or its plain-torch reference.
+
+`CKPTD_KERNELS` picks: `auto` (default) runs Triton when the op's main tensor is on
+CUDA and triton is installed, the reference otherwise; `triton` always runs Triton
+(on CPU tensors that needs `TRITON_INTERPRET=1` set before triton is first
+imported); `torch` always runs the reference. Triton modules are imported on first
+use, so a CPU-only process never imports triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib.util import find_spec
+
+import torch
+
+from kernels.conv1d import naive as conv_ref
+from kernels.conv1d import reference_varlen as conv_varlen_ref
+from kernels.gated_delta import naive as gdn_ref
+from kernels.gated_delta import reference_varlen as gdn_varlen_ref
+from kernels.norm import naive as norm_ref
+from kernels.paged_attention import naive as attn_ref
+from kernels.paged_attention import reference_varlen as attn_varlen_ref
+from kernels.rotary import naive as rotary_ref
+from kernels.swiglu import naive as swiglu_ref
+
+_HAVE_TRITON = find_spec("triton") is not None
+_MODES = ("auto", "triton", "torch")
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether an op whose main tensor is x runs its Triton kernel."""
+    mode = os.environ.get("CKPTD_KERNELS", "auto")
+    if mode == "auto":
+        return x.is_cuda and _HAVE_TRITON
+    if mode == "torch":
+        return False
+    if mode != "triton":
+        raise ValueError(f"CKPTD_KERNELS must be one of {_MODES}, got {mode!r}")
+    if not _HAVE_TRITON:
+        raise ValueError("CKPTD_KERNELS=triton but triton is not installed")
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("CKPTD_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1, "
+                         "set before triton is imported")
+    return True
+
+
+def _fast(module: str):
+    return importlib.import_module(f"kernels.{module}")
+
+
+# gated delta rule
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None, chunk_size=64):
+    """q, k [T, H, K]; v [T, H, V]; g, beta [T, H]; initial_state [H, K, V] or None.
+    Returns o [T, H, V] and the final state [H, K, V] fp32."""
+    impl = _fast("gated_delta.chunk") if use_triton(q) else gdn_ref
+    return impl.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale, chunk_size)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None):
+    """As chunk_gated_delta_rule, token by token (decode, short chunks)."""
+    impl = _fast("gated_delta.fused_recurrent") if use_triton(q) else gdn_ref
+    return impl.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, scale)
+
+
+def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
+                                  scale=None, chunk_size=64):
+    """Packed sequences: q, k [N, H, K]; v [N, H, V]; g, beta [N, H]; cu_seqlens int
+    [n + 1]; state_pool [S, H, K, V] fp32 updated in place at state_indices [n].
+    Returns o [N, H, V]."""
+    impl = _fast("gated_delta.chunk") if use_triton(q) else gdn_varlen_ref
+    return impl.chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool,
+                                              state_indices, scale, chunk_size)
+
+
+def recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
+                                      scale=None):
+    """As chunk_gated_delta_rule_varlen, token by token."""
+    impl = _fast("gated_delta.fused_recurrent") if use_triton(q) else gdn_varlen_ref
+    return impl.recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool,
+                                                  state_indices, scale)
+
+
+def gated_delta_decode(q, k, v, g, beta, state_pool, state_indices, scale=None):
+    """One token for each of N sequences: q, k [N, H, K]; v [N, H, V]; g, beta [N, H];
+    state_pool[state_indices[n]] advanced in place. Returns o [N, H, V]."""
+    impl = _fast("gated_delta.fused_recurrent") if use_triton(q) else gdn_varlen_ref
+    return impl.gated_delta_decode(q, k, v, g, beta, state_pool, state_indices, scale)
+
+
+def l2norm(x, eps=1e-6):
+    """x / sqrt(sum(x^2) + eps) over the last dim, float32."""
+    if use_triton(x):
+        return _fast("norm.triton_norm").l2norm(x, eps)
+    return gdn_ref.l2norm(x, eps)
+
+
+# causal conv1d
+
+
+def causal_conv1d(x, weight, bias=None, initial_state=None, activation="silu"):
+    """x [T, C]; weight [C, K]; initial_state [C, K-1] or None. Returns y [T, C] and
+    the final state [C, K-1]."""
+    impl = _fast("conv1d.triton_conv") if use_triton(x) else conv_ref
+    return impl.causal_conv1d(x, weight, bias, initial_state, activation)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation="silu"):
+    """x [N, C]; conv_state [N, C, K-1] (not modified). Returns y [N, C], new state."""
+    impl = _fast("conv1d.triton_conv") if use_triton(x) else conv_ref
+    return impl.causal_conv1d_update(x, conv_state, weight, bias, activation)
+
+
+def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
+                         activation="silu"):
+    """Packed sequences: x [N, C]; conv_pool [S, C, K-1] updated in place at
+    state_indices [n]. Returns y [N, C]."""
+    impl = _fast("conv1d.triton_conv") if use_triton(x) else conv_varlen_ref
+    return impl.causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
+                                     activation)
+
+
+def causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias=None,
+                               activation="silu"):
+    """One token per sequence: x [N, C]; conv_pool [S, C, K-1] advanced in place at
+    state_indices [N]. Returns y [N, C]."""
+    impl = _fast("conv1d.triton_conv") if use_triton(x) else conv_varlen_ref
+    return impl.causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias,
+                                           activation)
+
+
+# attention over paged KV, and moving pages / state slots
+
+
+def write_kv(kv_pool, layer, slots, k, v):
+    """k, v [N, Hkv, D] into flat slots [N] of `layer`, in place."""
+    impl = _fast("paged_attention.triton_pages") if use_triton(kv_pool) else attn_ref
+    impl.write_kv(kv_pool, layer, slots, k, v)
+
+
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
+    """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages. [T, Hq, D]."""
+    impl = _fast("paged_attention.triton_attention") if use_triton(q) else attn_ref
+    return impl.paged_attention(q, kv_pool, layer, page_table, ctx_len, scale)
+
+
+def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
+    """q [N, Hq, D]: the last token of each sequence; page_tables int32 [N, max_pages];
+    seq_lens int32 [N]. Returns [N, Hq, D]."""
+    impl = _fast("paged_attention.triton_attention") if use_triton(q) else attn_ref
+    return impl.paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale)
+
+
+def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
+                           max_q_len=None):
+    """Chunks of several sequences: q [N, Hq, D] packed by cu_seqlens [n + 1]; ctx_lens
+    [n]; page_tables int32 [n, max_pages]. Returns [N, Hq, D]."""
+    impl = _fast("paged_attention.triton_attention") if use_triton(q) else attn_varlen_ref
+    return impl.paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
+                                       scale, max_q_len)
+
+
+def gather_pages(kv_pool, page_ids):
+    """Contiguous copy of whole pages: [n, n_attn, 2, B, Hkv, D]."""
+    if use_triton(kv_pool):
+        return _fast("paged_attention.triton_pages").gather_rows(kv_pool, page_ids)
+    return attn_ref.gather_pages(kv_pool, page_ids)
+
+
+def scatter_pages(kv_pool, page_ids, pages):
+    """Whole pages [n, n_attn, 2, B, Hkv, D] into the pool at page_ids, in place."""
+    if use_triton(kv_pool):
+        _fast("paged_attention.triton_pages").scatter_rows(kv_pool, page_ids, pages)
+    else:
+        attn_ref.scatter_pages(kv_pool, page_ids, pages)
+
+
+def gather_states(pool, slot_ids):
+    """Contiguous copy of state slots of a conv or ssm pool [S, ...]: [n, ...]."""
+    return gather_pages(pool, slot_ids)
+
+
+def scatter_states(pool, slot_ids, states):
+    """State slots [n, ...] into a conv or ssm pool [S, ...] at slot_ids, in place."""
+    scatter_pages(pool, slot_ids, states)
+
+
+# norms, rotary, activation
+
+
+def rms_norm(x, weight, eps, offset=0.0):
+    """x [..., D]; weight [D]. x / rms(x) * (weight + offset)."""
+    impl = _fast("norm.triton_norm") if use_triton(x) else norm_ref
+    return impl.rms_norm(x, weight, eps, offset)
+
+
+def gated_rms_norm(x, z, weight, eps):
+    """(weight * norm(x)) * silu(z); x, z [..., D]; weight [D]."""
+    impl = _fast("norm.triton_norm") if use_triton(x) else norm_ref
+    return impl.gated_rms_norm(x, z, weight, eps)
+
+
+def apply_rotary(x, cos, sin):
+    """x [T, H, D]; cos, sin [T, R]: rotate the first R dims of each head."""
+    impl = _fast("rotary.triton_rotary") if use_triton(x) else rotary_ref
+    return impl.apply_rotary(x, cos, sin)
+
+
+def silu_and_mul(gate, up):
+    """silu(gate) * up."""
+    impl = _fast("swiglu.triton_swiglu") if use_triton(gate) else swiglu_ref
+    return impl.silu_and_mul(gate, up)
+
+
+rotary_cos_sin = rotary_ref.rotary_cos_sin

@@ -1,0 +1,143 @@
+"""Causal GQA attention over paged KV in Triton: chunked prefill and batched decode.
+
+One kernel serves both. Sequence i has ctx_len[i] tokens already in its pages and
+appends q_len[i] more (their K/V written to the pages before the call); its queries
+attend to every key at a position <= their own. A program takes one KV head and a
+block of BR rows of the (token, query head of that KV head's group) pairs, so the
+G query heads sharing a KV head read each K/V block once, and walks the keys in
+blocks of BN with an online softmax. Key n of a sequence lives at page
+page_table[n // B], offset n % B, so any block size works.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_attn_kernel(q, pool, o, tables, cu_q, ctx_lens, scale, layer, G, B,
+                       stride_qt, stride_qh, stride_ot, stride_oh, stride_tab,
+                       stride_p, stride_l, stride_kv, stride_b, stride_h,
+                       D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+                       PREC: tl.constexpr):
+    i_n = tl.program_id(0)
+    i_r = tl.program_id(1)
+    i_kh = tl.program_id(2)
+    bos = tl.load(cu_q + i_n).to(tl.int64)
+    q_len = tl.load(cu_q + i_n + 1).to(tl.int64) - bos
+    if i_r * BR < q_len * G:
+        ctx = tl.load(ctx_lens + i_n).to(tl.int64)
+        r = i_r * BR + tl.arange(0, BR)
+        mr = r < q_len * G
+        tq = r // G                                   # token of the row inside the chunk
+        hq = i_kh * G + r % G                         # its query head
+        d = tl.arange(0, BD)
+        md = d < D
+        b_q = tl.load(q + (bos + tq)[:, None] * stride_qt + hq[:, None] * stride_qh + d[None, :],
+                      mask=mr[:, None] & md[None, :], other=0.).to(tl.float32) * scale
+        q_pos = ctx + tq
+        # keys past the last query of this block are masked for every row: stop there
+        kv_end = ctx + tl.minimum(q_len, (i_r * BR + BR - 1) // G + 1)
+        base = pool + layer * stride_l + i_kh * stride_h
+        p_tab = tables + i_n * stride_tab
+        m_i = tl.full((BR,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BR,), dtype=tl.float32)
+        acc = tl.zeros((BR, BD), dtype=tl.float32)
+        for s0 in range(0, kv_end, BN):
+            n = s0 + tl.arange(0, BN)
+            mn = n < kv_end
+            page = tl.load(p_tab + n // B, mask=mn, other=0).to(tl.int64)
+            p_k = base + page[:, None] * stride_p + (n % B)[:, None] * stride_b + d[None, :]
+            m_kv = mn[:, None] & md[None, :]
+            b_k = tl.load(p_k, mask=m_kv, other=0.).to(tl.float32)             # [BN, BD]
+            b_v = tl.load(p_k + stride_kv, mask=m_kv, other=0.).to(tl.float32)
+            s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)              # [BR, BN]
+            s = tl.where((n[None, :] <= q_pos[:, None]) & mn[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p, b_v, input_precision=PREC)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(o + (bos + tq)[:, None] * stride_ot + hq[:, None] * stride_oh + d[None, :],
+                 out.to(o.dtype.element_ty), mask=mr[:, None] & md[None, :])
+
+
+def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
+    if q.dim() != 3:
+        raise ValueError(f"need q [N, Hq, D], got {tuple(q.shape)}")
+    if kv_pool.dim() != 6:
+        raise ValueError(f"need kv_pool [P, n_attn, 2, B, Hkv, D], got {tuple(kv_pool.shape)}")
+    _, n_attn, two, B, Hkv, D = kv_pool.shape
+    Hq = q.shape[1]
+    if two != 2 or q.shape[2] != D or Hq % Hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not fit kv_pool {tuple(kv_pool.shape)}: "
+                         "need the same head dim and query heads a multiple of KV heads")
+    if not 0 <= layer < n_attn:
+        raise ValueError(f"layer {layer} out of range for {n_attn} attention layers")
+    if q.stride(2) != 1 or kv_pool.stride(5) != 1:
+        raise ValueError("q and kv_pool must be contiguous in the head dim")
+    return B, Hkv, D
+
+
+def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
+                           max_q_len=None):
+    """Chunks of several sequences at once.
+
+    q [N, Hq, D] packed (sequence i's queries are rows cu_seqlens[i]:cu_seqlens[i+1]);
+    ctx_lens int [n]: tokens before each chunk; page_tables int32 [n, max_pages] covering
+    ctx_len + q_len tokens (whose K/V are all in the pool). Returns o [N, Hq, D] in q's
+    dtype. max_q_len (the longest chunk) saves a device sync when given.
+    """
+    B, Hkv, D = _check_pool(q, kv_pool, layer)
+    n = len(ctx_lens)
+    if page_tables.dim() != 2 or page_tables.shape[0] != n or len(cu_seqlens) != n + 1:
+        raise ValueError(f"need page_tables [{n}, max_pages] and cu_seqlens [{n + 1}], got "
+                         f"{tuple(page_tables.shape)} and {len(cu_seqlens)}")
+    dev = q.device
+    N, Hq, _ = q.shape
+    G = Hq // Hkv
+    o = torch.empty(N, Hq, D, dtype=q.dtype, device=dev)
+    if n == 0 or N == 0:
+        return o
+    cu = torch.as_tensor(cu_seqlens, device=dev).to(torch.int32)
+    ctx = torch.as_tensor(ctx_lens, device=dev).to(torch.int32)
+    tables = page_tables.to(dev, torch.int32)
+    if max_q_len is None:
+        max_q_len = int((cu[1:] - cu[:-1]).max())
+    # the interpreter pays per operation, not per element: bigger blocks on the CPU
+    big = 256 if dev.type == "cpu" else 64
+    BR = max(16, min(big, triton.next_power_of_2(max_q_len * G)))
+    BN = big
+    BD = max(16, triton.next_power_of_2(D))
+    prec = "ieee" if q.dtype == torch.float32 and kv_pool.dtype == torch.float32 else "tf32"
+    grid = (n, triton.cdiv(max_q_len * G, BR), Hkv)
+    _paged_attn_kernel[grid](
+        q, kv_pool, o, tables, cu, ctx, float(scale), layer, G, B,
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1), tables.stride(0),
+        kv_pool.stride(0), kv_pool.stride(1), kv_pool.stride(2), kv_pool.stride(3),
+        kv_pool.stride(4), D=D, BD=BD, BR=BR, BN=BN, PREC=prec, num_warps=4)
+    return o
+
+
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
+    """The last T tokens of one sequence: q [T, Hq, D]; page_table int32 [n_pages];
+    ctx_len tokens precede them. Returns [T, Hq, D]."""
+    if page_table.dim() != 1:
+        raise ValueError(f"need page_table [n_pages], got {tuple(page_table.shape)}")
+    T = q.shape[0]
+    return paged_attention_varlen(q, kv_pool, layer, [0, T], [int(ctx_len)], page_table[None],
+                                  scale, max_q_len=T)
+
+
+def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
+    """One query per sequence: q [N, Hq, D] is the last token of sequence n, whose length
+    is seq_lens[n] (int32 [N]); page_tables int32 [N, max_pages]. Returns [N, Hq, D]."""
+    N = q.shape[0]
+    lens = torch.as_tensor(seq_lens, device=q.device)
+    cu = torch.arange(N + 1, dtype=torch.int32, device=q.device)
+    return paged_attention_varlen(q, kv_pool, layer, cu, lens - 1, page_tables, scale,
+                                  max_q_len=1)
