@@ -1,0 +1,151 @@
+"""The daemon's settings: one frozen dataclass, from flags, then CKPTD_* variables, then defaults.
+
+Every flag is read as a string and converted here, so a bad value from a flag or
+from the environment fails the same way: one `ValueError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+LOG_FORMATS = ("text", "json")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_STEP_TOKENS = 2048         # model.runner.Runner's default max_batch_tokens
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str, name: str = "size") -> int:
+    """'20GB' -> 20_000_000_000, '512MiB' -> 536_870_912, '4096' -> 4096."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"{name}: not a size: {text!r} (examples: 4096, 512MiB, 20GB)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def default_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "ckptd"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str | None = None               # None: the embedded SmolLM2
+    host: str = "127.0.0.1"
+    port: int = 8080
+    cache_dir: Path = Path("ckptd-cache")
+    disk_budget: int = 20 * 10**9          # bytes
+    host_budget: int = 2 * 10**9           # bytes
+    block_size: int = 16
+    snapshot_interval: int = 1024          # tokens; a multiple of block_size
+    max_context: int | None = None         # tokens per sequence; None: the model's limit
+    parallel: int = 4                      # sequences computed together
+    queue_size: int = 64                   # requests waiting beyond `parallel`
+    step_tokens: int = 256                 # tokens per model step (decodes + prefill chunk)
+    max_body: int = 32 * 2**20             # bytes of one request body
+    request_timeout: float = 600.0         # seconds a request may take, queue included
+    drain_timeout: float = 10.0            # seconds SIGTERM waits for running requests
+    api_key: str | None = None
+    log_format: str = "text"
+    dtype: str | None = None               # None: float32
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.model is not None and not Path(self.model).exists():
+            raise ValueError(f"model: no such file or folder: {self.model}")
+        positive = ("block_size", "snapshot_interval", "parallel", "queue_size", "step_tokens",
+                    "max_body")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("disk_budget", "host_budget"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.snapshot_interval % self.block_size:
+            raise ValueError(f"snapshot_interval ({self.snapshot_interval}) must be a multiple "
+                             f"of block_size ({self.block_size})")
+        if self.max_context is not None and self.max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
+        if self.step_tokens > MAX_STEP_TOKENS:
+            raise ValueError(f"step_tokens must be <= {MAX_STEP_TOKENS} (the runner's batch "
+                             f"limit), got {self.step_tokens}")
+        if self.step_tokens < self.parallel:
+            raise ValueError(f"step_tokens ({self.step_tokens}) must be >= parallel "
+                             f"({self.parallel}): every decoding sequence needs a token a step")
+        if self.request_timeout <= 0 or self.drain_timeout < 0:
+            raise ValueError("request_timeout must be positive and drain_timeout >= 0")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
+                             f"got {self.log_format!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty")
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in LOOPBACK
+
+
+# setting -> (converter, help); the flag is --name-with-dashes, the variable CKPTD_NAME
+_INT = int
+SETTINGS: dict[str, tuple] = {
+    "model": (str, "HF folder or .gguf file (default: the embedded SmolLM2-135M)"),
+    "host": (str, "address to bind (default 127.0.0.1)"),
+    "port": (_INT, "port to bind (default 8080; 0 picks a free one)"),
+    "cache_dir": (Path, "cache folder (default $XDG_DATA_HOME/ckptd)"),
+    "disk_budget": ("size", "disk tier budget, e.g. 20GB"),
+    "host_budget": ("size", "host RAM tier budget, e.g. 2GB"),
+    "block_size": (_INT, "tokens per KV page and stored block (default 16)"),
+    "snapshot_interval": (_INT, "tokens between prefill snapshots (default 1024)"),
+    "max_context": (_INT, "most tokens per sequence (default: the model's limit)"),
+    "parallel": (_INT, "sequences computed together (default 4)"),
+    "queue_size": (_INT, "requests that may wait for a sequence slot (default 64)"),
+    "step_tokens": (_INT, "tokens per model step: decodes plus a prefill chunk (default 256)"),
+    "max_body": ("size", "largest request body (default 32MiB)"),
+    "request_timeout": (float, "seconds one request may take (default 600)"),
+    "drain_timeout": (float, "seconds SIGTERM lets running requests finish (default 10)"),
+    "api_key": (str, "require 'Authorization: Bearer KEY' on every endpoint but /health"),
+    "log_format": (str, "text or json (default text)"),
+    "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
+}
+
+
+def add_arguments(parser) -> None:
+    for name, (_, help_text) in SETTINGS.items():
+        env = "CKPTD_" + name.upper()
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            metavar="VALUE", help=f"{help_text} [env {env}]")
+
+
+def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
+    """Flags win over CKPTD_* variables, which win over the defaults."""
+    values: dict = {}
+    for name, (conv, _) in SETTINGS.items():
+        raw = getattr(args, name, None)
+        if raw is None:
+            raw = env.get("CKPTD_" + name.upper())
+        if raw is None or raw == "":
+            continue
+        flag = "--" + name.replace("_", "-")
+        if conv == "size":
+            values[name] = parse_size(raw, flag)
+            continue
+        try:
+            values[name] = conv(raw)
+        except ValueError:
+            raise ValueError(f"{flag}: invalid value {raw!r}") from None
+    values.setdefault("cache_dir", default_cache_dir(env))
+    known = {f.name for f in fields(ServeConfig)}
+    assert set(values) <= known
+    return ServeConfig(**values)

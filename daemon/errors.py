@@ -1,0 +1,33 @@
+"""API errors: one exception type, rendered as OpenAI-style JSON by the error middleware."""
+
+from __future__ import annotations
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 503: "unavailable_error", 504: "timeout_error"}
+
+
+class ApiError(Exception):
+    """A request the daemon answers with a 4xx/5xx JSON body instead of a result."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = code or _default_code(status)
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message,
+                          "type": _TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def _default_code(status: int) -> str:
+    return {400: "invalid_value", 401: "invalid_api_key", 404: "not_found",
+            405: "method_not_allowed", 413: "body_too_large", 503: "unavailable",
+            504: "timeout"}.get(status, "internal_error")

@@ -1,0 +1,112 @@
+"""One generation as seen from the event loop: submit, iterate events, cancel.
+
+The scheduler's worker thread calls `emit`; each event is handed to this
+request's asyncio queue with `call_soon_threadsafe`, so handlers never block the
+loop and never touch the model. Leaving `events()` early (client gone, handler
+cancelled) cancels the request, which frees its sequence's pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from daemon.errors import ApiError
+from daemon.scheduler import Finished, QueueFull, Request, Scheduler
+from model.generate import TokenEvent
+from model.sampling import SamplingParams
+
+GRACE_S = 5.0
+
+
+@dataclass
+class Result:
+    """A finished generation, gathered: what non-streaming responses report."""
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    events: list[TokenEvent] = field(default_factory=list)
+    finished: Finished | None = None
+
+
+class Generation:
+    def __init__(self, scheduler: Scheduler, tokens: list[int], params: SamplingParams,
+                 salt: str | None, use_cache: bool, timeout_s: float,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.scheduler = scheduler
+        self.req = Request(tokens, params, self._emit, salt=salt, use_cache=use_cache,
+                           timeout_s=timeout_s)
+        self.finished: Finished | None = None
+        self.created = time.time()
+        self.on_close = on_close
+        self.closed = False
+
+    def _emit(self, ev: object) -> None:          # worker thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+        except RuntimeError:                      # the loop is closed: nobody is listening
+            pass
+
+    def submit(self) -> None:
+        try:
+            self.scheduler.submit(self.req)
+        except QueueFull as e:
+            raise ApiError(503, f"server busy: {e}", None, "queue_full",
+                           {"Retry-After": "1"}) from None
+
+    def cancel(self) -> None:
+        if self.finished is None:
+            self.scheduler.cancel(self.req)
+
+    def close(self) -> None:
+        """The handler is done with it: cancel if unfinished (client gone). Idempotent."""
+        if not self.closed:
+            self.closed = True
+            self.cancel()
+            if self.on_close is not None:
+                self.on_close()
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        """Token events until the end; `self.finished` is set when this returns normally.
+        The scheduler enforces the time limit; past it (and a grace period) the request
+        is ended here too, so a client never waits on a request the worker lost."""
+        deadline = self.loop.time() + self.req.timeout_s + GRACE_S
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(self.queue.get(), deadline - self.loop.time())
+                except asyncio.TimeoutError:
+                    ev = Finished("error", self.req.stats, "no answer within the request's "
+                                                           f"time limit ({self.req.timeout_s} s)")
+                if isinstance(ev, Finished):
+                    self.finished = ev
+                    return
+                yield ev
+        finally:
+            self.cancel()
+
+    async def collect(self) -> Result:
+        out = Result()
+        async for ev in self.events():
+            out.tokens.append(ev.token)
+            out.text += ev.text
+            out.events.append(ev)
+        out.finished = self.finished
+        return out
+
+
+def failure(fin: Finished) -> ApiError | None:
+    """A generation that did not end normally, as the HTTP error a client gets."""
+    if fin.reason == "cancelled":
+        return ApiError(503, "the request was cancelled (the server is shutting down)", None,
+                        "cancelled")
+    if fin.reason != "error":
+        return None
+    msg = fin.error or "generation failed"
+    if "time limit" in msg:
+        return ApiError(504, msg, None, "timeout")
+    return ApiError(503, msg, None, "generation_failed", {"Retry-After": "1"})

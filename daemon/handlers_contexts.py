@@ -1,0 +1,81 @@
+"""Named static contexts: /v1/contexts.
+
+Registering one prefills it once (one generated token, discarded), which leaves
+its blocks and an end-of-prompt snapshot in the cache, then pins the entry that
+ends it (pinning covers its ancestors), so eviction never drops it. Later
+requests name it with `"context": name` and send only their own suffix.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from daemon.contexts import Context
+from daemon.errors import ApiError
+from daemon.generation import failure
+from daemon.handlers_common import blocking, json_response, read_json, ready, service
+from daemon.schemas import ContextRequest
+from model.sampling import SamplingParams
+
+
+def prefix_key(store, tokens: list[int], salt: str | None) -> str | None:
+    """Hex key of the cache entry that ends exactly at `tokens`, if it is cached."""
+    plan = store.lookup(tokens, salt)
+    if plan.position != len(tokens):
+        return None
+    piece = plan.snapshot or (plan.blocks[-1] if plan.blocks else None)
+    return None if piece is None else piece.key.hex()
+
+
+async def create(request: web.Request) -> web.Response:
+    svc = ready(request)
+    req = ContextRequest.parse(await read_json(request))
+    ctx = Context(req.name, req.text, req.messages, req.salt, req.pin)
+    tokens = await blocking(svc.context_tokens, ctx)
+    params = svc.settle(tokens, 1, SamplingParams(max_tokens=1), "max_tokens",
+                        "text" if req.text is not None else "messages")
+    gen = svc.generation(tokens, params, req.salt, True)
+    try:
+        res = await gen.collect()
+    finally:
+        gen.close()
+    err = failure(res.finished)
+    if err is not None:
+        raise err
+    ctx.tokens = len(tokens)
+    ctx.key = await blocking(prefix_key, svc.store, tokens, req.salt)
+    if req.pin and ctx.key:
+        await blocking(svc.store.pin, ctx.key)
+        info = await blocking(svc.store.get_info, ctx.key)
+        ctx.pinned = bool(info and info.pinned)
+    else:
+        ctx.pinned = False
+    old = svc.contexts.get(req.name)
+    if old is not None and old.pinned and old.key and (old.key != ctx.key or not ctx.pinned):
+        await blocking(svc.store.unpin, old.key)
+    await blocking(svc.contexts.put, ctx)
+    stats = res.finished.stats
+    return json_response({**ctx.public(), "cached_tokens": stats.cache_n,
+                          "timings": stats.timings()}, 200 if old is not None else 201)
+
+
+async def list_all(request: web.Request) -> web.Response:
+    svc = service(request)
+    return json_response({"object": "list", "data": [c.public() for c in svc.contexts.all()]})
+
+
+async def get_one(request: web.Request) -> web.Response:
+    svc = service(request)
+    return json_response(svc.context(request.match_info["name"]).public())
+
+
+async def delete(request: web.Request) -> web.Response:
+    svc = ready(request)
+    name = request.match_info["name"]
+    svc.context(name)                              # 404 when unknown
+    ctx = await blocking(svc.contexts.delete, name)
+    if ctx is None:
+        raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
+    if ctx.pinned and ctx.key:
+        await blocking(svc.store.unpin, ctx.key)
+    return json_response({"name": name, "object": "context", "deleted": True})

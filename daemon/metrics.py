@@ -1,0 +1,176 @@
+"""Prometheus text exposition (format 0.0.4) for /metrics.
+
+HTTP figures are counted here by a middleware; generation figures come from the
+scheduler's counters and its timing observations (drained into histograms, so
+they do not pile up between scrapes); cache figures from CacheStore.stats().
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+           120.0, 300.0, 600.0)
+HISTOGRAMS = {
+    "restore": "Time restoring a cached prefix into a sequence",
+    "prefill": "Time computing a prompt's uncached tokens",
+    "decode": "Time from the first to the last generated token of a request",
+    "http_request": "Time answering an HTTP request (streams: until the stream ends)",
+}
+_SCHEDULER = {
+    "requests": ("ckptd_requests_total", "Generation requests accepted"),
+    "rejected": ("ckptd_requests_rejected_total", "Generation requests refused: queue full"),
+    "cancelled": ("ckptd_requests_cancelled_total", "Generations cancelled (client gone, "
+                                                    "shutdown)"),
+    "errors": ("ckptd_requests_failed_total", "Generations that ended in an error"),
+    "prompt_tokens": ("ckptd_prompt_tokens_total", "Prompt tokens of admitted requests"),
+    "cached_tokens": ("ckptd_cached_prompt_tokens_total", "Prompt tokens restored from the "
+                                                          "cache, all tiers"),
+    "generated_tokens": ("ckptd_generated_tokens_total", "Tokens generated"),
+}
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...] = SECONDS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)     # per bucket, not cumulative
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+                break
+        self.sum += v
+        self.count += 1
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        out, acc = [], 0
+        sep = "," if labels else ""
+        for b, c in zip(self.buckets, self.counts):
+            acc += c
+            out.append(f'{name}_bucket{{{labels}{sep}le="{_num(b)}"}} {acc}')
+        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.count}')
+        lab = f"{{{labels}}}" if labels else ""
+        out += [f"{name}_sum{lab} {_num(self.sum)}", f"{name}_count{lab} {self.count}"]
+        return out
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.http: dict[tuple[str, str, int], int] = {}
+        self.hist = {name: Histogram() for name in HISTOGRAMS}
+
+    def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
+        with self.lock:
+            k = (route, method, status)
+            self.http[k] = self.http.get(k, 0) + 1
+            self.hist["http_request"].observe(seconds)
+
+    def drain(self, scheduler) -> None:
+        """Move the scheduler's timing observations into the histograms."""
+        obs = scheduler.observations
+        n = len(obs)
+        items = obs[:n]
+        del obs[:n]          # slice deletion is atomic: appends made meanwhile stay
+        with self.lock:
+            for name, seconds in items:
+                if name in self.hist:
+                    self.hist[name].observe(seconds)
+
+    def render(self, scheduler=None, cache_stats: dict | None = None, state: str = "",
+               inflight: int = 0) -> str:
+        out: list[str] = []
+        put = _Writer(out)
+        put.gauge("ckptd_up", "1 once the model is loaded and the daemon serves",
+                  [("", 1 if state == "ready" else 0)])
+        put.gauge("ckptd_http_inflight_generations", "Generation requests being answered",
+                  [("", inflight)])
+        with self.lock:
+            put.counter("ckptd_http_requests_total", "HTTP requests answered",
+                        [(f'route="{_esc(r)}",method="{m}",status="{s}"', v)
+                         for (r, m, s), v in sorted(self.http.items())])
+        if scheduler is not None:
+            self.drain(scheduler)
+            counters = dict(scheduler.counters)
+            for key, (name, help_text) in _SCHEDULER.items():
+                put.counter(name, help_text, [("", counters.get(key, 0))])
+            put.counter("ckptd_cache_hit_tokens_total", "Prompt tokens restored, by the "
+                        "slowest tier the restore read from",
+                        [(f'tier="{t}"', n) for t, n in sorted(dict(
+                            scheduler.cached_by_tier).items())])
+            load = scheduler.load
+            put.gauge("ckptd_sequences_running", "Sequences being computed",
+                      [("", load["running"])])
+            put.gauge("ckptd_requests_waiting", "Requests waiting for a sequence",
+                      [("", load["waiting"])])
+        with self.lock:
+            for name, help_text in HISTOGRAMS.items():
+                out.append(f"# HELP ckptd_{name}_seconds {help_text}")
+                out.append(f"# TYPE ckptd_{name}_seconds histogram")
+                out += self.hist[name].lines(f"ckptd_{name}_seconds")
+        if cache_stats is not None:
+            _cache_lines(put, cache_stats)
+        return "\n".join(out) + "\n"
+
+
+def _cache_lines(put: _Writer, s: dict) -> None:
+    disk, host, wq = s.get("disk", {}), s.get("host", {}), s.get("write_queue", {})
+    lookups = s.get("lookups", {})
+    put.gauge("ckptd_cache_bytes", "Bytes held by each cache tier (disk: compressed)",
+              [('tier="host"', host.get("bytes", 0)), ('tier="disk"', disk.get("stored_bytes", 0))])
+    put.gauge("ckptd_cache_budget_bytes", "Budget of each cache tier",
+              [('tier="host"', host.get("budget_bytes", 0)),
+               ('tier="disk"', disk.get("budget_bytes", 0))])
+    put.gauge("ckptd_cache_entries", "Entries held by each cache tier",
+              [('tier="host"', host.get("entries", 0)), ('tier="disk"', disk.get("entries", 0))])
+    put.counter("ckptd_cache_lookups_total", "Cache lookups, by result",
+                [('result="hit"', lookups.get("hits", 0)),
+                 ('result="miss"', lookups.get("misses", 0))])
+    put.counter("ckptd_cache_evictions_total", "Entries evicted, by tier",
+                [('tier="host"', host.get("evictions", 0)),
+                 ('tier="disk"', s.get("evictions", 0))])
+    put.counter("ckptd_cache_corrupt_dropped_total", "Stored values that failed verification",
+                [("", s.get("corrupt_dropped", 0))])
+    put.gauge("ckptd_cache_write_queue_depth", "Entries waiting for the disk writer",
+              [("", wq.get("depth", 0))])
+    put.gauge("ckptd_cache_write_queue_bytes", "Bytes waiting for the disk writer",
+              [("", wq.get("bytes", 0))])
+    put.counter("ckptd_cache_dropped_writes_total", "Writes dropped: the write queue was full",
+                [("", wq.get("dropped", 0))])
+    put.counter("ckptd_cache_committed_writes_total", "Entries committed to disk",
+                [("", wq.get("committed", 0))])
+
+
+class _Writer:
+    def __init__(self, out: list[str]) -> None:
+        self.out = out
+
+    def _family(self, kind: str, name: str, help_text: str, samples) -> None:
+        self.out.append(f"# HELP {name} {help_text}")
+        self.out.append(f"# TYPE {name} {kind}")
+        for labels, v in samples:
+            self.out.append(f"{name}{{{labels}}} {_num(v)}" if labels else f"{name} {_num(v)}")
+
+    def counter(self, name: str, help_text: str, samples) -> None:
+        self._family("counter", name, help_text, samples)
+
+    def gauge(self, name: str, help_text: str, samples) -> None:
+        self._family("gauge", name, help_text, samples)
+
+
+def _num(v: float) -> str:
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, int):
+        return str(v)
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def _esc(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

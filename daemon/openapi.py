@@ -1,0 +1,135 @@
+"""The OpenAPI 3.1 description of the daemon's HTTP API, served at /openapi.json.
+
+Written out by hand (not generated from the router) so that a test comparing it
+with the routes app.py registers catches an endpoint added to one and not the other.
+"""
+
+from __future__ import annotations
+
+_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"},
+    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+_STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                        "maxItems": 16}]}
+_PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]}
+_SAMPLING = {
+    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
+    "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number"},
+    "seed": {"type": "integer"}, "stop": _STOP, "ignore_eos": {"type": "boolean"},
+    "stream": {"type": "boolean"},
+    "cache_salt": {"type": "string", "description": "entries are shared only within a salt"},
+    "context": {"type": "string", "description": "a named context to put before the prompt"},
+}
+_CACHE_FLAG = {"cache": {"type": "boolean", "default": True,
+                         "description": "false: no restore and no checkpoints"}}
+_STREAM_OPTIONS = {"stream_options": {"type": "object", "properties": {
+    "include_usage": {"type": "boolean"}}}}
+_MESSAGES = {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role"],
+             "properties": {"role": {"type": "string"}, "content": {
+                 "oneOf": [{"type": "string"}, {"type": "array"}]}}}}
+_TIMINGS = {"type": "object", "description": "prompt_n, cache_n, cache_tier, restore_ms, "
+            "prompt_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_second"}
+
+
+def _body(props: dict, required: tuple[str, ...] = ()) -> dict:
+    schema = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = list(required)
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _op(summary: str, body: dict | None = None, ok: str = "200", stream: bool = False,
+        params: list | None = None, errors: tuple[str, ...] = ("400",)) -> dict:
+    content = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    responses = {ok: {"description": "OK", "content": content}}
+    for code in (*errors, "401", "503"):
+        responses[code] = {"description": "error",
+                           "content": {"application/json": {"schema": _ERROR}}}
+    op = {"summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = body
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _path_param(name: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _query(name: str, kind: str = "integer") -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": {"type": kind}}
+
+
+def document(model_id: str) -> dict:
+    completion = _body({"model": {"type": "string", "enum": [model_id]}, "prompt": _PROMPT,
+                        "max_tokens": {"type": "integer", "minimum": 0},
+                        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+                        **_SAMPLING, **_CACHE_FLAG, **_STREAM_OPTIONS}, ("prompt",))
+    chat = _body({"model": {"type": "string", "enum": [model_id]}, "messages": _MESSAGES,
+                  "max_tokens": {"type": "integer", "minimum": 0},
+                  "max_completion_tokens": {"type": "integer", "minimum": 0},
+                  "logprobs": {"type": "boolean"},
+                  "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+                  **_SAMPLING, **_CACHE_FLAG, **_STREAM_OPTIONS}, ("messages",))
+    llama = _body({"prompt": _PROMPT, "n_predict": {"type": "integer", "minimum": -1},
+                   "n_probs": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
+                   **_SAMPLING}, ("prompt",))
+    context = _body({"name": {"type": "string"}, "text": {"type": "string"},
+                     "messages": _MESSAGES, "pin": {"type": "boolean", "default": True},
+                     "cache_salt": {"type": "string"}}, ("name",))
+    key = _body({"key": {"type": "string", "pattern": "^[0-9a-fA-F]{32}$"}}, ("key",))
+    paths = {
+        "/v1/completions": {"post": _op("Text completion (OpenAI)", completion, stream=True,
+                                        errors=("400", "404", "413", "504"))},
+        "/v1/chat/completions": {"post": _op("Chat completion (OpenAI)", chat, stream=True,
+                                             errors=("400", "404", "413", "504"))},
+        "/v1/models": {"get": _op("The served model", errors=())},
+        "/completion": {"post": _op("Completion (llama.cpp server fields)", llama,
+                                    stream=True, errors=("400", "404", "413", "504"))},
+        "/tokenize": {"post": _op("Text to token ids", _body(
+            {"content": {"type": "string"}, "add_special": {"type": "boolean"},
+             "with_pieces": {"type": "boolean"}}, ("content",)))},
+        "/detokenize": {"post": _op("Token ids to text", _body(
+            {"tokens": {"type": "array", "items": {"type": "integer"}}}, ("tokens",)))},
+        "/health": {"get": _op("200 when serving, 503 while loading or shutting down",
+                               errors=())},
+        "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4)",
+                             "responses": {"200": {"description": "OK", "content": {
+                                 "text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": _op("This document", errors=())},
+        "/v1/contexts": {
+            "post": _op("Register (and prefill) a named context", context, "201",
+                        errors=("400", "413")),
+            "get": _op("List named contexts", errors=())},
+        "/v1/contexts/{name}": {
+            "get": _op("One named context", params=[_path_param("name")], errors=("404",)),
+            "delete": _op("Forget a named context (its cache entries are unpinned)",
+                          params=[_path_param("name")], errors=("404",))},
+        "/cache/stats": {"get": _op("Cache tiers, lookups, write queue", errors=())},
+        "/cache/entries": {"get": _op("Cache entries, a page at a time", params=[
+            _query("offset"), _query("limit"), _query("sort", "string"),
+            _query("kind", "string")])},
+        "/cache/entries/{key}": {"delete": _op("Delete an entry and everything below it",
+                                               params=[_path_param("key")],
+                                               errors=("400", "404"))},
+        "/cache/pin": {"post": _op("Pin an entry and its ancestors", key,
+                                   errors=("400", "404"))},
+        "/cache/unpin": {"post": _op("Unpin an entry", key, errors=("400", "404"))},
+        "/cache/clear": {"post": _op("Delete every unpinned entry (or all)", {
+            "required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"include_pinned": {"type": "boolean"}}}}}})},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ckptd", "version": "0.1.0",
+                 "description": "A persistent prompt-cache daemon for hybrid LLMs. Completions "
+                                "report usage.prompt_tokens_details.cached_tokens and timings."},
+        "components": {"schemas": {"Error": _ERROR, "Timings": _TIMINGS},
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+        "paths": paths,
+    }

@@ -1,0 +1,132 @@
+"""`ckptd serve`: run the HTTP daemon.
+
+The port opens first and the model loads on a thread, so /health answers 503
+while loading. SIGTERM (or SIGINT) stops new work, lets running requests finish
+for --drain-timeout seconds, cancels the rest, flushes the cache writer and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import threading
+import time
+
+from aiohttp import web
+
+from daemon import config
+from daemon.app import build_app
+from daemon.console import ConsoleProgress
+from daemon.service import DRAINING, FAILED, Service
+
+log = logging.getLogger("ckptd")
+
+
+def add_arguments(parser) -> None:
+    config.add_arguments(parser)
+
+
+def run(args) -> int:
+    cfg = config.from_args(args)
+    _setup_logging(cfg.log_format)
+    return asyncio.run(serve(cfg))
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+               "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def _setup_logging(fmt: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def serve(cfg: config.ServeConfig) -> int:
+    svc = Service(cfg)
+    runner = web.AppRunner(build_app(svc), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, cfg.host, cfg.port).start()
+    except OSError as e:
+        log.error("cannot listen on %s:%d: %s", cfg.host, cfg.port, e)
+        await runner.cleanup()
+        return 1
+    for host, port in [a[:2] for a in runner.addresses]:
+        log.info("listening on http://%s:%d", host, port)
+    if not cfg.loopback and cfg.api_key is None:
+        log.warning("listening on %s without --api-key: anyone who can reach this host "
+                    "may use the daemon and read or clear its cache", cfg.host)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loaded = asyncio.Event()
+
+    def load() -> None:                      # a daemon thread: SIGTERM need not wait for it
+        try:
+            svc.load()
+        except Exception as e:
+            svc.state, svc.error = FAILED, f"{type(e).__name__}: {e}"
+            log.error("model load failed: %s", svc.error)
+        loop.call_soon_threadsafe(loaded.set)
+
+    console = ConsoleProgress()
+    threading.Thread(target=load, name="ckptd-load", daemon=True).start()
+    with console.loading(cfg.model or "the default model"):
+        await _first(stop.wait(), loaded.wait())
+    code = 1 if svc.state == FAILED else 0
+    background = []
+    if loaded.is_set() and code == 0 and not stop.is_set():
+        background = [asyncio.ensure_future(_pump_metrics(svc)),
+                      asyncio.ensure_future(console.watch_prefills(svc.scheduler))]
+        await stop.wait()
+    log.info("shutting down")
+    for task in background:
+        task.cancel()
+    await _shutdown(svc, runner, loaded.is_set())
+    log.info("stopped")
+    return code
+
+
+async def _first(*aws) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for t in tasks:
+        t.cancel()
+
+
+async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
+    while True:
+        await asyncio.sleep(period)
+        svc.metrics.drain(svc.scheduler)
+
+
+async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
+    loaded = loaded and svc.state != FAILED
+    svc.state = DRAINING                   # new generation requests now get 503
+    deadline = time.monotonic() + svc.cfg.drain_timeout
+    while loaded and svc.inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if loaded and svc.inflight:
+        log.info("cancelling %d request(s) still running", svc.inflight)
+    loop = asyncio.get_running_loop()
+    if loaded:
+        await loop.run_in_executor(None, svc.scheduler.stop)
+    await runner.cleanup()                 # closes the port; waits for handlers to answer
+    if loaded:
+        await loop.run_in_executor(None, svc.store.close)   # flushes the writer

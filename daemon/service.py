@@ -1,0 +1,198 @@
+"""The daemon's runtime: model, tokenizer, cache store, engine, scheduler, named contexts.
+
+`load()` blocks (run it on a thread); until it ends, `state` is "loading" and the
+handlers answer 503. Prompt building lives here so that every endpoint turns
+text, chat messages and named contexts into tokens the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from jinja2.exceptions import TemplateError
+
+from cache.store import CacheStore
+from daemon.config import ServeConfig
+from daemon.contexts import Context, ContextRegistry
+from daemon.engine import Engine
+from daemon.errors import ApiError, bad_request
+from daemon.generation import Generation
+from daemon.metrics import Metrics
+from daemon.scheduler import Scheduler
+from daemon.schemas import CacheOptions
+from model.default import default_model_path
+from model.loader import load
+from model.runner import Runner
+from model.sampling import SamplingParams
+
+log = logging.getLogger("ckptd")
+
+LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
+
+
+def model_name(path: str | Path) -> str:
+    p = Path(path)
+    return p.stem if p.suffix == ".gguf" else p.name
+
+
+class Service:
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.state = LOADING
+        self.error: str | None = None
+        self.model_id = model_name(cfg.model) if cfg.model else "SmolLM2-135M-Instruct"
+        self.model = self.tokenizer = self.store = self.engine = self.scheduler = None
+        self.max_context = cfg.max_context or 0
+        self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
+        self.metrics = Metrics()
+        self.started = time.time()
+        self.inflight = 0
+        self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)
+
+    # ---- lifecycle (blocking: call from a thread) ------------------------------------
+    def load(self) -> None:
+        cfg = self.cfg
+        path = cfg.model or default_model_path()
+        self.model_id = model_name(path)
+        t0 = time.perf_counter()
+        model, tok = load(path, getattr(torch, cfg.dtype) if cfg.dtype else None)
+        limit = model.config.max_position_embeddings
+        if cfg.max_context and cfg.max_context > limit:
+            raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
+                             f"{limit} positions")
+        self.max_context = cfg.max_context or limit
+        B = cfg.block_size
+        pages = cfg.parallel * (-(-self.max_context // B) + 1)
+        runner = Runner(model, pages, cfg.parallel, B)
+        store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
+                           disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
+        self.engine = Engine(runner, store, cfg.snapshot_interval)
+        self.scheduler = Scheduler(self.engine, tok, max_running=cfg.parallel,
+                                   queue_size=cfg.queue_size, step_tokens=cfg.step_tokens)
+        self.model, self.tokenizer, self.store = model, tok, store
+        self.scheduler.start()
+        log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "
+                 "context %d, %d parallel", self.model_id, time.perf_counter() - t0,
+                 model.config.arch, len(model.config.layer_types), B, pages,
+                 pages * runner.spec.page_bytes() / 2**20, self.max_context, cfg.parallel)
+        self.state = READY
+
+    def close(self) -> None:
+        """Cancel what still runs, then flush and close the store (blocking)."""
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.store is not None:
+            self.store.close()
+
+    # ---- checks ----------------------------------------------------------------------
+    def unavailable(self) -> ApiError | None:
+        """Why requests can't be served now, or None when they can."""
+        if self.state == READY:
+            return None
+        if self.state == LOADING:
+            return ApiError(503, "the model is loading", None, "loading", {"Retry-After": "2"})
+        if self.state == DRAINING:
+            return ApiError(503, "the server is shutting down", None, "shutting_down")
+        return ApiError(503, f"the model failed to load: {self.error}", None, "load_failed")
+
+    def require_ready(self) -> None:
+        err = self.unavailable()
+        if err is not None:
+            raise err
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_id:
+            raise ApiError(404, f"model {name!r} is not served here (this server serves "
+                                f"{self.model_id!r})", "model", "model_not_found")
+
+    @property
+    def vocab_size(self) -> int:
+        """Valid token ids are those the model embeds (the tokenizer may name fewer)."""
+        return self.model.config.vocab_size
+
+    # ---- prompts ---------------------------------------------------------------------
+    def context(self, name: str) -> Context:
+        ctx = self.contexts.get(name)
+        if ctx is None:
+            raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
+        return ctx
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+        except TemplateError as e:
+            raise bad_request(f"the chat template rejected the messages: {e}",
+                              "messages") from None
+
+    def context_tokens(self, ctx: Context) -> list[int]:
+        """A context's tokens; the same ids every time, so the same cache keys."""
+        source = ctx.text if ctx.text is not None else repr(ctx.messages)
+        hit = self._ctx_tokens.get(ctx.name)
+        if hit is not None and hit[0] == source:
+            return hit[1]
+        if ctx.text is not None:
+            ids = self.tokenizer.encode(ctx.text)
+        else:
+            ids = self.tokenizer.encode(self.render_chat(ctx.messages, False))
+        self._ctx_tokens[ctx.name] = (source, ids)
+        return ids
+
+    def completion_tokens(self, prompt: str | list[int],
+                          cache: CacheOptions) -> tuple[list[int], str | None]:
+        """(tokens, salt): a named context's tokens, then the prompt's own."""
+        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        if cache.context is None:
+            return ids, cache.salt
+        ctx = self.context(cache.context)
+        return self.context_tokens(ctx) + ids, cache.salt or ctx.salt
+
+    def chat_tokens(self, messages: list[dict],
+                    cache: CacheOptions) -> tuple[list[int], str | None]:
+        if cache.context is None:
+            return self.tokenizer.encode(self.render_chat(messages)), cache.salt
+        ctx = self.context(cache.context)
+        if ctx.messages is not None:
+            # Render the whole conversation and keep what follows the context's own
+            # rendering, so the suffix reads as the template would have it.
+            head = self.render_chat(ctx.messages, False)
+            full = self.render_chat(ctx.messages + messages)
+            suffix = full[len(head):] if full.startswith(head) else self.render_chat(messages)
+        else:
+            suffix = self.render_chat(messages)
+        return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
+
+    def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
+               param: str = "max_tokens", prompt_param: str = "prompt") -> SamplingParams:
+        """Check the prompt against the context limit and fix max_tokens. A request for 0
+        tokens computes its prompt (and caches it) and returns no text: it runs one."""
+        n, limit = len(tokens), self.max_context
+        if n == 0:
+            raise bad_request("the prompt is empty", prompt_param)
+        if n >= limit:
+            raise bad_request(f"the prompt is {n} tokens; this server's context limit is "
+                              f"{limit} (prompt plus at least one generated token)", prompt_param,
+                              "context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = limit - n
+        elif n + max_tokens > limit:
+            raise bad_request(f"{param} = {max_tokens} with a {n}-token prompt is beyond the "
+                              f"context limit of {limit} tokens", param,
+                              "context_length_exceeded")
+        return replace(params, max_tokens=max(1, max_tokens))
+
+    def generation(self, tokens: list[int], params: SamplingParams, salt: str | None,
+                   use_cache: bool) -> Generation:
+        """Submit a generation (503 + Retry-After when the queue is full)."""
+        self.require_ready()
+        gen = Generation(self.scheduler, tokens, params, salt, use_cache,
+                         self.cfg.request_timeout, on_close=self._closed)
+        gen.submit()
+        self.inflight += 1
+        return gen
+
+    def _closed(self) -> None:
+        self.inflight -= 1
