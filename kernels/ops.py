@@ -1,27 +1,46 @@
 """The kernel entry points the model calls.
 
-Each name is the plain-torch reference today; kernels/dispatch.py routes to
-Triton where a Triton version exists and the tensors are on CUDA.
+Each name routes per call (kernels/dispatch.py): the Triton kernel when its
+tensors are on CUDA, or when CKPTD_KERNELS=triton; the plain-torch reference in
+kernels/<op>/naive.py otherwise, or when CKPTD_KERNELS=torch. The *_varlen,
+*_slots and decode forms take packed sequences and update state pools in place.
 """
 
 from __future__ import annotations
 
-from kernels.conv1d.naive import causal_conv1d, causal_conv1d_update
-from kernels.gated_delta.naive import chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
-from kernels.norm.naive import gated_rms_norm, rms_norm
-from kernels.paged_attention.naive import (
+from kernels.dispatch import (
+    apply_rotary,
+    causal_conv1d,
+    causal_conv1d_update,
+    causal_conv1d_update_slots,
+    causal_conv1d_varlen,
+    chunk_gated_delta_rule,
+    chunk_gated_delta_rule_varlen,
+    gated_delta_decode,
+    gated_rms_norm,
     gather_pages,
+    gather_states,
+    l2norm,
     paged_attention,
+    paged_attention_varlen,
     paged_decode_attention,
+    recurrent_gated_delta_rule,
+    recurrent_gated_delta_rule_varlen,
+    rms_norm,
+    rotary_cos_sin,
     scatter_pages,
+    scatter_states,
+    silu_and_mul,
+    use_triton,
     write_kv,
 )
-from kernels.rotary.naive import apply_rotary, rotary_cos_sin
-from kernels.swiglu.naive import silu_and_mul
 
 __all__ = [
-    "apply_rotary", "causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
-    "gated_rms_norm", "gather_pages", "l2norm", "paged_attention", "paged_decode_attention",
-    "recurrent_gated_delta_rule", "rms_norm", "rotary_cos_sin", "scatter_pages", "silu_and_mul",
+    "apply_rotary", "causal_conv1d", "causal_conv1d_update", "causal_conv1d_update_slots",
+    "causal_conv1d_varlen", "chunk_gated_delta_rule", "chunk_gated_delta_rule_varlen",
+    "gated_delta_decode", "gated_rms_norm", "gather_pages", "gather_states", "l2norm",
+    "paged_attention", "paged_attention_varlen", "paged_decode_attention",
+    "recurrent_gated_delta_rule", "recurrent_gated_delta_rule_varlen", "rms_norm",
+    "rotary_cos_sin", "scatter_pages", "scatter_states", "silu_and_mul", "use_triton",
     "write_kv",
 ]
