@@ -121,6 +121,7 @@ def _state_output_kernel(q, k, w, u, gc, o, pool, state_idx, cu_seqlens, scale, 
         p_u += BT * H * V
         p_o += BT * H * V
         p_gc += BT * H
+    tl.debug_barrier()      # every thread has read the initial state before any writes
     tl.store(p_s, b_s, mask=m_s)
 
 
@@ -191,14 +192,14 @@ def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, stat
     prec = _precision(q, k, v)
     _prepare_kernel[(len(bos), H)](k, v, g, beta, w, u, gc, chunk_bos, chunk_eos, H, K=K, V=V,
                                    BT=chunk_size, BK=BK, BV=BV_all, SUB=SUB, PREC=prec,
-                                   num_warps=4)
+                                   num_warps=8 if max(BK, BV_all) >= 128 else 4)
     BV = min(BV_all, 64)
     cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
     grid = (len(cu) - 1, H, triton.cdiv(V, BV))
     _state_output_kernel[grid](q, k, w, u, gc, o, state_pool, idx, cu_t, scale, H,
                                state_pool.stride(0), K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
-                               PREC=prec, num_warps=4)
+                               PREC=prec, num_warps=8 if BK >= 128 else 4)
     return o
 
 

@@ -60,6 +60,7 @@ def _recurrent_kernel(q, k, v, g, beta, o, pool, state_idx, cu_seqlens, scale, H
         p_o += H * V
         p_g += H
         p_beta += H
+    tl.debug_barrier()      # every thread has read the initial state before any writes
     tl.store(p_s, b_s, mask=m_s)
 
 
