@@ -6,7 +6,9 @@ attend to every key at a position <= their own. A program takes one KV head and 
 block of BR rows of the (token, query head of that KV head's group) pairs, so the
 G query heads sharing a KV head read each K/V block once, and walks the keys in
 blocks of BN with an online softmax. Key n of a sequence lives at page
-page_table[n // B], offset n % B, so any block size works.
+page_table[n // B], offset n % B, so any block size works. When there are too few
+programs to fill a GPU (decode of a few long sequences), each also takes one of
+S key ranges and a second kernel merges the S partial softmaxes.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_attn_kernel(q, pool, o, tables, cu_q, ctx_lens, scale, layer, G, B,
-                       stride_qt, stride_qh, stride_ot, stride_oh, stride_tab,
-                       stride_p, stride_l, stride_kv, stride_b, stride_h,
+def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, scale, layer, G,
+                       B, Hq, n_split, split_len, stride_qt, stride_qh, stride_ot, stride_oh,
+                       stride_tab, stride_p, stride_l, stride_kv, stride_b, stride_h,
                        D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                       PREC: tl.constexpr):
+                       SPLIT: tl.constexpr, PREC: tl.constexpr):
     i_n = tl.program_id(0)
     i_r = tl.program_id(1)
-    i_kh = tl.program_id(2)
+    i_kh = tl.program_id(2) // n_split
+    i_s = tl.program_id(2) % n_split
     bos = tl.load(cu_q + i_n).to(tl.int64)
     q_len = tl.load(cu_q + i_n + 1).to(tl.int64) - bos
     if i_r * BR < q_len * G:
@@ -40,14 +43,16 @@ def _paged_attn_kernel(q, pool, o, tables, cu_q, ctx_lens, scale, layer, G, B,
         q_pos = ctx + tq
         # keys past the last query of this block are masked for every row: stop there
         kv_end = ctx + tl.minimum(q_len, (i_r * BR + BR - 1) // G + 1)
+        kv_lo = i_s * split_len
+        kv_hi = tl.minimum(kv_end, kv_lo + split_len)
         base = pool + layer * stride_l + i_kh * stride_h
         p_tab = tables + i_n * stride_tab
         m_i = tl.full((BR,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BR,), dtype=tl.float32)
         acc = tl.zeros((BR, BD), dtype=tl.float32)
-        for s0 in range(0, kv_end, BN):
+        for s0 in range(kv_lo, kv_hi, BN):
             n = s0 + tl.arange(0, BN)
-            mn = n < kv_end
+            mn = n < kv_hi
             page = tl.load(p_tab + n // B, mask=mn, other=0).to(tl.int64)
             p_k = base + page[:, None] * stride_p + (n % B)[:, None] * stride_b + d[None, :]
             m_kv = mn[:, None] & md[None, :]
@@ -56,14 +61,45 @@ def _paged_attn_kernel(q, pool, o, tables, cu_q, ctx_lens, scale, layer, G, B,
             s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)              # [BR, BN]
             s = tl.where((n[None, :] <= q_pos[:, None]) & mn[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
+            # a row may see no key yet in a split of a long chunk: keep exp() off -inf - -inf
+            m_use = tl.where(m_new == float("-inf"), 0., m_new)
+            p = tl.exp(s - m_use[:, None])
+            alpha = tl.exp(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p, b_v, input_precision=PREC)
             m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(o + (bos + tq)[:, None] * stride_ot + hq[:, None] * stride_oh + d[None, :],
-                 out.to(o.dtype.element_ty), mask=mr[:, None] & md[None, :])
+        m_out = mr[:, None] & md[None, :]
+        if SPLIT:
+            # unnormalized partial results of this key range; _combine_kernel merges them
+            row = ((bos + tq) * Hq + hq) * n_split + i_s
+            tl.store(part_acc + row[:, None] * D + d[None, :], acc, mask=m_out)
+            tl.store(part_ml + row * 2, m_i, mask=mr)
+            tl.store(part_ml + row * 2 + 1, l_i, mask=mr)
+        else:
+            out = acc / l_i[:, None]
+            tl.store(o + (bos + tq)[:, None] * stride_ot + hq[:, None] * stride_oh + d[None, :],
+                     out.to(o.dtype.element_ty), mask=m_out)
+
+
+@triton.jit
+def _combine_kernel(part_acc, part_ml, o, Hq, n_split, stride_ot, stride_oh,
+                    D: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+    i_t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    sp = tl.arange(0, BS)
+    d = tl.arange(0, BD)
+    ms = (h < Hq)[:, None] & (sp < n_split)[None, :]                     # [BH, BS]
+    row = (i_t * Hq + h[:, None]) * n_split + sp[None, :]
+    m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
+    l_s = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.)
+    acc = tl.load(part_acc + row[:, :, None] * D + d[None, None, :],
+                  mask=ms[:, :, None] & (d < D)[None, None, :], other=0.)  # [BH, BS, BD]
+    m_max = tl.max(m, axis=1)
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0., m_max)[:, None])  # empty split: 0
+    den = tl.where(h < Hq, tl.sum(w * l_s, axis=1), 1.)                  # padded heads: 1
+    out = tl.sum(w[:, :, None] * acc, axis=1) / den[:, None]
+    tl.store(o + i_t * stride_ot + h[:, None] * stride_oh + d[None, :],
+             out.to(o.dtype.element_ty), mask=(h < Hq)[:, None] & (d < D)[None, :])
 
 
 def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
@@ -83,14 +119,24 @@ def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
     return B, Hkv, D
 
 
+def _num_splits(programs: int, max_keys: int, device: torch.device) -> int:
+    """Key-range splits per (sequence, row block, KV head): enough programs to fill a
+    GPU (decode of a few long sequences has few), each split at least 512 keys."""
+    if device.type != "cuda":
+        return 1
+    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(target, programs), triton.cdiv(max_keys, 512)))
+
+
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
-                           max_q_len=None):
+                           max_q_len=None, num_splits=None):
     """Chunks of several sequences at once.
 
     q [N, Hq, D] packed (sequence i's queries are rows cu_seqlens[i]:cu_seqlens[i+1]);
     ctx_lens int [n]: tokens before each chunk; page_tables int32 [n, max_pages] covering
     ctx_len + q_len tokens (whose K/V are all in the pool). Returns o [N, Hq, D] in q's
-    dtype. max_q_len (the longest chunk) saves a device sync when given.
+    dtype. max_q_len (the longest chunk) saves a device sync when given; num_splits
+    overrides how many key ranges are attended in parallel and merged.
     """
     B, Hkv, D = _check_pool(q, kv_pool, layer)
     n = len(ctx_lens)
@@ -114,12 +160,25 @@ def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
     BN = big
     BD = max(16, triton.next_power_of_2(D))
     prec = "ieee" if q.dtype == torch.float32 and kv_pool.dtype == torch.float32 else "tf32"
-    grid = (n, triton.cdiv(max_q_len * G, BR), Hkv)
-    _paged_attn_kernel[grid](
-        q, kv_pool, o, tables, cu, ctx, float(scale), layer, G, B,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1), tables.stride(0),
+    row_blocks = triton.cdiv(max_q_len * G, BR)
+    max_keys = tables.shape[1] * B                   # a bound on ctx_len + q_len, no sync
+    S = num_splits or _num_splits(n * row_blocks * Hkv, max_keys, dev)
+    split_len = triton.cdiv(triton.cdiv(max_keys, S), BN) * BN
+    part_acc = part_ml = o                           # unused unless split
+    if S > 1:
+        part_acc = torch.empty(N, Hq, S, D, dtype=torch.float32, device=dev)
+        part_ml = torch.empty(N, Hq, S, 2, dtype=torch.float32, device=dev)
+    _paged_attn_kernel[(n, row_blocks, Hkv * S)](
+        q, kv_pool, o, part_acc, part_ml, tables, cu, ctx, float(scale), layer, G, B, Hq, S,
+        split_len, q.stride(0), q.stride(1), o.stride(0), o.stride(1), tables.stride(0),
         kv_pool.stride(0), kv_pool.stride(1), kv_pool.stride(2), kv_pool.stride(3),
-        kv_pool.stride(4), D=D, BD=BD, BR=BR, BN=BN, PREC=prec, num_warps=4)
+        kv_pool.stride(4), D=D, BD=BD, BR=BR, BN=BN, SPLIT=S > 1, PREC=prec, num_warps=4)
+    if S > 1:
+        # all heads of a token in one program in the interpreter, one per program on a GPU
+        BH = 1 if dev.type == "cuda" else triton.next_power_of_2(Hq)
+        _combine_kernel[(N, triton.cdiv(Hq, BH))](
+            part_acc, part_ml, o, Hq, S, o.stride(0), o.stride(1), D=D, BH=BH,
+            BS=triton.next_power_of_2(S), BD=BD)
     return o
 
 
@@ -133,11 +192,12 @@ def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
                                   scale, max_q_len=T)
 
 
-def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
+def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, num_splits=None):
     """One query per sequence: q [N, Hq, D] is the last token of sequence n, whose length
-    is seq_lens[n] (int32 [N]); page_tables int32 [N, max_pages]. Returns [N, Hq, D]."""
+    is seq_lens[n] (int32 [N]); page_tables int32 [N, max_pages]. Returns [N, Hq, D].
+    Long contexts are split into key ranges attended in parallel (flash-decoding)."""
     N = q.shape[0]
     lens = torch.as_tensor(seq_lens, device=q.device)
     cu = torch.arange(N + 1, dtype=torch.int32, device=q.device)
     return paged_attention_varlen(q, kv_pool, layer, cu, lens - 1, page_tables, scale,
-                                  max_q_len=1)
+                                  max_q_len=1, num_splits=num_splits)

@@ -58,6 +58,28 @@ def test_decode_batch_of_unequal_lengths(device, close):
     assert close(dispatch.paged_decode_attention(q, pool, 1, tables, seq_lens, 0.2), want)
 
 
+@pytest.mark.parametrize("splits", [2, 5])
+def test_key_range_splits_merge_to_the_same_result(splits, device, close):
+    # flash-decoding: the form a GPU picks for a few long sequences, forced here
+    from kernels.paged_attention.triton_attention import (
+        paged_attention_varlen,
+        paged_decode_attention,
+    )
+    lens = [300, 17, 1]
+    pool, tables = _filled(lens, seed=9, device=device)
+    q = torch.randn(3, 6, 40, generator=torch.Generator().manual_seed(9)).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    want = naive.paged_decode_attention(q, pool, 1, tables, seq_lens, 0.2)
+    got = paged_decode_attention(q, pool, 1, tables, seq_lens, 0.2, num_splits=splits)
+    assert close(got, want)
+    # a chunk's early rows see no key of the later ranges
+    q = torch.randn(60, 6, 40, generator=torch.Generator().manual_seed(10)).to(device)
+    want = naive.paged_attention(q, pool, 1, tables[0], 240, 0.2)
+    got = paged_attention_varlen(q, pool, 1, [0, 60], [240], tables[:1], 0.2,
+                                 num_splits=splits)
+    assert close(got, want)
+
+
 def test_varlen_chunks_of_several_sequences(device, close):
     ctx, q_lens = [0, 30, 7, 100], [63, 1, 20, 5]
     pool, tables = _filled([c + n for c, n in zip(ctx, q_lens)], seed=4, device=device)
