@@ -156,6 +156,11 @@ class Runner:
         (before load_pages / load_partial). Raises OutOfPages, changing nothing."""
         self._make_writable([(seq, n_tokens)])
 
+    def _ensure_pages(self, seq: Sequence, n_tokens: int) -> None:
+        # daemon/engine.py's restore was written against this name before `reserve`
+        # existed; it stays until the engine calls `reserve`.
+        self.reserve(seq, n_tokens)
+
     def read_pages(self, page_ids: list[int]) -> torch.Tensor:
         """Copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim]."""
         idx = torch.as_tensor(page_ids, dtype=torch.long, device=self.device)
