@@ -18,6 +18,10 @@ _TURN_ENDS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_t
 
 
 class Tokenizer:
+    """A model's tokenizer: `tok` (tokenizers.Tokenizer), `chat_template` (jinja source or
+    None for ChatML), `bos_id`, `eos_id` (the configured one), `eos_ids` (every id that
+    ends a turn: the configured ones plus <|im_end|>-style end tokens in the vocabulary)."""
+
     def __init__(self, tok: _Tok, chat_template: str | None = None, bos_id: int | None = None,
                  eos_ids: tuple[int, ...] = (), add_bos: bool = False) -> None:
         self.tok = tok

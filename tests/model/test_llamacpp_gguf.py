@@ -119,3 +119,13 @@ def test_converted_gguf_tokenizer_matches_folder(converted, model):
     assert ours.eos_ids == want.eos_ids and ours.bos_id == want.bos_id
     # the converter pads the 426 learned tokens to the model's 512 rows with [PADn] entries
     assert ours.vocab_size == 512 and want.vocab_size <= 512
+
+
+def test_fetch_without_index_fails_with_reason(tmp_path, monkeypatch):
+    # an index nobody listens on stands in for a machine without network
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    with pytest.raises(RuntimeError, match="could not download the llama-cpp-python"):
+        fetch_converter(tmp_path)
+    assert not (tmp_path / "llamacpp").exists()
