@@ -27,7 +27,7 @@ from model.state import DeviceState
 _ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)             # a sequence is itself, not its contents: compare by identity
 class Sequence:
     tokens: list[int]          # prompt, then generated tokens as they are appended
     slot: int                  # recurrent state slot; -1 once released
@@ -53,6 +53,10 @@ class Runner:
 
     def add(self, tokens: list[int]) -> Sequence:
         """A new sequence with zero state; raises OutOfSlots when all slots are in use."""
+        vocab = self.model.config.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
         slot = self.slots.alloc()
         self.state.reset_slot(slot)
         return Sequence(list(tokens), slot)

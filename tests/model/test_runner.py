@@ -171,6 +171,9 @@ def test_step_rejects_bad_work(tiny_model):
         runner.step([(seq, 1)])
     with pytest.raises(ValueError):
         Runner(tiny_model, num_pages=4, num_slots=1, max_batch_tokens=0)
+    with pytest.raises(ValueError, match="vocabulary"):
+        runner.add([1, 2, tiny_model.config.vocab_size])
+    assert runner.slots.num_free == 2
 
 
 def test_out_of_pages_and_slots_change_nothing(tiny_model):
