@@ -1,0 +1,112 @@
+"""Bad input gets the right 4xx with a JSON error naming the field; the daemon keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.daemon.conftest import MAX_BODY, MAX_CONTEXT
+
+OK_PROMPT = {"prompt": [5, 6, 7], "max_tokens": 1}
+USER = [{"role": "user", "content": "hi"}]
+
+# (id, method, path, json body or raw bytes, status, param, code or None)
+CASES = [
+    ("malformed-json", "POST", "/v1/completions", b'{"prompt": ', 400, None, "invalid_json"),
+    ("empty-body", "POST", "/v1/completions", b"", 400, None, "invalid_json"),
+    ("not-an-object", "POST", "/v1/completions", [1, 2], 400, None, "invalid_type"),
+    ("nan", "POST", "/v1/completions", b'{"prompt": "a", "temperature": NaN}', 400, None,
+     "invalid_json"),
+    ("invalid-utf8", "POST", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None,
+     "invalid_utf8"),
+    ("lone-surrogate", "POST", "/v1/completions", b'{"prompt": "\\ud800"}', 400, None,
+     "invalid_utf8"),
+    ("missing-prompt", "POST", "/v1/completions", {"max_tokens": 1}, 400, "prompt",
+     "missing_field"),
+    ("empty-prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "prompt", None),
+    ("prompt-wrong-type", "POST", "/v1/completions", {"prompt": 12}, 400, "prompt",
+     "invalid_type"),
+    ("prompt-bad-token", "POST", "/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt",
+     None),
+    ("prompt-too-long", "POST", "/v1/completions",
+     {"prompt": [5] * (MAX_CONTEXT + 10), "max_tokens": 1}, 400, "prompt",
+     "context_length_exceeded"),
+    ("max-tokens-string", "POST", "/v1/completions", {**OK_PROMPT, "max_tokens": "5"}, 400,
+     "max_tokens", "invalid_type"),
+    ("max-tokens-negative", "POST", "/v1/completions", {**OK_PROMPT, "max_tokens": -3}, 400,
+     "max_tokens", None),
+    ("max-tokens-huge", "POST", "/v1/completions", {**OK_PROMPT, "max_tokens": 10**12}, 400,
+     "max_tokens", "context_length_exceeded"),
+    ("max-tokens-bool", "POST", "/v1/completions", {**OK_PROMPT, "max_tokens": True}, 400,
+     "max_tokens", "invalid_type"),
+    ("temperature-negative", "POST", "/v1/completions", {**OK_PROMPT, "temperature": -1}, 400,
+     "temperature", None),
+    ("top-p-zero", "POST", "/v1/completions", {**OK_PROMPT, "top_p": 0}, 400, "top_p", None),
+    ("stop-wrong-type", "POST", "/v1/completions", {**OK_PROMPT, "stop": [1]}, 400, "stop",
+     "invalid_type"),
+    ("logprobs-too-many", "POST", "/v1/completions", {**OK_PROMPT, "logprobs": 50}, 400,
+     "logprobs", None),
+    ("n-two", "POST", "/v1/completions", {**OK_PROMPT, "n": 2}, 400, "n", None),
+    ("stream-not-bool", "POST", "/v1/completions", {**OK_PROMPT, "stream": "yes"}, 400,
+     "stream", "invalid_type"),
+    ("salt-wrong-type", "POST", "/v1/completions", {**OK_PROMPT, "cache_salt": 3}, 400,
+     "cache_salt", "invalid_type"),
+    ("unknown-model", "POST", "/v1/completions", {**OK_PROMPT, "model": "gpt-9"}, 404,
+     "model", "model_not_found"),
+    ("unknown-context", "POST", "/v1/completions", {**OK_PROMPT, "context": "nope"}, 404,
+     "context", "context_not_found"),
+    ("empty-messages", "POST", "/v1/chat/completions", {"messages": []}, 400, "messages", None),
+    ("missing-messages", "POST", "/v1/chat/completions", {"max_tokens": 1}, 400, "messages",
+     "missing_field"),
+    ("messages-not-list", "POST", "/v1/chat/completions", {"messages": "hi"}, 400, "messages",
+     "invalid_type"),
+    ("bad-role", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", None),
+    ("bad-content", "POST", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content",
+     "invalid_type"),
+    ("chat-top-logprobs", "POST", "/v1/chat/completions",
+     {"messages": USER, "logprobs": True, "top_logprobs": 99}, 400, "top_logprobs", None),
+    ("chat-unknown-model", "POST", "/v1/chat/completions", {"messages": USER, "model": "x"},
+     404, "model", "model_not_found"),
+    ("n-predict-negative", "POST", "/completion", {"prompt": "a", "n_predict": -5}, 400,
+     "n_predict", None),
+    ("n-predict-huge", "POST", "/completion", {"prompt": "a", "n_predict": 10**9}, 400,
+     "n_predict", "context_length_exceeded"),
+    ("tokenize-missing", "POST", "/tokenize", {}, 400, "content", "missing_field"),
+    ("detokenize-bad", "POST", "/detokenize", {"tokens": ["a"]}, 400, "tokens",
+     "invalid_type"),
+    ("context-bad-name", "POST", "/v1/contexts", {"name": "a b", "text": "x"}, 400, "name",
+     None),
+    ("context-no-source", "POST", "/v1/contexts", {"name": "a"}, 400, "text", None),
+    ("context-unknown", "GET", "/v1/contexts/nope", None, 404, "context", "context_not_found"),
+    ("entries-bad-limit", "GET", "/cache/entries?limit=0", None, 400, "limit", None),
+    ("entries-bad-sort", "GET", "/cache/entries?sort=random", None, 400, "sort", None),
+    ("delete-bad-key", "DELETE", "/cache/entries/xyz", None, 400, "key", None),
+    ("delete-unknown-key", "DELETE", "/cache/entries/" + "0" * 32, None, 404, "key", None),
+    ("pin-missing-key", "POST", "/cache/pin", {}, 400, "key", "missing_field"),
+    ("pin-unknown-key", "POST", "/cache/pin", {"key": "ab" * 16}, 404, "key", None),
+    ("unknown-route", "GET", "/v2/nothing", None, 404, None, "not_found"),
+    ("wrong-method", "GET", "/v1/completions", None, 405, None, "method_not_allowed"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(daemon, case):
+    _, method, path, body, status, param, code = case
+    raw = body if isinstance(body, bytes) else None
+    r = daemon.request(method, path, None if raw is not None else body, raw=raw)
+    assert r.status == status, r.text
+    err = r.json["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+
+
+def test_oversized_body_then_still_serving(daemon):
+    big = {"prompt": "a" * (MAX_BODY + 100)}
+    r = daemon.post("/v1/completions", big)
+    assert r.status == 413 and r.json["error"]["code"] == "body_too_large"
+    assert daemon.get("/health").status == 200
+    r = daemon.post("/v1/completions", OK_PROMPT)
+    assert r.status == 200 and r.json["usage"]["completion_tokens"] == 1
