@@ -1,4 +1,4 @@
-"""What the index records about one cached value (stored as JSON in LMDB's meta db)."""
+"""What the index records about one cached value (JSON in LMDB's meta database)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,30 @@ BLOCK, SNAPSHOT = "block", "snapshot"
 
 @dataclass
 class EntryMeta:
-    kind: str                 # "block" (one KV page) or "snapshot" (recurrent state at a position)
-    parent: str               # hex key of the previous block (or the root)
+    kind: str                 # BLOCK (one KV page) or SNAPSHOT (the state at one position)
+    parent: bytes             # key of the previous block, or the root key
     position: int             # tokens covered from the start: (i+1)*B for block i, P for a snapshot
-    tokens: list[int]         # the block's tokens, or a snapshot's tail after its parent
+    tokens: list[int]         # a block's B tokens, or a snapshot's tail after its parent
     fingerprint: str
-    stored_bytes: int = 0
-    logical_bytes: int = 0
+    stored_bytes: int = 0     # encoded (compressed) size; 0 until the writer encodes it
+    logical_bytes: int = 0    # uncompressed tensor bytes
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     hits: int = 0
     pinned: bool = False
 
+    @property
+    def has_block_parent(self) -> bool:
+        """False when the parent is a root key (block 0, or a snapshot inside block 0)."""
+        return self.position != len(self.tokens)
+
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        d = asdict(self)
+        d["parent"] = self.parent.hex()
+        return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> EntryMeta:
-        return cls(**json.loads(bytes(data)))
+    def from_bytes(cls, data: bytes | memoryview) -> EntryMeta:
+        d = json.loads(bytes(data))
+        d["parent"] = bytes.fromhex(d["parent"])
+        return cls(**d)

@@ -1,56 +1,90 @@
 """The RAM tier: uncompressed tensors, LRU within a byte budget.
 
 On a CPU-only machine this is the only in-memory tier (device memory is RAM).
+Values are shared, never copied here: callers clone what they hand in and must
+not write to what they get back.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 
-from cache.entry import EntryMeta
+from cache.entry import SNAPSHOT, EntryMeta
+
+Tensors = dict[str, torch.Tensor]
 
 
-def tensors_nbytes(tensors: dict[str, torch.Tensor]) -> int:
+def tensors_nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 class HostTier:
+    name = "host"
+
     def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"host budget must be >= 0, got {budget_bytes}")
         self.budget = budget_bytes
-        self.items: OrderedDict[bytes, tuple[EntryMeta, dict[str, torch.Tensor]]] = OrderedDict()
+        self.items: OrderedDict[bytes, tuple[EntryMeta, Tensors, int]] = OrderedDict()
+        self.snaps: dict[bytes, set[bytes]] = {}     # parent key -> snapshot keys after it
         self.bytes = 0
         self.evictions = 0
         self.lock = threading.Lock()
 
-    def put(self, key: bytes, meta: EntryMeta, tensors: dict[str, torch.Tensor]) -> None:
-        size = tensors_nbytes(tensors)
+    def put(self, key: bytes, meta: EntryMeta, value: Tensors) -> bool:
+        size = tensors_nbytes(value)
         if size > self.budget:
-            return
+            return False
         with self.lock:
-            old = self.items.pop(key, None)
-            if old is not None:
-                self.bytes -= tensors_nbytes(old[1])
-            self.items[key] = (meta, tensors)
+            self._pop(key)
+            self.items[key] = (meta, value, size)
             self.bytes += size
+            if meta.kind == SNAPSHOT:
+                self.snaps.setdefault(meta.parent, set()).add(key)
             while self.bytes > self.budget:
-                _, (_, t) = self.items.popitem(last=False)
-                self.bytes -= tensors_nbytes(t)
+                self._pop(next(iter(self.items)))
                 self.evictions += 1
+        return True
 
-    def get(self, key: bytes) -> tuple[EntryMeta, dict[str, torch.Tensor]] | None:
+    def put_many(self, items: Sequence[tuple[bytes, EntryMeta, Tensors]]) -> list[bytes]:
+        return [k for k, m, v in items if self.put(k, m, v)]
+
+    def _pop(self, key: bytes) -> None:
+        item = self.items.pop(key, None)
+        if item is None:
+            return
+        meta, _, size = item
+        self.bytes -= size
+        if meta.kind == SNAPSHOT:
+            sibs = self.snaps.get(meta.parent)
+            if sibs is not None:
+                sibs.discard(key)
+                if not sibs:
+                    del self.snaps[meta.parent]
+
+    def get(self, key: bytes) -> Tensors | None:
         with self.lock:
             item = self.items.get(key)
-            if item is not None:
-                self.items.move_to_end(key)
-            return item
+            if item is None:
+                return None
+            self.items.move_to_end(key)
+            return item[1]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[Tensors | None]:
+        return [self.get(k) for k in keys]
 
     def meta(self, key: bytes) -> EntryMeta | None:
         with self.lock:
             item = self.items.get(key)
             return None if item is None else item[0]
+
+    def snapshots_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
+        with self.lock:
+            return [(k, self.items[k][0]) for k in self.snaps.get(parent, ())]
 
     def contains(self, key: bytes) -> bool:
         with self.lock:
@@ -58,15 +92,14 @@ class HostTier:
 
     def delete(self, key: bytes) -> None:
         with self.lock:
-            item = self.items.pop(key, None)
-            if item is not None:
-                self.bytes -= tensors_nbytes(item[1])
+            self._pop(key)
 
     def scan(self) -> list[tuple[bytes, EntryMeta]]:
         with self.lock:
-            return [(k, m) for k, (m, _) in self.items.items()]
+            return [(k, m) for k, (m, _, _) in self.items.items()]
 
     def clear(self) -> None:
         with self.lock:
             self.items.clear()
+            self.snaps.clear()
             self.bytes = 0

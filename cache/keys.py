@@ -1,21 +1,29 @@
-"""Content keys for cached state.
+"""Content keys for cached state: the one place their bytes are defined.
 
-Byte encoding (the one place it is defined):
+Byte encoding:
     tokens     little-endian uint32 per token
-    positions  little-endian int64 per token, only when they are not 0..n-1
-    H          blake2b, 16-byte digest, with a one-byte domain tag first
+    positions  little-endian int64 per token of a block, only when that block's
+               positions are not the linear iB .. iB+n-1 (M-RoPE images, shifted text)
+    extras     u32 little-endian length ‖ bytes (image / embedding hashes of the block)
+    H          blake2b with a 16-byte digest; its first input byte is a domain tag
 
-    k_0 = H(0x00 ‖ "ckptd" ‖ fingerprint ‖ format ‖ block_size ‖ salt)
-    k_i = H(0x01 ‖ k_{i-1} ‖ tokens[(i-1)B : iB] ‖ positions? ‖ extras)
-    snapshot at P = dB + r (0 <= r < B):  H(0x02 ‖ k_d ‖ tokens[dB : P])
+    k_0 = H(0x00 ‖ "ckptd" ‖ u32 len(fp) ‖ fp ‖ u32 format ‖ u32 block_size ‖ u32 len(salt) ‖ salt)
+    k_i = H(0x01 ‖ k_{i-1} ‖ tokens[(i-1)B : iB] ‖ (0x01 ‖ positions | 0x00) ‖ extras[i-1])
+    snapshot at P = dB + r (0 <= r < B):
+          H(0x02 ‖ k_d ‖ tokens[dB : P] ‖ (0x01 ‖ positions | 0x00) ‖ extras[d])
 
-Keys are bytes; `hex()` / `bytes.fromhex` round-trip them for APIs and tools.
+`extras` is a per-block list: extras[i] belongs to block i (the tokens
+[iB, (i+1)B)); a missing or empty entry means none, so text before an image
+shares its keys with a text-only prompt. Keys are bytes; `hex()` and
+`key_from_hex` round-trip them for APIs and tools.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,8 +39,13 @@ def _h(tag: int, *parts: bytes) -> bytes:
     return h.digest()
 
 
-def encode_tokens(tokens) -> bytes:
-    arr = np.asarray(tokens, dtype=np.int64)
+def _lp(data: bytes) -> bytes:
+    """Length-prefixed, so that concatenated fields can't be confused."""
+    return struct.pack("<I", len(data)) + data
+
+
+def encode_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
+    arr = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if arr.size and (arr.min() < 0 or arr.max() >= 2 ** 32):
         raise ValueError("token ids must fit in uint32")
     return arr.astype("<u4").tobytes()
@@ -42,33 +55,71 @@ def decode_tokens(data: bytes) -> list[int]:
     return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
 
 
+def key_from_hex(text: str) -> bytes:
+    """Parse a key given by a user (HTTP path, CLI); ValueError when it is not one."""
+    try:
+        key = bytes.fromhex(text)
+    except (ValueError, TypeError):
+        raise ValueError(f"not a cache key: {text!r}") from None
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"a cache key is {2 * KEY_BYTES} hex digits, got {len(text)}")
+    return key
+
+
+_NO_EXTRA = _lp(b"")
+
+
 def root_key(fingerprint: str, block_size: int, salt: str | bytes | None = None) -> bytes:
     salt_b = salt.encode() if isinstance(salt, str) else (salt or b"")
-    return _h(0, b"ckptd", fingerprint.encode(), struct.pack("<II", FORMAT_VERSION, block_size),
-              struct.pack("<I", len(salt_b)), salt_b)
+    return _h(0, b"ckptd", _lp(fingerprint.encode()),
+              struct.pack("<II", FORMAT_VERSION, block_size), _lp(salt_b))
 
 
-def block_keys(root: bytes, tokens, block_size: int, positions=None,
-               extras: bytes = b"") -> list[bytes]:
-    """Keys of every full block of `tokens`: keys[i] covers tokens[: (i+1) * block_size]."""
+@dataclass(frozen=True)
+class KeyContext:
+    """What besides the tokens names a prefix: tenant salt, per-block extras, positions."""
+
+    salt: str | bytes | None = None
+    extras: Sequence[bytes] | None = None
+    positions: Sequence[int] | np.ndarray | None = None
+
+    def extra(self, i: int) -> bytes:
+        e = self.extras
+        return _lp(bytes(e[i])) if e is not None and i < len(e) and e[i] else _NO_EXTRA
+
+    def positions_part(self, start: int, stop: int) -> bytes:
+        if self.positions is None:
+            return b"\x00"
+        pos = np.asarray(self.positions[start:stop], dtype=np.int64)
+        if len(pos) != stop - start:
+            raise ValueError(f"positions cover {len(self.positions)} tokens, need {stop}")
+        if np.array_equal(pos, np.arange(start, stop)):
+            return b"\x00"
+        return b"\x01" + pos.astype("<i8").tobytes()
+
+
+def block_keys(root: bytes, tokens: Sequence[int], block_size: int,
+               ctx: KeyContext | None = None) -> list[bytes]:
+    """Keys of every full block of `tokens`: keys[i] names tokens[: (i+1) * block_size]."""
+    ctx = ctx or KeyContext()
     n = len(tokens) // block_size
     data = encode_tokens(tokens[: n * block_size])
-    pos = None
-    linear = positions is None or np.array_equal(np.asarray(positions), np.arange(len(positions)))
-    if not linear:
-        pos = np.asarray(positions, dtype="<i8").tobytes()
-    keys, k, w = [], root, 4 * block_size
+    w = 4 * block_size
+    keys, k = [], root
     for i in range(n):
-        parts = [k, data[i * w:(i + 1) * w]]
-        if pos is not None:
-            parts.append(pos[i * 8 * block_size:(i + 1) * 8 * block_size])
-        if extras:
-            parts.append(extras)
-        k = _h(1, *parts)
+        k = _h(1, k, data[i * w:(i + 1) * w],
+               ctx.positions_part(i * block_size, (i + 1) * block_size), ctx.extra(i))
         keys.append(k)
     return keys
 
 
-def snapshot_key(parent: bytes, tail_tokens) -> bytes:
-    """Key of the state after `parent` (a block key, or the root) plus tail_tokens."""
-    return _h(2, parent, encode_tokens(tail_tokens))
+def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_size: int,
+                 ctx: KeyContext | None = None) -> bytes:
+    """Key of the state after `parent` (the key of block depth-1, or the root when
+    depth = 0) plus `tail_tokens` = tokens[depth*B : P], fewer than B of them."""
+    ctx = ctx or KeyContext()
+    if len(tail_tokens) >= block_size:
+        raise ValueError(f"a snapshot tail is shorter than a block, got {len(tail_tokens)}")
+    start = depth * block_size
+    return _h(2, parent, encode_tokens(tail_tokens),
+              ctx.positions_part(start, start + len(tail_tokens)), ctx.extra(depth))

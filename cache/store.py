@@ -1,9 +1,13 @@
-"""CacheStore: the cache's one entry point (lookup, load, put, admin).
+"""CacheStore: the cache's one entry point (lookup, load, put; admin in admin.py).
 
-Values are named tensors: a block is {"kv": [n_attn, 2, B, Hkv, D]}; a snapshot
-holds "conv" and "ssm" (recurrent layers), "kv" for its partial page (attention
-layers, P mod B tokens) and optionally "logits". Reads try the RAM tier, then
-disk; writes go to RAM at once and to disk through the write-behind queue.
+Values are named tensors. A block is {"kv": [n_attn, 2, B, kv_heads, head_dim]}
+(StateSpec.kv_shape()); a snapshot at P holds "conv" and "ssm" (recurrent layers),
+"kv" for its partial page (attention layers, P mod B tokens) and optionally
+"logits" of the last position. Reads try RAM, then disk; writes go to RAM at once
+and to disk through the write-behind queue.
+
+Locking: `self.lock` guards the in-memory structures only (index, touched,
+queued, counters); LMDB I/O and compression always run outside it.
 """
 
 from __future__ import annotations
@@ -11,397 +15,325 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from cache import codec
+from cache.admin import Counters, StoreAdmin
+from cache.commit import StoreCommit
 from cache.disk import DiskTier
 from cache.entry import BLOCK, SNAPSHOT, EntryMeta
-from cache.evict import pick_victims
 from cache.host import HostTier, tensors_nbytes
-from cache.keys import block_keys, root_key, snapshot_key
+from cache.index import DiskIndex
+from cache.keys import KeyContext, block_keys, root_key, snapshot_key
+from cache.lookup import DISK, HOST, PieceRef, RestoredState, RestorePlan, plan_restore
 from cache.writer import Writer
 from model.spec import StateSpec
 
-
-@dataclass
-class PieceRef:
-    key: bytes
-    tier: str          # "host" or "disk"
-    nbytes: int        # stored bytes (compressed on disk)
+_MISSING, _CORRUPT = "missing", "corrupt"
+_MAX_REPLANS = 4
 
 
-@dataclass
-class RestorePlan:
-    position: int                     # tokens the restored state covers
-    blocks: list[PieceRef]            # blocks 0 .. position // B - 1
-    snapshot: PieceRef | None         # state at exactly `position` (needed by hybrids)
-    snapshot_position: int = 0        # where the snapshot was taken; > position when an
-                                      # attention-only model uses a prefix of its partial page
+@dataclass(frozen=True)
+class StoreConfig:
+    disk_budget: int = 20 << 30       # bytes of stored (compressed) values on disk
+    host_budget: int = 2 << 30        # bytes of uncompressed tensors in RAM
+    queue_bytes: int = 256 << 20      # write-behind queue bound (logical bytes)
+    block_when_full: bool = False     # a full queue blocks the put instead of dropping it
+    read_threads: int = 2
+    write_threads: int = 2
+    batch: int = 64                   # entries per LMDB write transaction
+    map_bytes: int | None = None      # LMDB map; default: room for the budget plus slack
 
-    def bytes_by_tier(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for p in [*self.blocks, *([self.snapshot] if self.snapshot else [])]:
-            out[p.tier] = out.get(p.tier, 0) + p.nbytes
-        return out
+    def __post_init__(self) -> None:
+        for name in ("disk_budget", "host_budget", "queue_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("read_threads", "write_threads", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
-    def tier(self) -> str | None:
-        tiers = self.bytes_by_tier()
-        return "disk" if "disk" in tiers else ("host" if tiers else None)
+    def lmdb_map_bytes(self) -> int:
+        # LMDB needs room beyond the values: tree pages, and freed pages that old
+        # readers still see. Budget + 50% + 64 MiB has been enough in the budget tests.
+        return self.map_bytes or int(self.disk_budget * 1.5) + (64 << 20)
 
 
-@dataclass
-class Restored:
-    position: int
-    pages: torch.Tensor | None                 # [n_blocks, *spec.kv_shape()]
-    snapshot: dict[str, torch.Tensor] | None
-    ok: bool = True                            # False: a piece failed and was dropped; re-plan
-
-
-@dataclass
-class Counters:
-    hits: int = 0
-    misses: int = 0
-    corrupt: int = 0
-    evicted: int = 0
-    extra: dict = field(default_factory=dict)
-
-
-class CacheStore:
-    def __init__(self, path: str | Path, spec: StateSpec, fingerprint: str,
-                 disk_budget: int = 20 << 30, host_budget: int = 2 << 30,
-                 queue_bytes: int = 512 << 20, readonly: bool = False) -> None:
-        self.spec, self.fp, self.B = spec, fingerprint, spec.block_size
-        self.disk = DiskTier(path, disk_budget, readonly=readonly)
-        self.host = HostTier(0 if readonly else host_budget)
-        self.counters = Counters()
+class CacheStore(StoreCommit, StoreAdmin):
+    def __init__(self, path: str | Path, spec: StateSpec | None, fingerprint: str | None,
+                 config: StoreConfig | None = None, *, readonly: bool = False,
+                 **options) -> None:
+        self.config = cfg = config or StoreConfig(**options)
+        self.path, self.spec, self.fp = Path(path), spec, fingerprint
+        self.B = spec.block_size if spec is not None else None
+        self.readonly = readonly
+        self.closed = False
+        self.disk = DiskTier(path, cfg.lmdb_map_bytes, readonly=readonly)
+        # LMDB needs free pages beyond the values (copy-on-write, pages readers still
+        # see): a map smaller than the budget caps what is stored at 2/3 of it.
+        self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
+        self.host = HostTier(0 if readonly else cfg.host_budget)
         self.lock = threading.Lock()
-        self.touched: dict[bytes, EntryMeta] = {}
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="ckptd-read")
-        self.disk_bytes = self.disk.stored_bytes()
-        self.writer = None if readonly else Writer(self._commit, self._encode, queue_bytes)
+        self.index = DiskIndex(self.disk.scan())
+        self.touched: dict[bytes, EntryMeta] = {}     # hits not yet written to disk
+        self.queued: dict[bytes, bytes] = {}          # key -> parent, for puts in the queue
+        self.counters = Counters()
+        self.readers = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="ckptd-read")
+        self.writer = None if readonly else Writer(
+            self._encode, self._commit, cfg.queue_bytes, cfg.write_threads, cfg.batch,
+            cfg.block_when_full)
 
     @classmethod
-    def open_readonly(cls, path: str | Path) -> CacheStore:
-        """For a second process (the inspector) while the daemon writes; no spec needed."""
-        self = cls.__new__(cls)
-        self.spec, self.fp, self.B = None, None, None
-        self.disk = DiskTier(path, 0, readonly=True)
-        self.host = HostTier(0)
-        self.counters, self.lock, self.touched = Counters(), threading.Lock(), {}
-        self.pool = ThreadPoolExecutor(2)
-        self.disk_bytes = self.disk.stored_bytes()
-        self.writer = None
-        return self
+    def open_readonly(cls, path: str | Path, spec: StateSpec | None = None,
+                      fingerprint: str | None = None) -> CacheStore:
+        """For a second process (the inspector) while the daemon writes. Every call
+        sees the latest committed state; lookups need the spec and fingerprint."""
+        return cls(path, spec, fingerprint, readonly=True)
 
-    # ---- lookup and load -------------------------------------------------------------
     def root(self, salt: str | bytes | None = None) -> bytes:
+        self._need_model()
         return root_key(self.fp, self.B, salt)
 
-    def _find(self, key: bytes) -> tuple[EntryMeta, str] | None:
-        m = self.host.meta(key)
-        if m is not None:
-            return m, "host"
-        m = self.disk.meta(key)
-        return None if m is None else (m, "disk")
+    def _need_model(self) -> None:
+        if self.spec is None or self.fp is None:
+            raise ValueError("this store was opened without a model spec and fingerprint")
 
-    def _ref(self, key: bytes, meta: EntryMeta, tier: str) -> PieceRef:
-        return PieceRef(key, tier, meta.stored_bytes if tier == "disk" else meta.logical_bytes)
+    def _sync(self) -> None:
+        """A read-only store re-reads the index, which another process is writing."""
+        if self.readonly:
+            index = DiskIndex(self.disk.scan())
+            with self.lock:
+                self.index = index
 
-    def lookup(self, tokens: list[int], salt: str | bytes | None = None,
-               max_tokens: int | None = None) -> RestorePlan:
-        """The deepest restorable state of `tokens` covering at most max_tokens tokens."""
+    # ---- lookup and load ----------------------------------------------------------
+    def lookup(self, tokens, salt: str | bytes | None = None, extras=None,
+               max_tokens: int | None = None, positions=None) -> RestorePlan:
+        """The deepest restorable state of `tokens` that covers at most max_tokens
+        tokens (pass len(tokens) - 1 to keep one token to compute)."""
+        self._need_model()
+        tokens = [int(t) for t in tokens]
         limit = len(tokens) if max_tokens is None else max(0, min(max_tokens, len(tokens)))
-        root = self.root(salt)
-        keys = block_keys(root, tokens[:limit], self.B)
-        blocks: list[PieceRef] = []
-        for i, k in enumerate(keys):
-            found = self._find(k)
-            if found is None or found[0].kind != BLOCK or \
-                    found[0].tokens != tokens[i * self.B:(i + 1) * self.B]:
-                break
-            blocks.append(self._ref(k, *found))
-        snap = self._best_snapshot(tokens, root, keys, len(blocks), limit)
-        if snap is not None:
-            position, ref, taken_at = snap
-            plan = RestorePlan(position, blocks[:position // self.B], ref, taken_at)
-        elif self.spec.is_hybrid:
-            plan = RestorePlan(0, [], None)
-        else:
-            plan = RestorePlan(len(blocks) * self.B, blocks, None)
+        self._sync()
+        plan = self._plan(tokens, limit, KeyContext(salt, extras, positions))
         with self.lock:
-            if plan.position:
-                self.counters.hits += 1
-            else:
-                self.counters.misses += 1
+            self.counters.lookups += 1
+            self.counters.hit_tokens += plan.position
+            self.counters.hits += int(plan.position > 0)
         return plan
 
-    def _best_snapshot(self, tokens, root, keys, depth, limit):
-        """(position, snapshot ref, position it was taken at) or None."""
-        for d in range(depth, -1, -1):
-            parent = keys[d - 1] if d else root
-            cands = {k: r for r, k in self.disk.snapshots_after(parent)}
-            cands.update({k: len(m.tokens) for k, m in self.host.scan()
-                          if m.kind == SNAPSHOT and m.parent == parent.hex()})
-            if not self.spec.is_hybrid:
-                return self._best_partial(tokens, d, cands, limit)
-            for key, r in sorted(cands.items(), key=lambda kv: -kv[1]):
-                pos = d * self.B + r
-                if r >= self.B or pos > limit:
+    def _plan(self, tokens: list[int], limit: int, ctx: KeyContext) -> RestorePlan:
+        return plan_restore(tokens, limit, self.root(ctx.salt), self.B, self.spec.is_hybrid,
+                            ctx, self._find, self._snapshots_after)
+
+    def _find(self, key: bytes) -> tuple[EntryMeta, str] | None:
+        meta = self.host.meta(key)
+        if meta is not None:
+            return meta, HOST
+        with self.lock:
+            meta = self.index.get(key)
+        return None if meta is None else (meta, DISK)
+
+    def _snapshots_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
+        with self.lock:
+            found = {k: (k, m, DISK) for k, m in self.index.snapshots_after(parent)}
+        found.update({k: (k, m, HOST) for k, m in self.host.snapshots_after(parent)})
+        return list(found.values())
+
+    def load(self, plan: RestorePlan, _depth: int = 0) -> RestoredState:
+        """The tensors of a plan. A piece that is gone or fails verification ends the
+        restore there: the result is the longest good prefix, with ok=False."""
+        self._need_model()
+        pieces = plan.pieces()
+        values: list = [self.host.get(p.key) for p in pieces]
+        todo = [i for i, v in enumerate(values) if v is None]
+        if todo:
+            groups = [todo[g::self.config.read_threads] for g in range(self.config.read_threads)]
+            groups = [g for g in groups if g]
+            reads = self.readers.map(self._read_group, [[pieces[i] for i in g] for g in groups])
+            for group, got in zip(groups, reads):
+                for i, v in zip(group, got):
+                    values[i] = v
+        bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
+        corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
+        if corrupt:
+            self._drop(corrupt)
+        self._touch_and_promote(pieces, values, todo)
+        nb = len(plan.blocks)
+        if not bad:
+            tier = plan.tier if todo else HOST
+            return self._assemble(plan.position, values[:nb],
+                                  values[nb] if plan.snapshot else None, tier=tier)
+        with self.lock:
+            self.counters.missing += len(bad) - len(corrupt)
+        good_blocks = min(bad[0], nb)
+        if not self.spec.is_hybrid:
+            return self._assemble(good_blocks * self.B, values[:good_blocks], None, ok=False,
+                                  dropped=len(corrupt), tier=plan.tier)
+        # A hybrid needs a snapshot at the restore point: plan again below the failure.
+        replan = self._plan(plan.tokens, good_blocks * self.B, plan.ctx)
+        if replan.position == 0 or _depth >= _MAX_REPLANS:
+            return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
+        out = self.load(replan, _depth + 1)
+        out.ok, out.dropped = False, out.dropped + len(corrupt)
+        return out
+
+    def _read_group(self, refs: list[PieceRef]) -> list:
+        def decode(key: bytes, buf: memoryview | None):
+            if buf is None:
+                return _MISSING
+            try:
+                return codec.decode(buf, self.fp)
+            except codec.CorruptValue:
+                return _CORRUPT
+        return self.disk.read_many([(r.key, r.kind) for r in refs], decode)
+
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, read: list[int]):
+        now, promote, from_disk = time.time(), [], set(read)
+        with self.lock:
+            for i, p in enumerate(pieces):
+                if not isinstance(values[i], dict):
                     continue
-                tail = tokens[d * self.B:pos]
-                found = self._find(key)
-                if found is None or snapshot_key(parent, tail) != key or found[0].tokens != tail:
-                    continue
-                return pos, self._ref(key, *found), pos
-        return None
+                meta = self.index.get(p.key)
+                if meta is None:
+                    continue                 # in RAM only, not yet committed
+                meta.last_used, meta.hits = now, meta.hits + 1
+                self.touched[p.key] = meta
+                self.counters.read_bytes[HOST if i not in from_disk else DISK] += p.nbytes
+                if i in from_disk:
+                    promote.append((p.key, meta, values[i]))
+        self.host.put_many(promote)
 
-    def _best_partial(self, tokens, d, cands, limit):
-        """Attention-only: KV can be cut anywhere, so any snapshot after block d serves the
-        part of its partial page that matches the prompt (tokens compared)."""
-        want = tokens[d * self.B:min(limit, (d + 1) * self.B)]
-        best = None
-        for key in cands:
-            found = self._find(key)
-            if found is None:
-                continue
-            have = found[0].tokens
-            m = 0
-            while m < min(len(have), len(want)) and have[m] == want[m]:
-                m += 1
-            full = m == len(have)          # an aligned snapshot (empty tail) matches fully
-            if (m or full) and (best is None or (m, full) > best[:2]):
-                best = (m, full, self._ref(key, *found), d * self.B + len(have))
-        return None if best is None else (d * self.B + best[0], best[2], best[3])
-
-    def load(self, plan: RestorePlan) -> Restored:
-        refs = [*plan.blocks, *([plan.snapshot] if plan.snapshot else [])]
-        values = list(self.pool.map(self._read, refs))
-        bad = [r.key for r, v in zip(refs, values) if v is None]
-        if bad:
-            self._drop(bad)
-            return Restored(0, None, None, ok=False)
-        now = time.time()
-        for ref in refs:
-            found = self._find(ref.key)
-            if found:
-                m = found[0]
-                m.hits += 1
-                m.last_used = now
-                with self.lock:
-                    self.touched[ref.key] = m
-        n = len(plan.blocks)
-        pages = torch.stack([v["kv"] for v in values[:n]]) if n else None
-        snap = dict(values[n]) if plan.snapshot else None
-        if snap and plan.snapshot_position != plan.position:
-            snap.pop("logits", None)                 # they belong to the full snapshot
-            snap["kv"] = snap["kv"][:, :, :plan.position % self.B]
-        return Restored(plan.position, pages, snap)
-
-    def _read(self, ref: PieceRef) -> dict[str, torch.Tensor] | None:
-        item = self.host.get(ref.key)
-        if item is not None:
-            return item[1]
-        blob = self.disk.get(ref.key)
-        meta = self.disk.meta(ref.key)
-        if blob is None or meta is None:
-            return None
-        try:
-            tensors = codec.decode(blob, self.fp)
-        except codec.CorruptValue:
-            return None
-        self.host.put(ref.key, meta, tensors)
-        return tensors
+    def _assemble(self, position: int, blocks: list, snapshot: dict | None, ok: bool = True,
+                  dropped: int = 0, tier: str | None = None) -> RestoredState:
+        pages = torch.stack([b["kv"] for b in blocks]) if blocks else None
+        snap = {k: v.clone() for k, v in snapshot.items()} if snapshot else None
+        return RestoredState(position, pages, snap, ok, dropped, tier if position else None)
 
     def _drop(self, keys: list[bytes]) -> None:
+        """Values that failed verification: gone from every tier, never served."""
         with self.lock:
             self.counters.corrupt += len(keys)
+            for k in keys:
+                self.index.remove(k)
         for k in keys:
             self.host.delete(k)
-        if not self.disk.readonly:
-            self._delete_disk(keys)
+        if not self.readonly:
+            self.disk.delete_many(keys)
 
     # ---- puts ---------------------------------------------------------------------
-    def put_blocks(self, tokens: list[int], first_block: int, pages: torch.Tensor,
-                   salt: str | bytes | None = None) -> int:
-        """Store pages [n, *kv_shape] as blocks first_block .. first_block + n - 1 of
+    def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
+                   salt: str | bytes | None = None, extras=None, positions=None) -> int:
+        """Store pages [n, *kv_shape()] as blocks first_block .. first_block+n-1 of
         `tokens`. Returns how many were new."""
-        n = pages.shape[0]
+        self._writable()
+        self._need_model()
+        a = self.spec.attention
+        n = pages.shape[0] if pages.dim() else 0
+        if a is None or tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != a.dtype:
+            raise ValueError(f"pages must be [n, {', '.join(map(str, self.spec.kv_shape()))}] "
+                             f"{a.dtype if a else 'of an attention model'}, "
+                             f"got {list(pages.shape)} {pages.dtype}")
+        tokens = [int(t) for t in tokens[:(first_block + n) * self.B]]
+        if first_block < 0 or len(tokens) < (first_block + n) * self.B:
+            raise ValueError(f"blocks {first_block}..{first_block + n - 1} need "
+                             f"{(first_block + n) * self.B} tokens, got {len(tokens)}")
+        ctx = KeyContext(salt, extras, positions)
         root = self.root(salt)
-        keys = block_keys(root, tokens[:(first_block + n) * self.B], self.B)
+        keys = block_keys(root, tokens, self.B, ctx)
         new = 0
         for j in range(n):
             i = first_block + j
-            if self._find(keys[i]) is not None:
+            if self._known(keys[i]):
                 continue
-            parent = keys[i - 1] if i else root
-            meta = EntryMeta(BLOCK, parent.hex(), (i + 1) * self.B,
-                             list(tokens[i * self.B:(i + 1) * self.B]), self.fp)
-            self._put(keys[i], meta, {"kv": pages[j].detach().clone()})
-            new += 1
+            meta = EntryMeta(BLOCK, keys[i - 1] if i else root, (i + 1) * self.B,
+                             tokens[i * self.B:(i + 1) * self.B], self.fp)
+            new += self._put(keys[i], meta, {"kv": pages[j].detach().clone()})
         return new
 
-    def put_snapshot(self, tokens: list[int], tensors: dict[str, torch.Tensor],
-                     salt: str | bytes | None = None) -> bytes:
-        """Store the state after exactly `tokens`."""
-        P = len(tokens)
-        d = P // self.B
+    def put_snapshot(self, tokens, tensors: dict[str, torch.Tensor],
+                     salt: str | bytes | None = None, extras=None, positions=None) -> bytes:
+        """Store the state after exactly `tokens`: conv, ssm (recurrent layers), kv of the
+        partial page (P mod B tokens) and optionally logits. Returns its key."""
+        self._writable()
+        self._need_model()
+        tokens = [int(t) for t in tokens]
+        self._check_snapshot(len(tokens), tensors)
+        d = len(tokens) // self.B
+        ctx = KeyContext(salt, extras, positions)
         root = self.root(salt)
-        parent = block_keys(root, tokens[:d * self.B], self.B)[-1] if d else root
-        tail = list(tokens[d * self.B:])
-        key = snapshot_key(parent, tail)
-        if self._find(key) is None:
-            meta = EntryMeta(SNAPSHOT, parent.hex(), P, tail, self.fp)
+        parent = block_keys(root, tokens[:d * self.B], self.B, ctx)[-1] if d else root
+        tail = tokens[d * self.B:]
+        key = snapshot_key(parent, tail, d, self.B, ctx)
+        if not self._known(key):
+            meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp)
             self._put(key, meta, {k: v.detach().clone() for k, v in tensors.items()})
         return key
 
-    def _put(self, key: bytes, meta: EntryMeta, tensors: dict[str, torch.Tensor]) -> None:
+    def _check_snapshot(self, P: int, tensors: dict[str, torch.Tensor]) -> None:
+        s = self.spec
+        want = {}
+        if s.recurrent is not None:
+            want["conv"] = (s.conv_shape(), s.recurrent.conv_dtype)
+            want["ssm"] = (s.ssm_shape(), s.recurrent.ssm_dtype)
+        if s.attention is not None and P % self.B:
+            want["kv"] = (s.kv_shape(P % self.B), s.attention.dtype)
+        if P == 0:
+            raise ValueError("a snapshot covers at least one token")
+        extra = set(tensors) - set(want) - {"logits"}
+        if extra or not set(want) <= set(tensors) or not tensors:
+            raise ValueError(f"a snapshot at {P} holds {sorted(want)} (+ optional logits), "
+                             f"got {sorted(tensors)}")
+        for name, (shape, dtype) in want.items():
+            t = tensors[name]
+            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+                raise ValueError(f"snapshot {name!r} must be {list(shape)} {dtype}, "
+                                 f"got {list(t.shape)} {t.dtype}")
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise ValueError("this store is open read-only")
+
+    def _known(self, key: bytes) -> bool:
+        if self.host.contains(key):
+            return True
+        with self.lock:
+            return key in self.index or key in self.queued
+
+    def _put(self, key: bytes, meta: EntryMeta, tensors: dict[str, torch.Tensor]) -> bool:
         meta.logical_bytes = tensors_nbytes(tensors)
         self.host.put(key, meta, tensors)
-        self.writer.put((key, meta, tensors), meta.logical_bytes)
-
-    def _encode(self, item):
-        key, meta, tensors = item
-        blob = codec.encode(tensors, self.fp)
-        meta.stored_bytes = len(blob)
-        return key, meta, blob
-
-    def _commit(self, encoded: list) -> None:
         with self.lock:
-            touched, self.touched = self.touched, {}
-        added = self.disk.put_many(encoded)
-        if touched:
-            self.disk.update_meta(touched)
+            self.queued[key] = meta.parent
+        if self.writer.put((key, meta, tensors), meta.logical_bytes):
+            return True
         with self.lock:
-            self.disk_bytes += added
-        if self.disk_bytes > self.disk.budget:
-            self.evict_to(self.disk.budget)
+            self.queued.pop(key, None)
+        return False
 
-    # ---- admin ----------------------------------------------------------------------
-    def evict_to(self, budget: int) -> int:
-        """Evict least-recently-used unpinned leaves until stored bytes <= budget."""
-        entries = self.disk.scan()
-        victims = pick_victims(entries, self.disk_bytes - budget)
-        if victims:
-            self._delete_disk(victims)
-            with self.lock:
-                self.counters.evicted += len(victims)
-        return len(victims)
-
-    def _delete_disk(self, keys: list[bytes]) -> None:
-        metas = [self.disk.meta(k) for k in keys]
-        self.disk.delete_many(keys)
-        with self.lock:
-            self.disk_bytes -= sum(m.stored_bytes for m in metas if m)
-
-    def entries(self, offset: int = 0, limit: int = 100, sort: str = "last_used"):
-        if sort not in ("last_used", "size", "hits", "created"):
-            raise ValueError(f"sort must be last_used, size, hits or created, got {sort!r}")
-        merged = {k: (m, "disk") for k, m in self.disk.scan()}
-        merged.update({k: (m, "host+disk" if k in merged else "host") for k, m in self.host.scan()})
-        attr = {"size": "stored_bytes"}.get(sort, sort)
-        rows = sorted(merged.items(), key=lambda kv: -getattr(kv[1][0], attr))
-        return [(k, m, t) for k, (m, t) in rows[offset:offset + limit]], len(rows)
-
-    def info(self, key: bytes) -> tuple[EntryMeta, str] | None:
-        return self._find(key)
-
-    def subtree(self, key: bytes) -> list[bytes]:
-        entries = {**dict(self.disk.scan()), **dict(self.host.scan())}
-        children: dict[str, list[bytes]] = {}
-        for k, m in entries.items():
-            children.setdefault(m.parent, []).append(k)
-        out, todo = [], [key] if key in entries else []
-        while todo:
-            k = todo.pop()
-            out.append(k)
-            todo += children.get(k.hex(), [])
-        return out
-
-    def delete(self, key: bytes) -> int:
-        """Delete an entry and everything below it (a prefix stays closed)."""
-        keys = self.subtree(key)
-        for k in keys:
-            self.host.delete(k)
-        self._delete_disk(keys)
-        return len(keys)
-
-    def set_pinned(self, key: bytes, pinned: bool) -> int:
-        """Pin an entry and its ancestors (unpin: the entry alone). Returns entries changed."""
-        self.flush()
-        changed, k = {}, key
-        while k is not None:
-            found = self._find(k)
-            if found is None:
-                break
-            m = found[0]
-            m.pinned = pinned
-            changed[k] = m
-            k = bytes.fromhex(m.parent) if pinned else None
-        self.disk.update_meta(changed)
-        return len(changed)
-
-    def clear(self, include_pinned: bool = False) -> int:
-        self.flush()
-        keys = [k for k, m in self.disk.scan() if include_pinned or not m.pinned]
-        for k in keys:
-            self.host.delete(k)
-        if include_pinned:
-            self.host.clear()
-        self._delete_disk(keys)
-        return len(keys)
-
-    def verify(self, drop: bool = False) -> dict:
-        bad = []
-        entries = self.disk.scan()
-        for k, _ in entries:
-            blob = self.disk.get(k)
-            try:
-                codec.decode(blob, None)
-            except codec.CorruptValue:
-                bad.append(k)
-        if drop and bad:
-            self._drop(bad)
-        return {"checked": len(entries), "bad": [k.hex() for k in bad], "dropped": drop}
-
-    def stats(self) -> dict:
-        entries = self.disk.scan()
-        by_kind: dict[str, int] = {}
-        by_fp: dict[str, int] = {}
-        logical = 0
-        for _, m in entries:
-            by_kind[m.kind] = by_kind.get(m.kind, 0) + 1
-            by_fp[m.fingerprint] = by_fp.get(m.fingerprint, 0) + 1
-            logical += m.logical_bytes
-        stored = sum(m.stored_bytes for _, m in entries)
-        w = self.writer
-        return {
-            "disk": {"entries": len(entries), "by_kind": by_kind, "stored_bytes": stored,
-                     "logical_bytes": logical, "file_bytes": self.disk.file_bytes(),
-                     "compression_ratio": round(logical / stored, 3) if stored else None,
-                     "budget_bytes": self.disk.budget, "by_fingerprint": by_fp},
-            "host": {"entries": len(self.host.items), "bytes": self.host.bytes,
-                     "budget_bytes": self.host.budget, "evictions": self.host.evictions},
-            "lookups": {"hits": self.counters.hits, "misses": self.counters.misses},
-            "corrupt_dropped": self.counters.corrupt,
-            "evictions": self.counters.evicted,
-            "write_queue": {"depth": w.depth if w else 0, "bytes": w.queued_bytes if w else 0,
-                            "dropped": w.dropped if w else 0, "committed": w.committed if w else 0,
-                            "failed": w.failed if w else 0},
-        }
-
+    # ---- lifecycle ----------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every put so far is on disk (or dropped); True unless timed out."""
         return True if self.writer is None else self.writer.flush(timeout)
 
     def close(self) -> None:
+        """Commit everything queued and close; a second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         if self.writer is not None:
             self.writer.close()
             with self.lock:
                 touched, self.touched = self.touched, {}
             if touched:
                 self.disk.update_meta(touched)
-        self.pool.shutdown()
+        self.readers.shutdown()
         self.disk.close()
+
+    def __enter__(self) -> CacheStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

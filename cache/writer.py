@@ -1,43 +1,53 @@
 """Write-behind: puts are queued and committed to disk in batches by one thread.
 
-The queue is bounded in bytes; a put that does not fit is dropped and counted
-(the caller, a decode loop, never waits on disk). Compression runs on a small
-pool; `flush()` returns once everything queued before it is committed.
+The queue is bounded in bytes. When it is full a put is dropped and counted (the
+default: a decode loop never waits on disk) or, with block=True, waits for room.
+Compression runs on a small pool; one thread commits batches in order, so
+`flush()` returns once everything queued before it is on disk (or failed).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+log = logging.getLogger(__name__)
+
 
 class Writer:
-    def __init__(self, commit: Callable[[list], None], encode: Callable, max_queue_bytes: int,
-                 threads: int = 2, batch: int = 64) -> None:
-        self.commit = commit
-        self.encode = encode
-        self.max_bytes = max_queue_bytes
-        self.batch = batch
-        self.queue: deque = deque()
-        self.queued_bytes = 0
-        self.dropped = 0
-        self.committed = 0
-        self.failed = 0
-        self.pending = 0               # taken from the queue, not yet committed
-        self.cond = threading.Condition()
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ckptd-zstd")
+    def __init__(self, encode: Callable, commit: Callable[[list], int], max_queue_bytes: int,
+                 threads: int = 2, batch: int = 64, block: bool = False) -> None:
+        if max_queue_bytes <= 0:
+            raise ValueError(f"write queue bound must be positive, got {max_queue_bytes}")
+        self.encode, self.commit = encode, commit
+        self.max_bytes, self.batch, self.block = max_queue_bytes, batch, block
+        self.queue: deque = deque()       # (seq, item, nbytes)
+        self.queued_bytes = 0             # queued or being committed
+        self.next_seq = 0
+        self.done_seq = -1                # every put with seq <= done_seq is finished
+        self.pending = 0                  # items taken from the queue, not yet finished
+        self.dropped = self.committed = self.failed = 0
         self.closed = False
+        self.cond = threading.Condition()
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ckptd-encode")
         self.thread = threading.Thread(target=self._loop, name="ckptd-writer", daemon=True)
         self.thread.start()
 
     def put(self, item, nbytes: int) -> bool:
+        """Queue one item; False when it was dropped (queue full, or closed)."""
         with self.cond:
-            if self.closed or self.queued_bytes + nbytes > self.max_bytes:
+            if self.block:
+                # An item bigger than the whole bound still goes in once the queue is empty.
+                self.cond.wait_for(lambda: self.closed or not self.queued_bytes
+                                   or self.queued_bytes + nbytes <= self.max_bytes)
+            if self.closed or (self.queued_bytes and self.queued_bytes + nbytes > self.max_bytes):
                 self.dropped += 1
                 return False
-            self.queue.append((item, nbytes))
+            self.queue.append((self.next_seq, item, nbytes))
+            self.next_seq += 1
             self.queued_bytes += nbytes
             self.cond.notify_all()
             return True
@@ -45,32 +55,35 @@ class Writer:
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.queue and not self.closed:
-                    self.cond.wait()
-                if not self.queue and self.closed:
+                self.cond.wait_for(lambda: self.queue or self.closed)
+                if not self.queue:
                     return
                 take = [self.queue.popleft() for _ in range(min(self.batch, len(self.queue)))]
                 self.pending = len(take)
+            ok = 0
             try:
-                encoded = list(self.pool.map(self.encode, [item for item, _ in take]))
-                self.commit(encoded)
-                ok = len(take)
-            except Exception:  # a failed batch (disk full) is counted, never fatal
-                ok = 0
+                encoded = list(self.pool.map(self.encode, [item for _, item, _ in take]))
+                ok = len(take) - self.commit(encoded)     # commit returns entries it lost
+            except Exception:   # a failed batch is counted, never fatal to the process
+                log.exception("cache writer: dropped a batch of %d entries", len(take))
             with self.cond:
                 self.committed += ok
                 self.failed += len(take) - ok
-                self.queued_bytes -= sum(n for _, n in take)
+                self.queued_bytes -= sum(n for _, _, n in take)
+                self.done_seq = take[-1][0]
                 self.pending = 0
                 self.cond.notify_all()
 
     @property
     def depth(self) -> int:
-        return len(self.queue) + self.pending
+        with self.cond:
+            return len(self.queue) + self.pending
 
     def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything put before this call is committed (or failed)."""
         with self.cond:
-            return self.cond.wait_for(lambda: not self.queue and not self.pending, timeout)
+            target = self.next_seq - 1
+            return self.cond.wait_for(lambda: self.done_seq >= target, timeout)
 
     def close(self) -> None:
         self.flush()

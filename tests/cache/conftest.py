@@ -1,43 +1,95 @@
+"""Synthetic specs and states for the cache tests: the cache knows tensors, tokens and a
+StateSpec only, so no model is needed. Fake state is a function of the tokens it
+belongs to, so a test can tell whose state came back."""
+
 from __future__ import annotations
+
+import zlib
 
 import pytest
 import torch
 
+from cache.keys import encode_tokens
+from cache.store import CacheStore
 from model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
 B = 4
+FP = "fp-test"
 
 
-def hybrid_spec(dtype=torch.bfloat16):
+def hybrid_spec(dtype=torch.bfloat16) -> StateSpec:
     return StateSpec(B, AttentionSpec(2, 2, 8, dtype),
                      RecurrentSpec(3, 24, 4, 2, 8, 8, conv_dtype=dtype))
 
 
-def attention_spec(dtype=torch.float16):
+def attention_spec(dtype=torch.float16) -> StateSpec:
     return StateSpec(B, AttentionSpec(3, 2, 8, dtype), None)
 
 
-def fake_pages(spec, tokens, first, n):
-    """Deterministic 'KV' for blocks first..first+n-1: a function of the tokens only, so a
-    test can check that what comes back belongs to exactly those tokens."""
-    out = []
-    for i in range(first, first + n):
-        seed = hash(tuple(tokens[: (i + 1) * spec.block_size])) % (2 ** 31)
-        g = torch.Generator().manual_seed(seed)
-        out.append(torch.randn(spec.kv_shape(), generator=g).to(spec.attention.dtype))
-    return torch.stack(out)
+def _gen(tokens, salt: str = "") -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(encode_tokens(tokens) + salt.encode()))
 
 
-def fake_snapshot(spec, tokens):
-    g = torch.Generator().manual_seed(hash(tuple(tokens)) % (2 ** 31))
+def fake_pages(spec: StateSpec, tokens, first: int, n: int) -> torch.Tensor:
+    """KV for blocks first .. first+n-1 of tokens: [n, *kv_shape()]."""
+    out = [torch.randn(spec.kv_shape(), generator=_gen(tokens[:(i + 1) * spec.block_size]))
+           for i in range(first, first + n)]
+    return torch.stack(out).to(spec.attention.dtype)
+
+
+def fake_snapshot(spec: StateSpec, tokens, logits: bool = False) -> dict[str, torch.Tensor]:
+    g = _gen(tokens, "snapshot")
+    out = {}
     r = len(tokens) % spec.block_size
-    out = {"kv": torch.randn(spec.kv_shape(r), generator=g).to(spec.attention.dtype)}
-    if spec.recurrent:
+    if spec.attention is not None and r:
+        out["kv"] = torch.randn(spec.kv_shape(r), generator=g).to(spec.attention.dtype)
+    if spec.recurrent is not None:
         out["conv"] = torch.randn(spec.conv_shape(), generator=g).to(spec.recurrent.conv_dtype)
         out["ssm"] = torch.randn(spec.ssm_shape(), generator=g)
+    if logits or not out:
+        out["logits"] = torch.randn(11, generator=g)
     return out
 
 
+def fill(store: CacheStore, spec: StateSpec, tokens, salt=None) -> None:
+    """What a prefill leaves behind: every full block, and a snapshot at the end."""
+    n = len(tokens) // spec.block_size
+    if n:
+        store.put_blocks(tokens, 0, fake_pages(spec, tokens, 0, n), salt=salt)
+    store.put_snapshot(tokens, fake_snapshot(spec, tokens), salt=salt)
+
+
+def check_restored(spec: StateSpec, restored, tokens) -> None:
+    """What came back is exactly the state of tokens[:position]."""
+    P = restored.position
+    n = P // spec.block_size
+    if n:
+        assert torch.equal(restored.pages, fake_pages(spec, tokens, 0, n))
+    else:
+        assert restored.pages is None
+    if restored.snapshot is not None:
+        want = fake_snapshot(spec, tokens[:P])
+        for k, v in restored.snapshot.items():
+            if k != "logits":
+                assert torch.equal(v, want[k]), k
+    else:
+        assert not spec.is_hybrid or P == 0
+
+
 @pytest.fixture(params=["hybrid", "attention"])
-def spec(request):
+def spec(request) -> StateSpec:
     return hybrid_spec() if request.param == "hybrid" else attention_spec()
+
+
+@pytest.fixture
+def open_store(tmp_path):
+    """open_store(spec, **options) -> CacheStore under tmp_path, closed after the test."""
+    opened = []
+
+    def make(spec, path=None, fingerprint=FP, **options):
+        s = CacheStore(path or tmp_path / "store", spec, fingerprint, **options)
+        opened.append(s)
+        return s
+    yield make
+    for s in opened:
+        s.close()

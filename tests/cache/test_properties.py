@@ -1,4 +1,5 @@
-"""Lookup against a model of what was stored: longest restorable prefix, never more."""
+"""Lookup against a model of what was stored: the longest restorable prefix, never more,
+never another tenant's or model's entry; and what loads is that prefix's state."""
 
 from __future__ import annotations
 
@@ -8,59 +9,51 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache.store import CacheStore
-from tests.cache.conftest import B, attention_spec, fake_pages, fake_snapshot, hybrid_spec
+from tests.cache.conftest import FP, B, attention_spec, check_restored, fill, hybrid_spec
 
-prompts = st.lists(st.integers(0, 3), min_size=1, max_size=26)     # small alphabet: shared prefixes
+prompts = st.lists(st.integers(0, 2), min_size=1, max_size=22)    # small alphabet: shared prefixes
 salted = st.tuples(prompts, st.sampled_from(["", "a"]))
 
 
-def _common(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def expected(stored: list[tuple[list[int], str]], query: list[int], salt: str, hybrid: bool):
-    """What a perfect lookup returns; every stored prompt has its blocks and a snapshot at
-    its end; at least one query token is left to compute."""
-    limit = len(query) - 1
-    mine = [(t, _common(t, query)) for t, s in stored if s == salt]
-    if hybrid:      # only a snapshot fully matched within the limit is restorable
-        return max([len(t) for t, c in mine if c == len(t) and len(t) <= limit], default=0)
-    # attention only: the deepest matching block, then any snapshot after that block can
-    # lend the matching part of its partial page (KV can be cut anywhere)
-    depth = max([min(c, len(t), limit) // B for t, c in mine], default=0)
-    best = depth * B
-    for t, c in mine:
-        if len(t) // B == depth and c >= depth * B:
-            best = max(best, min(c, len(t), limit))
+def restorable(stored: list[tuple[list[int], str]], query: list[int], salt: str, limit: int,
+               hybrid: bool) -> int:
+    """The model: a snapshot was stored at the end of each prompt, and all its blocks."""
+    best = 0
+    for toks, s in stored:
+        if s != salt:
+            continue
+        common = 0
+        while common < min(len(toks), len(query)) and toks[common] == query[common]:
+            common += 1
+        if common == len(toks) and len(toks) <= limit:
+            best = max(best, len(toks))
+        if not hybrid:          # attention layers can be cut at any block boundary
+            best = max(best, min(common, limit) // B * B)
     return best
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.booleans(), st.lists(salted, min_size=1, max_size=6),
-       st.lists(salted, min_size=1, max_size=6))
-def test_lookup_is_longest_restorable_prefix(hybrid, stored, queries):
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hybrid=st.booleans(), via_disk=st.booleans(), stored=st.lists(salted, min_size=1,
+       max_size=6), queries=st.lists(st.tuples(salted, st.integers(0, 4)), max_size=6))
+def test_lookup_is_the_longest_restorable_prefix(hybrid, via_disk, stored, queries):
     spec = hybrid_spec() if hybrid else attention_spec()
     with tempfile.TemporaryDirectory() as d:
-        s = CacheStore(d, spec, "fp")
+        s = CacheStore(d, spec, FP, host_budget=0 if via_disk else 1 << 20)
         for toks, salt in stored:
-            n = len(toks) // B
-            if n:
-                s.put_blocks(toks, 0, fake_pages(spec, toks, 0, n), salt=salt or None)
-            s.put_snapshot(toks, fake_snapshot(spec, toks), salt=salt or None)
-        for toks, salt in queries + stored:
-            query = toks + [9]
-            plan = s.lookup(query, salt=salt or None, max_tokens=len(query) - 1)
-            assert plan.position == expected(stored, query, salt, hybrid), (query, salt)
+            fill(s, spec, toks, salt=salt or None)
+        s.flush()
+        asks = [((t, salt), cut) for t, salt in stored for cut in range(B + 1)] + queries
+        for (toks, salt), cut in asks:
+            query = toks + [9]                       # 9 is never stored: one token to compute
+            limit = max(0, len(query) - 1 - cut)
+            plan = s.lookup(query, salt=salt or None, max_tokens=limit)
+            assert plan.position == restorable(stored, query, salt, limit, hybrid), \
+                (query, salt, limit)
             restored = s.load(plan)
-            assert restored.ok
-            if plan.position // B:
-                assert (restored.pages == fake_pages(spec, query, 0, plan.position // B)).all()
+            assert restored.ok and restored.position == plan.position
+            check_restored(spec, restored, query)
         s.close()
-        # another model opening the same store never finds this model's entries
-        other = CacheStore(d, spec, "other-model")
+        other = CacheStore(d, spec, "other-model")   # same path, another model: nothing
         for toks, salt in stored:
-            assert other.lookup(toks + [9], salt=salt or None).position == 0
+            assert other.lookup(toks, salt=salt or None).position == 0
         other.close()

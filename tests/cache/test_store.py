@@ -1,150 +1,167 @@
-"""CacheStore with a real LMDB: tiers, lookup, restart, corruption, budget, pinning."""
+"""CacheStore on a real LMDB: tiers, lookup rules, restart, corruption, budgets, admin."""
 
 from __future__ import annotations
 
 import lmdb
+import pytest
 import torch
 
-from cache.store import CacheStore
-from tests.cache.conftest import B, attention_spec, fake_pages, fake_snapshot, hybrid_spec
+from model.spec import AttentionSpec, RecurrentSpec, StateSpec
+from tests.cache.conftest import (
+    B,
+    attention_spec,
+    check_restored,
+    fake_pages,
+    fake_snapshot,
+    fill,
+    hybrid_spec,
+)
 
 
-def _store(path, spec, **kw):
-    return CacheStore(path, spec, "fp-test", **kw)
-
-
-def _fill(store, spec, tokens, salt=None):
-    """Blocks for every full block of tokens, and a snapshot at the end."""
-    n = len(tokens) // B
-    if n:
-        store.put_blocks(tokens, 0, fake_pages(spec, tokens, 0, n), salt=salt)
-    store.put_snapshot(tokens, fake_snapshot(spec, tokens), salt=salt)
-
-
-def _check_restored(spec, restored, tokens):
-    if restored.position == 0:
-        return
-    n = restored.position // B
-    if n:
-        assert torch.equal(restored.pages, fake_pages(spec, tokens, 0, n))
-    if spec.is_hybrid or restored.position % B:
-        want = fake_snapshot(spec, tokens[:restored.position])
-        for k, v in want.items():
-            assert torch.equal(restored.snapshot[k], v), k
-
-
-def test_round_trip_host_disk_and_restart(tmp_path, spec):
+def test_round_trip_host_disk_and_restart(open_store, spec, tmp_path):
     tokens = list(range(100, 123))                      # 5 full blocks + 3
-    s = _store(tmp_path, spec)
-    _fill(s, spec, tokens)
+    s = open_store(spec)
+    fill(s, spec, tokens)
     plan = s.lookup(tokens)
-    assert plan.position == 23 and plan.tier == "host"
-    _check_restored(spec, s.load(plan), tokens)
+    assert plan.position == 23 and plan.tier == "host" and plan.snapshot is not None
+    check_restored(spec, s.load(plan), tokens)
     s.close()
-    s = _store(tmp_path, spec)                          # restart: only the disk tier
+    s = open_store(spec)                                # restart: only the disk tier
     plan = s.lookup(tokens + [1, 2, 3])
     assert plan.position == 23 and plan.tier == "disk"
-    _check_restored(spec, s.load(plan), tokens)
+    assert plan.bytes_by_tier()["disk"] == plan.total_bytes > 0
+    restored = s.load(plan)
+    assert restored.ok and restored.tier == "disk"
+    check_restored(spec, restored, tokens)
     assert s.lookup(tokens + [1, 2, 3]).tier == "host"  # promoted by the load
-    s.close()
+    assert s.stats()["read_bytes"]["disk"] == plan.total_bytes
 
 
-def test_never_longer_than_max_tokens_or_common_prefix(tmp_path, spec):
-    tokens = list(range(40))
-    s = _store(tmp_path, spec)
-    _fill(s, spec, tokens)
-    for t in (8, 20, 36):
-        _fill(s, spec, tokens[:t])
+@pytest.mark.parametrize("kv_dtype,conv_dtype", [(torch.float32, torch.float32),
+                                                 (torch.float16, torch.float16),
+                                                 (torch.bfloat16, torch.float32)])
+def test_every_dtype_bit_exact_through_disk(open_store, kv_dtype, conv_dtype):
+    spec = StateSpec(B, AttentionSpec(2, 3, 5, kv_dtype),
+                     RecurrentSpec(2, 6, 3, 2, 3, 5, conv_dtype=conv_dtype))
+    tokens = list(range(10))
+    s = open_store(spec, host_budget=0)
+    fill(s, spec, tokens)
     s.flush()
+    restored = s.load(s.lookup(tokens))
+    assert restored.tier == "disk" and restored.position == 10
+    check_restored(spec, restored, tokens)
+    assert restored.pages.dtype == kv_dtype and restored.snapshot["conv"].dtype == conv_dtype
+
+
+def test_lookup_rules(open_store, spec):
+    tokens = list(range(40))
+    s = open_store(spec)
+    fill(s, spec, tokens)
+    for t in (8, 20, 22, 36):
+        fill(s, spec, tokens[:t])
+    assert s.lookup(tokens).position == 40
     assert s.lookup(tokens, max_tokens=39).position == 36
-    assert s.lookup(tokens, max_tokens=21).position == (20 if spec.is_hybrid else 20)
-    other = tokens[:22] + [999] * 20
-    assert s.lookup(other).position == 20
+    assert s.lookup(tokens, max_tokens=21).position == 20
+    # attention-only layers can be cut at any block boundary; a hybrid needs a snapshot
+    assert s.lookup(tokens, max_tokens=35).position == (32 if not spec.is_hybrid else 22)
+    other = tokens[:23] + [999] * 20                    # diverges inside block 5
+    assert s.lookup(other).position == 22
     assert s.lookup([999] + tokens[1:]).position == 0
     assert s.lookup(tokens, salt="tenant-b").position == 0
-    s.close()
+    assert s.lookup(tokens, extras=[b"image"]).position == 0
+    assert s.lookup(tokens, max_tokens=0).position == 0
+    st = s.stats()["lookups"]
+    assert st["count"] == 9 and st["hits"] == 5
 
 
-def test_corrupt_value_is_dropped_and_reported_as_miss(tmp_path):
-    spec = hybrid_spec()
-    tokens = list(range(12))
-    s = _store(tmp_path, spec)
-    _fill(s, spec, tokens)
-    s.close()
-    env = lmdb.open(str(tmp_path), max_dbs=4)
-    db = env.open_db(b"values")
+def test_exact_repeat_can_restore_logits(open_store):
+    spec = attention_spec()
+    tokens = list(range(8))
+    s = open_store(spec)
+    s.put_blocks(tokens, 0, fake_pages(spec, tokens, 0, 2))
+    s.put_snapshot(tokens, {"logits": torch.arange(5.0)})   # aligned: logits only
+    plan = s.lookup(tokens)
+    assert plan.position == 8 and plan.snapshot is not None
+    assert torch.equal(s.load(plan).snapshot["logits"], torch.arange(5.0))
+
+
+def _flip_value(path, sub_db: bytes, key: bytes) -> None:
+    env = lmdb.open(str(path), max_dbs=8)
+    db = env.open_db(sub_db)
     with env.begin(write=True, db=db) as txn:
-        key, blob = next(iter(txn.cursor()))
-        bad = bytearray(blob)
-        bad[len(bad) // 2] ^= 0xFF
+        bad = bytearray(txn.get(key))
+        bad[len(bad) // 2] ^= 0x10
         txn.put(key, bytes(bad))
     env.close()
-    s = _store(tmp_path, spec)
-    plan = s.lookup(tokens + [0])
+
+
+def test_corrupt_value_is_dropped_and_the_good_prefix_served(open_store, spec, tmp_path):
+    tokens = list(range(30))
+    s = open_store(spec)
+    for t in (9, 30):
+        fill(s, spec, tokens[:t])
+    bad_key = s.lookup(tokens).blocks[4].key
+    s.close()
+    _flip_value(tmp_path / "store", b"blocks", bad_key)
+    s = open_store(spec)
+    plan = s.lookup(tokens)
+    assert plan.position == 30
     restored = s.load(plan)
-    assert not restored.ok
+    assert not restored.ok and restored.dropped == 1
+    # blocks 0-3 are good: a hybrid falls back to its snapshot at 9, attention to 16
+    assert restored.position == (9 if spec.is_hybrid else 16)
+    check_restored(spec, restored, tokens)
     assert s.stats()["corrupt_dropped"] == 1
-    # a new plan never includes the bad piece, and whatever it serves verifies
-    plan2 = s.lookup(tokens + [0])
-    pieces = [*plan2.blocks, *([plan2.snapshot] if plan2.snapshot else [])]
-    assert key not in [p.key for p in pieces]
-    r2 = s.load(plan2)
-    assert r2.ok
-    _check_restored(spec, r2, tokens)
-    s.close()
+    again = s.lookup(tokens)
+    assert bad_key not in [p.key for p in again.pieces()]
+    assert again.position == restored.position and s.load(again).ok
 
 
-def test_budget_evicts_lru_leaves_and_keeps_pinned(tmp_path):
-    spec = attention_spec(torch.float32)
-    block = spec.page_bytes()
-    s = _store(tmp_path, spec, disk_budget=40 * block, host_budget=0)
-    pinned = list(range(1000, 1000 + 8 * B))
-    _fill(s, spec, pinned)
-    s.flush()
-    key = s.lookup(pinned).blocks[-1].key
-    assert s.set_pinned(key, True) == 8                 # the block and its 7 ancestors
-    for i in range(20):
-        _fill(s, spec, [i] * (4 * B))                   # 20 prompts x 4 blocks
-        s.flush()
-        st = s.stats()["disk"]
-        assert st["stored_bytes"] <= 40 * block * 1.2 + 4 * block
-    assert s.lookup(pinned).position == 8 * B
-    assert s.lookup([19] * (4 * B) + [0]).position == 4 * B     # most recent kept
-    assert s.lookup([0] * (4 * B) + [0]).position == 0          # oldest evicted
-    # closed prefixes: every entry's parent is present (or is a root)
-    entries = dict(s.disk.scan())
-    parents = {m.parent for m in entries.values()}
-    roots = {s.root().hex()}
-    assert all(p in roots or bytes.fromhex(p) in entries for p in parents)
-    s.close()
-
-
-def test_map_full_is_survived(tmp_path):
-    spec = attention_spec(torch.float32)
-    s = _store(tmp_path, spec, disk_budget=1)          # map cannot grow past its minimum
-    s.disk.max_map = s.disk.env.info()["map_size"]
-    big = torch.randn(300, *spec.kv_shape())
-    toks = list(range(300 * B))
-    s.put_blocks(toks, 0, big)
-    s.flush()
-    assert s.stats()["write_queue"]["failed"] + s.stats()["evictions"] > 0
-    s.put_blocks([7] * B, 0, big[:1])                   # still serving writes
-    s.flush()
-    s.close()
-
-
-def test_delete_subtree_pin_clear(tmp_path):
+def test_corrupt_snapshot_never_served(open_store, tmp_path):
     spec = hybrid_spec()
-    s = _store(tmp_path, spec)
-    a = list(range(16))
-    _fill(s, spec, a)
-    _fill(s, spec, a[:8] + [50] * 8)
-    s.flush()
-    shared = s.lookup(a).blocks[1].key                 # blocks 0-1 are shared by both prompts
-    own = s.lookup(a).blocks[2].key                    # block 2 is a's alone
-    assert len(s.subtree(shared)) == 7                 # 1 + each prompt's 2 blocks + snapshot
-    assert s.delete(own) == 3                          # a's blocks 2, 3 and its snapshot
-    assert s.lookup(a + [0]).position == 0             # no snapshot of a is left
-    assert s.lookup(a[:8] + [50] * 8 + [0]).position == 16
-    assert s.clear() > 0 and s.stats()["disk"]["entries"] == 0
+    tokens = list(range(10))
+    s = open_store(spec)
+    fill(s, spec, tokens)
+    key = s.lookup(tokens).snapshot.key
     s.close()
+    _flip_value(tmp_path / "store", b"snapshots", key)
+    s = open_store(spec)
+    restored = s.load(s.lookup(tokens))
+    assert (restored.ok, restored.position, restored.snapshot) == (False, 0, None)
+    assert s.lookup(tokens).position == 0 and s.get_info(key.hex()) is None
+
+
+def test_another_model_never_sees_entries(open_store, spec, tmp_path):
+    tokens = list(range(12))
+    s = open_store(spec)
+    fill(s, spec, tokens)
+    s.close()
+    other = open_store(spec, fingerprint="another-model")
+    assert other.lookup(tokens).position == 0
+    assert other.stats()["disk"]["by_fingerprint"]["fp-test"]["entries"] == 4
+
+
+def test_put_validation(open_store):
+    spec = hybrid_spec()
+    s = open_store(spec)
+    toks = list(range(8))
+    with pytest.raises(ValueError, match="pages must be"):
+        s.put_blocks(toks, 0, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="pages must be"):
+        s.put_blocks(toks, 0, fake_pages(spec, toks, 0, 2).float())
+    with pytest.raises(ValueError, match="need 12 tokens"):
+        s.put_blocks(toks, 1, fake_pages(spec, toks, 0, 2))
+    snap = fake_snapshot(spec, toks[:6])
+    with pytest.raises(ValueError, match="holds"):
+        s.put_snapshot(toks[:6], {k: v for k, v in snap.items() if k != "conv"})
+    with pytest.raises(ValueError, match="'kv' must be"):
+        s.put_snapshot(toks[:7], snap)
+    with pytest.raises(ValueError, match="at least one token"):
+        s.put_snapshot([], {})
+    with pytest.raises(ValueError, match="sort"):
+        s.entries(sort="age")
+    with pytest.raises(ValueError, match="key"):
+        s.delete("not-a-key")
+    with pytest.raises(ValueError, match="must be >= 0"):
+        open_store(spec, disk_budget=-1)
+    assert s.stats()["entries"] == 0

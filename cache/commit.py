@@ -1,0 +1,91 @@
+"""The disk side of the write-behind queue: encode on the pool, make room within the
+budget, commit a batch in one LMDB transaction, keep the in-memory index in step.
+
+Mixed into CacheStore; runs on the writer's threads. Eviction happens before a
+commit, so the stored bytes never pass the budget.
+"""
+
+from __future__ import annotations
+
+from cache import codec
+from cache.disk import DiskFull
+from cache.entry import EntryMeta
+from cache.evict import pick_victims
+
+Encoded = tuple[bytes, EntryMeta, bytes]
+
+
+class StoreCommit:
+    def _encode(self, item) -> Encoded:
+        key, meta, tensors = item
+        blob = codec.encode(tensors, self.fp)
+        meta.stored_bytes = len(blob)
+        return key, meta, blob
+
+    def _commit(self, batch: list[Encoded]) -> int:
+        """Write a batch; returns how many entries were lost for want of room."""
+        with self.lock:
+            touched, self.touched = self.touched, {}
+            # Parents of anything queued stay: evicting one would orphan its child.
+            protect = {m.parent for _, m, _ in batch} | set(self.queued.values())
+        keep: list[Encoded] = []
+        written: list[bytes] = []
+        try:
+            keep = self._make_room(batch, protect)
+            written = self._write(keep, touched, protect)
+            if written is None:
+                keep, written = [], []
+        finally:
+            metas = {k: m for k, m, _ in batch}
+            with self.lock:
+                for k in written:
+                    self.index.add(k, metas[k])
+                for k, _, _ in batch:
+                    self.queued.pop(k, None)
+                lost = len(batch) - len(keep)
+                self.counters.lost_writes += lost
+        return lost
+
+    def _write(self, items: list[Encoded], touched: dict, protect: set[bytes]):
+        """The keys written, or None when the map stayed full."""
+        try:
+            return self.disk.put_many(items, touched)
+        except DiskFull:
+            with self.lock:
+                self.counters.map_full += 1
+        # Fragmentation, or a map too small for its budget: free a margin, let LMDB
+        # release the freed pages (it reuses them two transactions later), retry once.
+        margin = 2 * sum(len(b) for _, _, b in items) + self.budget // 20
+        self._evict(margin, protect)
+        try:
+            self.disk.settle()
+            return self.disk.put_many(items, touched)
+        except DiskFull:
+            return None
+
+    def _make_room(self, batch: list[Encoded], protect: set[bytes]) -> list[Encoded]:
+        """Evict so that the batch fits the budget; the items that still don't fit (the
+        rest is pinned) are left out, last ones first."""
+        incoming = sum(len(b) for _, _, b in batch)
+        with self.lock:
+            over = self.index.stored_bytes + incoming - self.budget
+        if over > 0:
+            self._evict(over, protect)
+        with self.lock:
+            room = self.budget - self.index.stored_bytes
+        keep, used = [], 0
+        for item in batch:
+            if used + len(item[2]) > room:
+                break
+            keep.append(item)
+            used += len(item[2])
+        return keep
+
+    def _evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset()) -> int:
+        with self.lock:
+            victims = pick_victims(self.index, need, self.spec.is_hybrid, protect)
+            freed = sum(self.index.remove(k).stored_bytes for k in victims)
+            self.counters.evicted += len(victims)
+        if victims:
+            self.disk.delete_many(victims)      # the index no longer plans them
+        return freed

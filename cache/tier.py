@@ -1,0 +1,37 @@
+"""The interface every tier offers: RAM (host.py), LMDB (disk.py), and later a shared
+remote store. Values are a tier's own representation: tensors in RAM, encoded
+bytes on disk. Metadata (EntryMeta) travels with every value."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from cache.entry import EntryMeta
+
+V = TypeVar("V")
+
+
+class Tier(Protocol[V]):
+    name: str
+
+    def get(self, key: bytes) -> V | None: ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[V | None]: ...
+
+    def put(self, key: bytes, meta: EntryMeta, value: V) -> bool:
+        """Store one value; False when the tier declined it (too big, parent missing)."""
+        ...
+
+    def put_many(self, items: Sequence[tuple[bytes, EntryMeta, V]]) -> list[bytes]:
+        """Store many values at once (one transaction where the tier has them);
+        returns the keys actually stored."""
+        ...
+
+    def meta(self, key: bytes) -> EntryMeta | None: ...
+
+    def contains(self, key: bytes) -> bool: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def scan(self) -> list[tuple[bytes, EntryMeta]]: ...

@@ -1,0 +1,82 @@
+"""The value codec: bit-exact for every dtype, compresses 16-bit KV, detects damage."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from cache import codec
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool]
+SHAPES = [(), (1,), (3, 5, 7), (2, 0, 4), (4099,)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)          # NaN-safe, bit-exact comparison
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_round_trip_is_bit_exact(dtype, shape):
+    g = torch.Generator().manual_seed(len(shape))
+    t = (torch.randn(shape, generator=g) * 1000).to(dtype)
+    if dtype.is_floating_point and t.numel() > 2:
+        t.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -0.0], dtype=dtype)
+    strided = t.transpose(0, -1) if t.dim() > 1 else t          # non-contiguous input
+    back = codec.decode(codec.encode({"x": t, "y": strided}, "fp"), "fp")
+    assert list(back) == ["x", "y"]
+    for name, want in (("x", t), ("y", strided)):
+        assert back[name].dtype == dtype and back[name].shape == want.shape
+        assert torch.equal(_bits(back[name]), _bits(want.contiguous()))
+
+
+def test_decode_takes_a_buffer_and_returns_writable_tensors():
+    t = torch.randn(8, 16).to(torch.bfloat16)
+    blob = codec.encode({"kv": t, "s": torch.randn(5)}, "fp")
+    out = codec.decode(memoryview(bytearray(blob)), "fp")
+    out["kv"].add_(1)                                   # owns its memory
+    assert torch.equal(out["kv"], t + 1)
+
+
+def test_16bit_planes_compress_and_incompressible_data_stays_raw():
+    kv = (torch.randn(64, 1024) * 0.05).to(torch.bfloat16)
+    header = codec.verify(codec.encode({"kv": kv}, "fp"), "fp")
+    assert header["tensors"][0]["codec"] == "plane16"
+    assert len(codec.encode({"kv": kv}, "fp")) < 0.8 * kv.numel() * 2
+    noise = torch.randint(0, 2 ** 31 - 1, (4096,), dtype=torch.int32)
+    assert codec.verify(codec.encode({"n": noise}, "fp"), "fp")["tensors"][0]["codec"] == "raw"
+    zeros = torch.zeros(4096)
+    assert codec.verify(codec.encode({"z": zeros}, "fp"), "fp")["tensors"][0]["codec"] == "zstd"
+
+
+def test_every_flipped_byte_is_detected():
+    blob = codec.encode({"x": torch.randn(50).half(), "y": torch.arange(9)}, "model-a")
+    for pos in range(0, len(blob), 7):
+        bad = bytearray(blob)
+        bad[pos] ^= 0x20
+        with pytest.raises(codec.CorruptValue):
+            codec.decode(bytes(bad), "model-a")
+    for cut in (0, 10, len(blob) - 1):
+        with pytest.raises(codec.CorruptValue):
+            codec.decode(blob[:cut], "model-a")
+
+
+def test_other_model_and_other_format_are_refused():
+    blob = codec.encode({"x": torch.randn(10)}, "model-a")
+    with pytest.raises(codec.CorruptValue, match="model"):
+        codec.decode(blob, "model-b")
+    assert codec.decode(blob, None)["x"].shape == (10,)       # inspection: any model
+    body = bytearray(blob[:-16])
+    struct.pack_into("<H", body, 4, codec.VERSION + 1)        # a future format, checksummed
+    import xxhash
+    future = bytes(body) + xxhash.xxh3_128_digest(bytes(body))
+    with pytest.raises(codec.CorruptValue, match="format version"):
+        codec.decode(future, "model-a")
+
+
+def test_unsupported_dtype_is_a_user_error():
+    with pytest.raises(ValueError, match="dtype"):
+        codec.encode({"c": torch.zeros(2, dtype=torch.complex64)}, "fp")
