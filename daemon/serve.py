@@ -14,13 +14,14 @@ import logging
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from daemon import config
-from daemon.app import build_app
-from daemon.console import ConsoleProgress
-from daemon.service import DRAINING, FAILED, Service
+
+if TYPE_CHECKING:
+    from daemon.service import Service
 
 log = logging.getLogger("ckptd")
 
@@ -55,6 +56,11 @@ def _setup_logging(fmt: str) -> None:
 
 
 async def serve(cfg: config.ServeConfig) -> int:
+    # Imported here, not at the top: a bad flag is reported without importing torch.
+    from daemon.app import build_app
+    from daemon.console import ConsoleProgress
+    from daemon.service import FAILED, Service
+
     svc = Service(cfg)
     runner = web.AppRunner(build_app(svc), handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)
@@ -117,6 +123,8 @@ async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
 
 
 async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
+    from daemon.service import DRAINING, FAILED
+
     loaded = loaded and svc.state != FAILED
     svc.state = DRAINING                   # new generation requests now get 503
     deadline = time.monotonic() + svc.cfg.drain_timeout
