@@ -245,10 +245,12 @@ class StoreAdmin:
 
     def import_(self, path: str | Path) -> int:
         """Add the entries of an exported store (parents first; values are verified,
-        and bad ones are skipped together with what is below them)."""
+        and bad ones are skipped together with what is below them). Returns how many
+        were added."""
         self._writable()
         src = DiskTier(path, 0, readonly=True)
         try:
+            self.flush()
             entries = sorted(src.scan(), key=lambda km: km[1].position)
             with self.lock:
                 entries = [(k, m) for k, m in entries if k not in self.index]
@@ -264,10 +266,9 @@ class StoreAdmin:
                     except codec.CorruptValue:
                         continue
                     batch.append((k, m, blob))
-                before = len(self.index)
-                self.flush()
                 self._commit(batch)
-                added += len(self.index) - before
+                with self.lock:
+                    added += sum(1 for k, _, _ in batch if k in self.index)
             return added
         finally:
             src.close()
