@@ -93,7 +93,7 @@ def recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, 
     if BH & (BH - 1):
         raise ValueError(f"heads_per_program must be a power of two, got {BH}")
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 64)
+    BV = min(triton.next_power_of_2(V), 32 if dev.type == "cuda" else 64)  # GPU: more programs
     cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
     grid = (len(cu) - 1, triton.cdiv(H, BH), triton.cdiv(V, BV))
