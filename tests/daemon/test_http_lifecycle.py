@@ -79,7 +79,7 @@ def test_api_key_restart_keeps_contexts_and_sigterm_exits_zero(tiny_hybrid_dir, 
         d.stop()
 
     d = start(tiny_hybrid_dir, cache, "--api-key", KEY, "--max-context", "1024",
-              "--drain-timeout", "0")
+              "--drain-timeout", "0", "--parallel", "1", "--queue-size", "1")
     d.headers = {"Authorization": f"Bearer {KEY}"}
     try:
         listed = d.get("/v1/contexts").json["data"]
@@ -89,18 +89,30 @@ def test_api_key_restart_keeps_contexts_and_sigterm_exits_zero(tiny_hybrid_dir, 
         assert out.json["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_ctx
         assert out.json["timings"]["cache_tier"] == "disk"     # restored after the restart
 
-        # SIGTERM with no time to drain: the running stream is cancelled, still exit 0
+        # one running, one waiting: a third request finds the queue full
         r = _open_stream(d, {"prompt": [5, 6, 7], "max_tokens": 900, "ignore_eos": True})
         assert r.readline().startswith(b"data: ")
         got: list = []
         reader = threading.Thread(target=lambda: got.extend(_events(r)))
         reader.start()
-        time.sleep(0.2)
+        waiting: list = []
+        queued = threading.Thread(target=lambda: waiting.append(
+            d.post("/v1/completions", {"prompt": [9, 9], "max_tokens": 2})))
+        queued.start()
+        while d.get("/health").json["waiting"] == 0:
+            time.sleep(0.02)
+        full = d.post("/v1/completions", {"prompt": [8, 8], "max_tokens": 2})
+        assert full.status == 503 and full.json["error"]["code"] == "queue_full"
+        assert full.headers["Retry-After"] == "1"
+
+        # SIGTERM with no time to drain: running and queued work is cancelled, still exit 0
         d.proc.send_signal(15)
         assert d.proc.wait(60) == 0, d.output()
         reader.join(10)
+        queued.join(10)
         errors = [e for e in got if isinstance(e, dict) and "error" in e]
         assert errors and errors[0]["error"]["code"] == "cancelled"
+        assert waiting[0].status == 503 and waiting[0].json["error"]["code"] == "cancelled"
         assert "stopped" in d.output()
     finally:
         d.stop()

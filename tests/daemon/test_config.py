@@ -1,0 +1,57 @@
+"""ckptd serve settings: sizes, flags over CKPTD_* variables over defaults, validation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from daemon.config import ServeConfig, add_arguments, from_args, parse_size
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+@pytest.mark.parametrize("text,want", [("4096", 4096), ("20GB", 20 * 10**9),
+                                       ("512MiB", 512 * 2**20), ("1.5k", 1500),
+                                       (" 2 gib ", 2 * 2**30), ("0", 0)])
+def test_parse_size(text, want):
+    assert parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-5", "10 parsecs", "1e9"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text, "--disk-budget")
+
+
+def test_flags_win_over_environment_over_defaults(tmp_path):
+    env = {"CKPTD_PORT": "9000", "CKPTD_PARALLEL": "2", "CKPTD_HOST_BUDGET": "1GiB",
+           "XDG_DATA_HOME": str(tmp_path)}
+    cfg = from_args(_args("--port", "9100"), env)
+    assert cfg.port == 9100 and cfg.parallel == 2 and cfg.host_budget == 2**30
+    assert cfg.cache_dir == tmp_path / "ckptd"
+    assert cfg.block_size == 16 and cfg.host == "127.0.0.1" and cfg.loopback
+    assert from_args(_args("--cache-dir", "x"), {}).cache_dir == Path("x")
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"port": 70000}, "port"), ({"block_size": 0}, "block_size"),
+    ({"snapshot_interval": 100}, "snapshot_interval"), ({"parallel": 8, "step_tokens": 4},
+                                                        "step_tokens"),
+    ({"queue_size": 0}, "queue_size"), ({"log_format": "xml"}, "log_format"),
+    ({"dtype": "int8"}, "dtype"), ({"model": "/no/such/model"}, "model"),
+    ({"max_context": 1}, "max_context"), ({"api_key": " "}, "api_key"),
+    ({"step_tokens": 4096}, "step_tokens")])
+def test_invalid_settings_name_the_setting(kw, field):
+    with pytest.raises(ValueError, match=field):
+        ServeConfig(**kw)
+
+
+def test_bad_flag_value_names_the_flag():
+    with pytest.raises(ValueError, match="--parallel"):
+        from_args(_args("--parallel", "many"), {})
