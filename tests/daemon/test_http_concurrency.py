@@ -79,7 +79,7 @@ def test_short_request_overtakes_a_long_prefill(busy):
             return await long, short
     (long_tokens, long_events, long_first), (short_tokens, _, short_first) = asyncio.run(race())
     assert len(long_tokens) == 2 and len(short_tokens) == 2
-    assert long_events[-1]["timings"]["prompt_ms"] > 800      # the prefill took a while
+    assert long_events[-1]["timings"]["prompt_ms"] > 300      # the prefill took a while
     assert short_first < long_first, (short_first, long_first)
 
 
