@@ -47,7 +47,7 @@ class ServeConfig:
     host_budget: int = 2 * 10**9           # bytes
     block_size: int = 16
     snapshot_interval: int = 1024          # tokens; a multiple of block_size
-    max_context: int | None = None         # tokens per sequence; None: the model's limit
+    max_context: int | None = None         # tokens per sequence; None: min(model's, 32768)
     parallel: int = 4                      # sequences computed together
     queue_size: int = 64                   # requests waiting beyond `parallel`
     step_tokens: int = 256                 # tokens per model step (decodes + prefill chunk)
@@ -108,7 +108,8 @@ SETTINGS: dict[str, tuple] = {
     "host_budget": ("size", "host RAM tier budget, e.g. 2GB"),
     "block_size": (_INT, "tokens per KV page and stored block (default 16)"),
     "snapshot_interval": (_INT, "tokens between prefill snapshots (default 1024)"),
-    "max_context": (_INT, "most tokens per sequence (default: the model's limit)"),
+    "max_context": (_INT, "most tokens per sequence (default: the model's limit, "
+                          "at most 32768)"),
     "parallel": (_INT, "sequences computed together (default 4)"),
     "queue_size": (_INT, "requests that may wait for a sequence slot (default 64)"),
     "step_tokens": (_INT, "tokens per model step: decodes plus a prefill chunk (default 256)"),

@@ -93,7 +93,7 @@ async def serve(cfg: config.ServeConfig) -> int:
 
     console = ConsoleProgress()
     threading.Thread(target=load, name="ckptd-load", daemon=True).start()
-    with console.loading(cfg.model or "the default model"):
+    with console.loading(svc.model_id):
         await _first(stop.wait(), loaded.wait())
     code = 1 if svc.state == FAILED else 0
     background = []

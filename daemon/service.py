@@ -32,6 +32,7 @@ from model.sampling import SamplingParams
 log = logging.getLogger("ckptd")
 
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
+DEFAULT_MAX_CONTEXT = 32768
 
 
 def model_name(path: str | Path) -> str:
@@ -44,7 +45,8 @@ class Service:
         self.cfg = cfg
         self.state = LOADING
         self.error: str | None = None
-        self.model_id = model_name(cfg.model) if cfg.model else "SmolLM2-135M-Instruct"
+        self.path = Path(cfg.model) if cfg.model else default_model_path()
+        self.model_id = model_name(self.path)
         self.model = self.tokenizer = self.store = self.engine = self.scheduler = None
         self.max_context = cfg.max_context or 0
         self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
@@ -56,15 +58,15 @@ class Service:
     # ---- lifecycle (blocking: call from a thread) ------------------------------------
     def load(self) -> None:
         cfg = self.cfg
-        path = cfg.model or default_model_path()
-        self.model_id = model_name(path)
         t0 = time.perf_counter()
-        model, tok = load(path, getattr(torch, cfg.dtype) if cfg.dtype else None)
+        model, tok = load(self.path, getattr(torch, cfg.dtype) if cfg.dtype else None)
         limit = model.config.max_position_embeddings
         if cfg.max_context and cfg.max_context > limit:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
                              f"{limit} positions")
-        self.max_context = cfg.max_context or limit
+        # KV pages are reserved for `parallel` full contexts up front: without a flag,
+        # stay at a size every machine can hold.
+        self.max_context = cfg.max_context or min(limit, DEFAULT_MAX_CONTEXT)
         B = cfg.block_size
         pages = cfg.parallel * (-(-self.max_context // B) + 1)
         runner = Runner(model, pages, cfg.parallel, B)
