@@ -69,7 +69,7 @@ class Service:
         self.max_context = cfg.max_context or min(limit, DEFAULT_MAX_CONTEXT)
         B = cfg.block_size
         pages = cfg.parallel * (-(-self.max_context // B) + 1)
-        runner = Runner(model, pages, cfg.parallel, B)
+        runner = Runner(model, pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
         self.engine = Engine(runner, store, cfg.snapshot_interval)
