@@ -35,6 +35,9 @@ class HostTier:
         self.evictions = 0
         self.lock = threading.Lock()
 
+    def accepts(self, nbytes: int) -> bool:
+        return 0 < nbytes <= self.budget
+
     def put(self, key: bytes, meta: EntryMeta, value: Tensors) -> bool:
         size = tensors_nbytes(value)
         if size > self.budget:

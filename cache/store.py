@@ -13,14 +13,12 @@ queued, counters); LMDB I/O and compression always run outside it.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from cache import codec
 from cache.admin import Counters, StoreAdmin
 from cache.commit import StoreCommit
 from cache.disk import DiskTier
@@ -28,12 +26,10 @@ from cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from cache.host import HostTier, tensors_nbytes
 from cache.index import DiskIndex
 from cache.keys import KeyContext, block_keys, root_key, snapshot_key
-from cache.lookup import DISK, HOST, PieceRef, RestoredState, RestorePlan, plan_restore
+from cache.lookup import DISK, HOST, RestorePlan, plan_restore
+from cache.restore import StoreRestore
 from cache.writer import Writer
 from model.spec import StateSpec
-
-_MISSING, _CORRUPT = "missing", "corrupt"
-_MAX_REPLANS = 4
 
 
 @dataclass(frozen=True)
@@ -62,7 +58,7 @@ class StoreConfig:
         return self.map_bytes or int(self.disk_budget * 1.5) + (64 << 20)
 
 
-class CacheStore(StoreCommit, StoreAdmin):
+class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
     def __init__(self, path: str | Path, spec: StateSpec | None, fingerprint: str | None,
                  config: StoreConfig | None = None, *, readonly: bool = False,
                  **options) -> None:
@@ -141,87 +137,6 @@ class CacheStore(StoreCommit, StoreAdmin):
             found = {k: (k, m, DISK) for k, m in self.index.snapshots_after(parent)}
         found.update({k: (k, m, HOST) for k, m in self.host.snapshots_after(parent)})
         return list(found.values())
-
-    def load(self, plan: RestorePlan, _depth: int = 0) -> RestoredState:
-        """The tensors of a plan. A piece that is gone or fails verification ends the
-        restore there: the result is the longest good prefix, with ok=False."""
-        self._need_model()
-        pieces = plan.pieces()
-        values: list = [self.host.get(p.key) for p in pieces]
-        todo = [i for i, v in enumerate(values) if v is None]
-        if todo:
-            groups = [todo[g::self.config.read_threads] for g in range(self.config.read_threads)]
-            groups = [g for g in groups if g]
-            reads = self.readers.map(self._read_group, [[pieces[i] for i in g] for g in groups])
-            for group, got in zip(groups, reads):
-                for i, v in zip(group, got):
-                    values[i] = v
-        bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
-        corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
-        if corrupt:
-            self._drop(corrupt)
-        self._touch_and_promote(pieces, values, todo)
-        nb = len(plan.blocks)
-        if not bad:
-            tier = plan.tier if todo else HOST
-            return self._assemble(plan.position, values[:nb],
-                                  values[nb] if plan.snapshot else None, tier=tier)
-        with self.lock:
-            self.counters.missing += len(bad) - len(corrupt)
-        good_blocks = min(bad[0], nb)
-        if not self.spec.is_hybrid:
-            return self._assemble(good_blocks * self.B, values[:good_blocks], None, ok=False,
-                                  dropped=len(corrupt), tier=plan.tier)
-        # A hybrid needs a snapshot at the restore point: plan again below the failure.
-        replan = self._plan(plan.tokens, good_blocks * self.B, plan.ctx)
-        if replan.position == 0 or _depth >= _MAX_REPLANS:
-            return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
-        out = self.load(replan, _depth + 1)
-        out.ok, out.dropped = False, out.dropped + len(corrupt)
-        return out
-
-    def _read_group(self, refs: list[PieceRef]) -> list:
-        def decode(key: bytes, buf: memoryview | None):
-            if buf is None:
-                return _MISSING
-            try:
-                return codec.decode(buf, self.fp)
-            except codec.CorruptValue:
-                return _CORRUPT
-        return self.disk.read_many([(r.key, r.kind) for r in refs], decode)
-
-    def _touch_and_promote(self, pieces: list[PieceRef], values: list, read: list[int]):
-        now, promote, from_disk = time.time(), [], set(read)
-        with self.lock:
-            for i, p in enumerate(pieces):
-                if not isinstance(values[i], dict):
-                    continue
-                meta = self.index.get(p.key)
-                if meta is None:
-                    continue                 # in RAM only, not yet committed
-                meta.last_used, meta.hits = now, meta.hits + 1
-                self.touched[p.key] = meta
-                self.counters.read_bytes[HOST if i not in from_disk else DISK] += p.nbytes
-                if i in from_disk:
-                    promote.append((p.key, meta, values[i]))
-        self.host.put_many(promote)
-
-    def _assemble(self, position: int, blocks: list, snapshot: dict | None, ok: bool = True,
-                  dropped: int = 0, tier: str | None = None) -> RestoredState:
-        pages = torch.stack([b["kv"] for b in blocks]) if blocks else None
-        snap = {k: v.clone() for k, v in snapshot.items()} if snapshot else None
-        return RestoredState(position, pages, snap, ok, dropped, tier if position else None)
-
-    def _drop(self, keys: list[bytes]) -> None:
-        """Values that failed verification: gone from every tier, never served."""
-        with self.lock:
-            self.counters.corrupt += len(keys)
-            for k in keys:
-                self.index.remove(k)
-        for k in keys:
-            self.host.delete(k)
-        if not self.readonly:
-            self.disk.delete_many(keys)
 
     # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,

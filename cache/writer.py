@@ -1,9 +1,9 @@
-"""Write-behind: puts are queued and committed to disk in batches by one thread.
+"""Write-behind: puts are encoded on a small pool as they arrive and committed to disk
+in batches, in order, by one thread, so compression overlaps the LMDB commits.
 
 The queue is bounded in bytes. When it is full a put is dropped and counted (the
 default: a decode loop never waits on disk) or, with block=True, waits for room.
-Compression runs on a small pool; one thread commits batches in order, so
-`flush()` returns once everything queued before it is on disk (or failed).
+`flush()` returns once everything put before it is on disk (or failed).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class Writer:
             raise ValueError(f"write queue bound must be positive, got {max_queue_bytes}")
         self.encode, self.commit = encode, commit
         self.max_bytes, self.batch, self.block = max_queue_bytes, batch, block
-        self.queue: deque = deque()       # (seq, item, nbytes)
+        self.queue: deque[tuple[int, Future, int]] = deque()   # (seq, encoding, nbytes)
         self.queued_bytes = 0             # queued or being committed
         self.next_seq = 0
         self.done_seq = -1                # every put with seq <= done_seq is finished
@@ -46,7 +46,7 @@ class Writer:
             if self.closed or (self.queued_bytes and self.queued_bytes + nbytes > self.max_bytes):
                 self.dropped += 1
                 return False
-            self.queue.append((self.next_seq, item, nbytes))
+            self.queue.append((self.next_seq, self.pool.submit(self.encode, item), nbytes))
             self.next_seq += 1
             self.queued_bytes += nbytes
             self.cond.notify_all()
@@ -62,8 +62,13 @@ class Writer:
                 self.pending = len(take)
             ok = 0
             try:
-                encoded = list(self.pool.map(self.encode, [item for _, item, _ in take]))
-                ok = len(take) - self.commit(encoded)     # commit returns entries it lost
+                encoded = []
+                for _, fut, _ in take:
+                    try:
+                        encoded.append(fut.result())
+                    except Exception:
+                        log.exception("cache writer: could not encode an entry")
+                ok = len(encoded) - self.commit(encoded)     # commit returns entries it lost
             except Exception:   # a failed batch is counted, never fatal to the process
                 log.exception("cache writer: dropped a batch of %d entries", len(take))
             with self.cond:

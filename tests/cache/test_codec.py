@@ -80,3 +80,18 @@ def test_other_model_and_other_format_are_refused():
 def test_unsupported_dtype_is_a_user_error():
     with pytest.raises(ValueError, match="dtype"):
         codec.encode({"c": torch.zeros(2, dtype=torch.complex64)}, "fp")
+
+
+def test_decode_into_given_tensors():
+    kv = torch.randn(2, 3, 4).to(torch.bfloat16)
+    ssm = torch.randn(5)
+    blob = codec.encode({"kv": kv, "ssm": ssm}, "fp")
+    pages = torch.zeros(3, 2, 3, 4, dtype=torch.bfloat16)
+    out = codec.decode(blob, "fp", into={"kv": pages[1]})
+    assert out["kv"].data_ptr() == pages[1].data_ptr()            # filled in place
+    assert torch.equal(pages[1], kv) and not pages[0].any() and not pages[2].any()
+    assert torch.equal(out["ssm"], ssm)
+    for wrong in (torch.zeros(2, 3, 4), torch.zeros(3, 2, 4, dtype=torch.bfloat16),
+                  torch.zeros(4, 3, 2, dtype=torch.bfloat16).transpose(0, 2)):
+        with pytest.raises(ValueError, match="output"):
+            codec.decode(blob, "fp", into={"kv": wrong})

@@ -1,0 +1,109 @@
+"""Loading a restore plan: RAM pieces are copied, disk pieces are prefetched, then read
+and decoded on the reader pool straight into the output pages, verified, and
+promoted into RAM. Mixed into CacheStore."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from cache import codec
+from cache.lookup import DISK, HOST, PieceRef, RestoredState, RestorePlan
+
+_MISSING, _CORRUPT = "missing", "corrupt"
+_MAX_REPLANS = 4
+
+
+class StoreRestore:
+    def load(self, plan: RestorePlan, _depth: int = 0) -> RestoredState:
+        """The tensors of a plan: pages [n_blocks, *kv_shape()] and the snapshot. A piece
+        that is gone or fails verification ends the restore there: the result is then
+        the longest good prefix (ok=False), never wrong data."""
+        self._need_model()
+        pieces, nb = plan.pieces(), len(plan.blocks)
+        pages = None
+        if nb:
+            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype)
+        into = [{"kv": pages[i]} if i < nb else None for i in range(len(pieces))]
+        values: list = [None] * len(pieces)
+        from_disk = []
+        for i, p in enumerate(pieces):
+            v = self.host.get(p.key)
+            if v is None:
+                from_disk.append(i)
+            elif i < nb:
+                values[i] = into[i]
+                pages[i].copy_(v["kv"])
+            else:
+                values[i] = {k: t.clone() for k, t in v.items()}
+        if from_disk:
+            self.disk.prefetch([(pieces[i].key, pieces[i].kind) for i in from_disk])
+            n = self.config.read_threads
+            groups = [g for g in (from_disk[t::n] for t in range(n)) if g]
+            jobs = [[(pieces[i], into[i]) for i in g] for g in groups]
+            for group, got in zip(groups, self.readers.map(self._read_group, jobs)):
+                for i, v in zip(group, got):
+                    values[i] = v
+        bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
+        corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
+        if corrupt:
+            self._drop(corrupt)
+        self._touch_and_promote(pieces, values, set(from_disk))
+        snap = values[nb] if plan.snapshot is not None else None
+        if not bad:
+            tier = plan.tier if from_disk else HOST
+            return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None)
+        with self.lock:
+            self.counters.missing += len(bad) - len(corrupt)
+        good = min(bad[0], nb)
+        if not self.spec.is_hybrid:
+            return RestoredState(good * self.B, pages[:good] if good else None, None, ok=False,
+                                 dropped=len(corrupt), tier=plan.tier if good else None)
+        # A hybrid needs a snapshot at the restore point: plan again below the failure.
+        replan = self._plan(plan.tokens, good * self.B, plan.ctx)
+        if replan.position == 0 or _depth >= _MAX_REPLANS:
+            return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
+        out = self.load(replan, _depth + 1)
+        out.ok, out.dropped = False, out.dropped + len(corrupt)
+        return out
+
+    def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
+        into = {ref.key: out for ref, out in job}
+
+        def decode(key: bytes, buf: memoryview | None):
+            if buf is None:
+                return _MISSING
+            try:
+                return codec.decode(buf, self.fp, into[key])
+            except codec.CorruptValue:
+                return _CORRUPT
+        return self.disk.read_many([(ref.key, ref.kind) for ref, _ in job], decode)
+
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: set[int]):
+        now, promote = time.time(), []
+        with self.lock:
+            for i, p in enumerate(pieces):
+                if not isinstance(values[i], dict):
+                    continue
+                meta = self.index.get(p.key)
+                if meta is None:
+                    continue                 # in RAM only, not yet committed
+                meta.last_used, meta.hits = now, meta.hits + 1
+                self.touched[p.key] = meta
+                self.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
+                if i in from_disk and self.host.accepts(meta.logical_bytes):
+                    promote.append((p.key, meta, values[i]))
+        # The caller owns what it gets back: RAM keeps its own copy.
+        self.host.put_many([(k, m, {n: t.clone() for n, t in v.items()}) for k, m, v in promote])
+
+    def _drop(self, keys: list[bytes]) -> None:
+        """Values that failed verification: gone from every tier, never served."""
+        with self.lock:
+            self.counters.corrupt += len(keys)
+            for k in keys:
+                self.index.remove(k)
+        for k in keys:
+            self.host.delete(k)
+        if not self.readonly:
+            self.disk.delete_many(keys)
