@@ -1,0 +1,166 @@
+"""`ckptd bench`: time to first token, cold and warm, against a running daemon or one it starts.
+
+    ckptd bench --model DIR|FILE.gguf [--out bench-out]     start a daemon, restart it too
+    ckptd bench --url http://127.0.0.1:8080                 a daemon already running
+    ckptd bench ... --peer http://127.0.0.1:8090            the same against llama.cpp's
+                                                            or llama-cpp-python's server
+
+With neither --url nor --model it starts a daemon on the embedded default model.
+Scenarios (tools/bench_scenarios.py): TTFT per context length (cold, warm, and
+after a restart when the daemon is its own), a multi-turn chat, and a memory
+store (one document, many questions). Writes results.json, report.md and PNG
+plots into --out. Every prompt opens with this run's tag, so "cold" is cold even
+on a daemon whose cache already holds an earlier run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from tools import bench_report, bench_scenarios
+from tools.bench_daemon import ManagedDaemon
+from tools.bench_http import Client
+
+SCENARIOS = ("context", "chat", "memory")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--lengths: expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise ValueError(f"--lengths: expected positive integers, got {text!r}")
+    return vals
+
+
+def add_arguments(parser) -> None:
+    where = parser.add_argument_group("what to benchmark")
+    where.add_argument("--url", help="a running ckptd daemon (no restart measurement)")
+    where.add_argument("--model", help="start a daemon on this HF folder or .gguf itself")
+    where.add_argument("--cache-dir", help="the started daemon's cache (default: a new "
+                       "temporary folder, removed afterwards)")
+    where.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                       help="extra `ckptd serve` flag for the started daemon, e.g. "
+                       "--serve-arg=--snapshot-interval=256 (repeatable)")
+    where.add_argument("--api-key", help="the daemon's API key")
+    where.add_argument("--peer", metavar="URL", help="also run every scenario against this "
+                       "OpenAI-compatible server (llama.cpp, llama-cpp-python)")
+    where.add_argument("--peer-name", default="llama.cpp", help="its label in the report")
+    what = parser.add_argument_group("scenarios")
+    what.add_argument("--scenarios", default=",".join(SCENARIOS),
+                      help=f"comma-separated subset of {', '.join(SCENARIOS)}")
+    what.add_argument("--lengths", default="512,1024,2048,4096",
+                      help="context lengths in tokens (default 512,1024,2048,4096)")
+    what.add_argument("--repeat", type=int, default=1, help="requests per point (median)")
+    what.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
+    what.add_argument("--chat-turns", type=int, default=6)
+    what.add_argument("--turn-tokens", type=int, default=128, help="tokens per user message")
+    what.add_argument("--memory-tokens", type=int, default=2048, help="the document's length")
+    what.add_argument("--questions", type=int, default=4)
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", default="bench-out", help="folder for results (default bench-out)")
+    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    out.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+
+
+def _check(args) -> tuple[list[str], list[int]]:
+    if args.url and args.model:
+        raise ValueError("give --url (a running daemon) or --model (start one), not both")
+    if args.url and (args.cache_dir or args.serve_arg):
+        raise ValueError("--cache-dir and --serve-arg apply only to a daemon started "
+                         "with --model")
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    bad = [s for s in scenarios if s not in SCENARIOS]
+    if bad or not scenarios:
+        raise ValueError(f"--scenarios: unknown {', '.join(bad) or '(none)'}; choose from "
+                         f"{', '.join(SCENARIOS)}")
+    for name in ("repeat", "max_tokens", "chat_turns", "turn_tokens", "memory_tokens",
+                 "questions"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.model is not None and not Path(args.model).exists():
+        raise FileNotFoundError(f"--model: no such file or folder: {args.model}")
+    return scenarios, _int_list(args.lengths)
+
+
+def run_server(name: str, client: Client, maker, args, scenarios: list[str],
+               lengths: list[int], tag: str, log) -> tuple[list[dict], dict[int, str]]:
+    """Every chosen scenario against one server; rows labelled with its name."""
+    rows, prompts = [], {}
+    bench_scenarios.warm_up(client, f"{tag}-{name}")
+    if "context" in scenarios:
+        log(f"{name}: context lengths {lengths}")
+        got, prompts = bench_scenarios.context_lengths(client, maker, lengths, args.max_tokens,
+                                                       args.repeat, tag)
+        rows += got
+    if "chat" in scenarios:
+        log(f"{name}: chat, {args.chat_turns} turns")
+        rows += bench_scenarios.chat(client, maker, args.chat_turns, args.turn_tokens,
+                                     args.max_tokens, tag)
+    if "memory" in scenarios:
+        log(f"{name}: memory store, {args.memory_tokens} tokens, {args.questions} questions")
+        rows += bench_scenarios.memory(client, maker, args.memory_tokens, args.questions,
+                                       args.max_tokens, tag)
+    for r in rows:
+        r["server"] = name
+    return rows, prompts
+
+
+def run(args) -> int:
+    scenarios, lengths = _check(args)
+    out = Path(args.out)
+    tag = uuid.uuid4().hex[:8]
+    log = lambda msg: print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    started = args.url is None
+    with tempfile.TemporaryDirectory(prefix="ckptd-bench-") as tmp:
+        daemon = None
+        if started:
+            cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp) / "cache"
+            daemon = ManagedDaemon(args.model, cache_dir, out / "daemon.log", args.serve_arg)
+            log(f"starting {' '.join(daemon.command())}")
+            client = daemon.start()
+        else:
+            client = Client(args.url, args.api_key, args.timeout)
+            client.wait_ready(30.0)
+        client.timeout = args.timeout
+        try:
+            results = _run_all(args, client, daemon, scenarios, lengths, tag, log)
+        finally:
+            if daemon is not None:
+                daemon.stop()
+    results["meta"]["started daemon"] = started
+    paths = bench_report.write(results, out, with_plots=not args.no_plots)
+    print(bench_report.markdown(results))
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _run_all(args, client: Client, daemon: ManagedDaemon | None, scenarios: list[str],
+             lengths: list[int], tag: str, log) -> dict:
+    maker = bench_scenarios.PromptMaker(client)
+    status, models = client.request("GET", "/v1/models")
+    model_id = models["data"][0]["id"] if status == 200 and isinstance(models, dict) \
+        and models.get("data") else "?"
+    meta = {"run": tag, "ckptd": client.url, "model": model_id,
+            "scenarios": ",".join(scenarios), "max tokens per request": args.max_tokens,
+            "repeat": args.repeat, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    rows, prompts = run_server("ckptd", client, maker, args, scenarios, lengths, tag, log)
+    if daemon is not None and prompts:
+        log("restarting the daemon: its RAM tier is gone, its disk tier stays")
+        client = daemon.restart()
+        client.timeout = args.timeout
+        bench_scenarios.warm_up(client, f"{tag}-restart")
+        restart = bench_scenarios.after_restart(client, maker, prompts, args.max_tokens)
+        rows += [{**r, "server": "ckptd"} for r in restart]
+    if args.peer:
+        peer = Client(args.peer, None, args.timeout, extra={"cache_prompt": True})
+        peer.wait_ready(30.0)
+        meta["peer"] = f"{args.peer_name} at {peer.url}"
+        peer_rows, _ = run_server(args.peer_name, peer, maker, args, scenarios, lengths,
+                                  tag, log)
+        rows += peer_rows
+    return {"meta": meta, "rows": rows}

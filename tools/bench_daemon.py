@@ -1,0 +1,95 @@
+"""A ckptd daemon the benchmark starts, stops and restarts itself.
+
+It runs `python -m tools.cli serve` as a child process on a free loopback port,
+its output in a log file beside the results. Stopping sends SIGTERM, which makes
+the daemon flush its cache writer before it exits, so a restart on the same
+--cache-dir finds every entry on disk and nothing in RAM: the disk tier.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tools.bench_http import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ManagedDaemon:
+    def __init__(self, model: str | None, cache_dir: Path, log_path: Path,
+                 serve_args: list[str] | None = None, ready_timeout: float = 300.0) -> None:
+        self.model, self.cache_dir, self.log_path = model, cache_dir, log_path
+        self.serve_args = list(serve_args or [])
+        self.ready_timeout = ready_timeout
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.client = Client(f"http://127.0.0.1:{self.port}")
+        self.starts = 0
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "tools.cli", "serve", "--port", str(self.port),
+               "--cache-dir", str(self.cache_dir), *self.serve_args]
+        if self.model is not None:
+            cmd += ["--model", str(self.model)]
+        return cmd
+
+    def start(self) -> Client:
+        assert self.proc is None, "already running"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.command())}\n".encode())
+            log.flush()
+            # The child keeps its own copy of the descriptor; ours can close now.
+            self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=log,
+                                         stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.starts += 1
+        try:
+            self.client.wait_ready(self.ready_timeout, alive=lambda: self.proc.poll() is None)
+        except BaseException as e:
+            self.stop()
+            raise RuntimeError(f"the daemon did not start ({e}); its log:\n{self.tail()}") from e
+        return self.client
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM and wait (the daemon flushes its cache writer before it exits)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def restart(self) -> Client:
+        code = self.stop()
+        if code != 0:
+            raise RuntimeError(f"the daemon exited with {code} on SIGTERM; its log:\n"
+                               f"{self.tail()}")
+        return self.start()
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> ManagedDaemon:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the llama.cpp peer for `ckptd bench --peer`: llama-cpp-python[server] 0.3.36
+# from its PyPI sdist (PyPI has no wheel for it) into .peer-venv, apart from .venv so
+# its numpy/pydantic pins never touch ckptd's. Benchmark setup only; CI never needs it.
+#
+# The CMake flags pin AVX2/FMA and turn AMX off: a -DGGML_NATIVE=ON build segfaults in
+# the AMX matmul on these machines (see shared ENVIRONMENT.md). ~7 min on 2 cores.
+#
+# Usage: tools/build_peer.sh            then start the peer with
+#   .peer-venv/bin/python -m llama_cpp.server --model M.gguf --port 8090 --n_ctx 8192
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+[ -x .peer-venv/bin/python ] || "$PY" -m venv .peer-venv
+# Keep the venv out of git without editing the project's .gitignore.
+echo '*' > .peer-venv/.gitignore
+PIP=".peer-venv/bin/python -m pip --disable-pip-version-check"
+$PIP install -q --upgrade pip
+export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+-DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF \
+-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+$PIP install --no-binary llama-cpp-python "llama-cpp-python[server]==${VERSION}"
+.peer-venv/bin/python -c "import llama_cpp; print('peer built: llama-cpp-python', llama_cpp.__version__)"
