@@ -26,6 +26,7 @@ class Counters:
     evicted: int = 0
     lost_writes: int = 0     # entries not written: no room (pinned fill the budget, map full)
     map_full: int = 0        # commits that found the LMDB map full (then evicted and retried)
+    orphans: int = 0         # entries not written: their parent was evicted meanwhile
     read_bytes: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
 
 
@@ -120,7 +121,8 @@ class StoreAdmin:
                                 "committed": w.committed if w else 0,
                                 "failed": w.failed if w else 0,
                                 "lost_no_room": c.lost_writes,
-                                "map_full": c.map_full},
+                                "map_full": c.map_full,
+                                "orphans_skipped": c.orphans},
             }
 
     def entries(self, offset: int = 0, limit: int = 100, sort: str = "last_used",

@@ -30,8 +30,9 @@ class StoreCommit:
             protect = {m.parent for _, m, _ in batch} | set(self.queued.values())
         keep: list[Encoded] = []
         written: list[bytes] = []
+        orphans = 0
         try:
-            keep = self._make_room(batch, protect)
+            keep, orphans = self._make_room(batch, protect)
             written = self._write(keep, touched, protect)
             if written is None:
                 keep, written = [], []
@@ -42,8 +43,9 @@ class StoreCommit:
                     self.index.add(k, metas[k])
                 for k, _, _ in batch:
                     self.queued.pop(k, None)
-                lost = len(batch) - len(keep)
+                lost = len(batch) - len(keep) - orphans
                 self.counters.lost_writes += lost
+                self.counters.orphans += orphans
         return lost
 
     def _write(self, items: list[Encoded], touched: dict, protect: set[bytes]):
@@ -63,11 +65,21 @@ class StoreCommit:
         except DiskFull:
             return None
 
-    def _make_room(self, batch: list[Encoded], protect: set[bytes]) -> list[Encoded]:
-        """Evict so that the batch fits the budget; the items that still don't fit (the
-        rest is pinned) are left out, last ones first."""
-        incoming = sum(len(b) for _, _, b in batch)
+    def _make_room(self, batch: list[Encoded], protect: set[bytes]) -> tuple[list[Encoded], int]:
+        """Evict so that the batch fits the budget. Returns the items to write, and how
+        many were left out as orphans; the items that still don't fit (the rest is
+        pinned) are left out too, last ones first."""
         with self.lock:
+            # Children of a parent that is gone can't be written (prefixes stay closed):
+            # don't evict anything to make room for them.
+            present = set()
+            for key, meta, _ in batch:
+                if not meta.has_block_parent or meta.parent in present \
+                        or meta.parent in self.index:
+                    present.add(key)
+            kept = [item for item in batch if item[0] in present]
+            orphans, batch = len(batch) - len(kept), kept
+            incoming = sum(len(b) for _, _, b in batch)
             over = self.index.stored_bytes + incoming - self.budget
         if over > 0:
             self._evict(over, protect)
@@ -79,7 +91,7 @@ class StoreCommit:
                 break
             keep.append(item)
             used += len(item[2])
-        return keep
+        return keep, orphans
 
     def _evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset()) -> int:
         with self.lock:

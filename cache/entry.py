@@ -22,6 +22,7 @@ class EntryMeta:
     last_used: float = field(default_factory=time.time)
     hits: int = 0
     pinned: bool = False
+    plain: bool = True        # keyed without positions or extras: its tokens alone define it
 
     @property
     def has_block_parent(self) -> bool:

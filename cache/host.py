@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from cache.entry import SNAPSHOT, EntryMeta
+from cache.entry import EntryMeta
 
 Tensors = dict[str, torch.Tensor]
 
@@ -30,7 +30,7 @@ class HostTier:
             raise ValueError(f"host budget must be >= 0, got {budget_bytes}")
         self.budget = budget_bytes
         self.items: OrderedDict[bytes, tuple[EntryMeta, Tensors, int]] = OrderedDict()
-        self.snaps: dict[bytes, set[bytes]] = {}     # parent key -> snapshot keys after it
+        self.children: dict[bytes, set[bytes]] = {}  # parent key -> keys of entries after it
         self.bytes = 0
         self.evictions = 0
         self.lock = threading.Lock()
@@ -46,8 +46,7 @@ class HostTier:
             self._pop(key)
             self.items[key] = (meta, value, size)
             self.bytes += size
-            if meta.kind == SNAPSHOT:
-                self.snaps.setdefault(meta.parent, set()).add(key)
+            self.children.setdefault(meta.parent, set()).add(key)
             while self.bytes > self.budget:
                 self._pop(next(iter(self.items)))
                 self.evictions += 1
@@ -62,12 +61,11 @@ class HostTier:
             return
         meta, _, size = item
         self.bytes -= size
-        if meta.kind == SNAPSHOT:
-            sibs = self.snaps.get(meta.parent)
-            if sibs is not None:
-                sibs.discard(key)
-                if not sibs:
-                    del self.snaps[meta.parent]
+        sibs = self.children.get(meta.parent)
+        if sibs is not None:
+            sibs.discard(key)
+            if not sibs:
+                del self.children[meta.parent]
 
     def get(self, key: bytes) -> Tensors | None:
         with self.lock:
@@ -85,9 +83,9 @@ class HostTier:
             item = self.items.get(key)
             return None if item is None else item[0]
 
-    def snapshots_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
         with self.lock:
-            return [(k, self.items[k][0]) for k in self.snaps.get(parent, ())]
+            return [(k, self.items[k][0]) for k in self.children.get(parent, ())]
 
     def contains(self, key: bytes) -> bool:
         with self.lock:
@@ -104,5 +102,5 @@ class HostTier:
     def clear(self) -> None:
         with self.lock:
             self.items.clear()
-            self.snaps.clear()
+            self.children.clear()
             self.bytes = 0

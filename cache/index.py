@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cache.entry import SNAPSHOT, EntryMeta
+from cache.entry import EntryMeta
 
 
 class DiskIndex:
@@ -50,9 +50,8 @@ class DiskIndex:
         self.logical_bytes -= meta.logical_bytes
         return meta
 
-    def snapshots_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
-        return [(k, self.rows[k]) for k in self.children.get(parent, ())
-                if self.rows[k].kind == SNAPSHOT]
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
+        return [(k, self.rows[k]) for k in self.children.get(parent, ())]
 
     def is_leaf(self, key: bytes) -> bool:
         return not self.children.get(key)

@@ -87,6 +87,14 @@ class KeyContext:
         e = self.extras
         return _lp(bytes(e[i])) if e is not None and i < len(e) and e[i] else _NO_EXTRA
 
+    def plain(self, depth: int, block_size: int) -> bool:
+        """True when block `depth` has no extras and linear positions: its tokens alone
+        define its state, so a stored page may be cut to the prefix that matches."""
+        start = depth * block_size
+        n = len(self.positions) if self.positions is not None else 0
+        return self.extra(depth) == _NO_EXTRA and (
+            n <= start or self.positions_part(start, min(n, start + block_size)) == b"\x00")
+
     def positions_part(self, start: int, stop: int) -> bytes:
         if self.positions is None:
             return b"\x00"

@@ -1,8 +1,10 @@
 """Planning a restore: the deepest cached state a prompt can start from.
 
 A state at position P is restorable when the blocks 0 .. P//B - 1 are cached and
-either P is a block boundary of a model without recurrent layers, or a snapshot
-at exactly P is cached (its tail tokens after the last full block included).
+    - a hybrid model (recurrent layers can't be cut): a snapshot at exactly P;
+    - attention only (KV can be cut anywhere): P is a block boundary, or some entry
+      after block P//B - 1 (a snapshot's partial page, or another prompt's block)
+      starts with the prompt's tokens up to P; its page is cut to those tokens.
 Hashes find candidates; the stored tokens are compared before anything is
 planned, so a hash collision can't serve another prompt's state.
 """
@@ -14,13 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cache.entry import BLOCK, EntryMeta
+from cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from cache.keys import KeyContext, block_keys, snapshot_key
 
 HOST, DISK = "host", "disk"
 
 Find = Callable[[bytes], "tuple[EntryMeta, str] | None"]
-Snapshots = Callable[[bytes], "list[tuple[bytes, EntryMeta, str]]"]
+Children = Callable[[bytes], "list[tuple[bytes, EntryMeta, str]]"]
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,16 @@ class PieceRef:
     kind: str          # BLOCK or SNAPSHOT
     tier: str          # HOST or DISK
     nbytes: int        # bytes to move: logical in RAM, stored (compressed) on disk
-    position: int      # tokens covered once this piece is loaded
+    position: int      # tokens covered by the state this piece was taken from
 
 
 @dataclass
 class RestorePlan:
     position: int                      # tokens the restored state covers
     blocks: list[PieceRef]             # blocks 0 .. position // B - 1
-    snapshot: PieceRef | None          # the state at exactly `position`, when needed
+    snapshot: PieceRef | None          # the state at `position`; for attention-only
+                                       # models it may be taken later (snapshot.position >
+                                       # position): its partial page is then cut
     tokens: list[int] = field(repr=False, default_factory=list)   # the prompt, up to the limit
     ctx: KeyContext = field(repr=False, default_factory=KeyContext)
 
@@ -71,9 +75,9 @@ class RestoredState:
 
 
 def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hybrid: bool,
-                 ctx: KeyContext, find: Find, snapshots_after: Snapshots) -> RestorePlan:
+                 ctx: KeyContext, find: Find, children_after: Children) -> RestorePlan:
     """The deepest restorable state of tokens[:limit]. find(key) gives an entry's meta
-    and tier; snapshots_after(parent) the snapshots whose parent is that key."""
+    and tier; children_after(parent) the entries whose parent is that key."""
     B = block_size
     tokens = tokens[:limit]
     keys = block_keys(root, tokens, B, ctx)
@@ -84,25 +88,48 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
             break
         blocks.append(_ref(key, *found))
     depth = len(blocks)
+    if not hybrid:
+        cut = _partial_page(tokens, keys, root, B, depth, ctx, children_after)
+        if cut is not None:
+            return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx)
+        return RestorePlan(depth * B, blocks, None, tokens, ctx)
     for d in range(depth, -1, -1):
         parent = keys[d - 1] if d else root
-        best: tuple[int, PieceRef] | None = None
-        for key, meta, tier in snapshots_after(parent):
+        best: PieceRef | None = None
+        for key, meta, tier in children_after(parent):
             r = len(meta.tokens)
-            pos = d * B + r
-            if pos == 0 or pos > limit or r >= B or (best is not None and r <= best[0]):
+            if meta.kind != SNAPSHOT or d * B + r > limit or r >= B or d * B + r == 0 \
+                    or (best is not None and best.position >= d * B + r):
                 continue
-            tail = tokens[d * B:pos]
-            if meta.tokens != tail or snapshot_key(parent, tail, d, B, ctx) != key:
-                continue
-            best = (r, _ref(key, meta, tier))
+            tail = tokens[d * B:d * B + r]
+            if meta.tokens == tail and snapshot_key(parent, tail, d, B, ctx) == key:
+                best = _ref(key, meta, tier)
         if best is not None:
-            return RestorePlan(best[1].position, blocks[:d], best[1], tokens, ctx)
-        if not hybrid:
-            break       # blocks alone reach depth * B; only a snapshot after them does better
-    if hybrid:
-        return RestorePlan(0, [], None, tokens, ctx)
-    return RestorePlan(depth * B, blocks, None, tokens, ctx)
+            return RestorePlan(best.position, blocks[:d], best, tokens, ctx)
+    return RestorePlan(0, [], None, tokens, ctx)
+
+
+def _partial_page(tokens: list[int], keys: list[bytes], root: bytes, B: int, depth: int,
+                  ctx: KeyContext, children_after: Children) -> tuple[int, PieceRef] | None:
+    """Attention only: the entry after the deepest block that covers most of the prompt's
+    next tokens, as (tokens it covers, ref). A snapshot whose whole tail matches (key
+    checked) wins ties: it may carry the last logits. A page is cut to a prefix only
+    when tokens alone define it (no positions or extras on either side)."""
+    parent = keys[depth - 1] if depth else root
+    want = tokens[depth * B:(depth + 1) * B]
+    best: tuple[int, bool, PieceRef] | None = None
+    for key, meta, tier in children_after(parent):
+        have = meta.tokens
+        m = 0
+        while m < min(len(have), len(want)) and have[m] == want[m]:
+            m += 1
+        whole = meta.kind == SNAPSHOT and m == len(have) and \
+            snapshot_key(parent, have, depth, B, ctx) == key
+        if not whole and not (m and meta.plain and ctx.plain(depth, B)):
+            continue
+        if best is None or (m, whole) > best[:2]:
+            best = (m, whole, _ref(key, meta, tier))
+    return None if best is None else (best[0], best[2])
 
 
 def _ref(key: bytes, meta: EntryMeta, tier: str) -> PieceRef:

@@ -51,6 +51,10 @@ class StoreRestore:
             self._drop(corrupt)
         self._touch_and_promote(pieces, values, set(from_disk))
         snap = values[nb] if plan.snapshot is not None else None
+        if snap is not None and plan.snapshot.position != plan.position:
+            # Attention only: a later state's page, cut to the tokens the prompt shares
+            # (its logits belong to that later state).
+            snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
         if not bad:
             tier = plan.tier if from_disk else HOST
             return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None)
@@ -86,12 +90,12 @@ class StoreRestore:
             for i, p in enumerate(pieces):
                 if not isinstance(values[i], dict):
                     continue
+                self.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
                 meta = self.index.get(p.key)
                 if meta is None:
                     continue                 # in RAM only, not yet committed
                 meta.last_used, meta.hits = now, meta.hits + 1
                 self.touched[p.key] = meta
-                self.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
                 if i in from_disk and self.host.accepts(meta.logical_bytes):
                     promote.append((p.key, meta, values[i]))
         # The caller owns what it gets back: RAM keeps its own copy.

@@ -122,7 +122,7 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
 
     def _plan(self, tokens: list[int], limit: int, ctx: KeyContext) -> RestorePlan:
         return plan_restore(tokens, limit, self.root(ctx.salt), self.B, self.spec.is_hybrid,
-                            ctx, self._find, self._snapshots_after)
+                            ctx, self._find, self._children_after)
 
     def _find(self, key: bytes) -> tuple[EntryMeta, str] | None:
         meta = self.host.meta(key)
@@ -132,10 +132,10 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
             meta = self.index.get(key)
         return None if meta is None else (meta, DISK)
 
-    def _snapshots_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
+    def _children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
         with self.lock:
-            found = {k: (k, m, DISK) for k, m in self.index.snapshots_after(parent)}
-        found.update({k: (k, m, HOST) for k, m in self.host.snapshots_after(parent)})
+            found = {k: (k, m, DISK) for k, m in self.index.children_after(parent)}
+        found.update({k: (k, m, HOST) for k, m in self.host.children_after(parent)})
         return list(found.values())
 
     # ---- puts ---------------------------------------------------------------------
@@ -164,7 +164,8 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
             if self._known(keys[i]):
                 continue
             meta = EntryMeta(BLOCK, keys[i - 1] if i else root, (i + 1) * self.B,
-                             tokens[i * self.B:(i + 1) * self.B], self.fp)
+                             tokens[i * self.B:(i + 1) * self.B], self.fp,
+                             plain=ctx.plain(i, self.B))
             new += self._put(keys[i], meta, {"kv": pages[j].detach().clone()})
         return new
 
@@ -183,7 +184,8 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
         tail = tokens[d * self.B:]
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self._known(key):
-            meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp)
+            meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
+                             plain=ctx.plain(d, self.B))
             self._put(key, meta, {k: v.detach().clone() for k, v in tensors.items()})
         return key
 
@@ -212,8 +214,8 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
             raise ValueError("this store is open read-only")
 
     def _known(self, key: bytes) -> bool:
-        if self.host.contains(key):
-            return True
+        """On disk or on its way there. An entry only in RAM (its write was dropped, or
+        it was evicted from disk) is put again: a second chance to persist."""
         with self.lock:
             return key in self.index or key in self.queued
 

@@ -1,11 +1,12 @@
 """Benchmark the cache store on real KV pages: ratio, and MB/s to compress, write and
 restore, cold and warm, against reading the same logical bytes from a plain file.
 
-    python -m tools.bench_store [--tokens 2048] [--gb 1.0] [--block-size 16]
+    python -m tools.bench_store [--tokens 1024] [--gb 1.0] [--block-size 16]
                                 [--synthetic] [--dir DIR] [--json OUT]
 
-Pages come from SmolLM2-135M (the embedded GGUF, run by transformers in bf16) over
-a few thousand tokens of English text; --synthetic uses random bf16 instead. They
+Pages come from SmolLM2-135M (the embedded GGUF, run by transformers) over English
+text, as the bf16 KV cache the daemon keeps (the model runs in fp32: bf16 matmuls
+are ~5x slower on this CPU); --synthetic uses random bf16 instead. They
 are repeated along one long prompt (each repeat gets its own tokens, so its own
 keys) until --gb of logical bytes. Cold figures drop the page cache first (root).
 MB/s are of logical (uncompressed) bytes throughout.
@@ -45,19 +46,20 @@ def english_text(min_chars: int) -> str:
 
 def smollm2_pages(n_tokens: int, B: int) -> tuple[StateSpec, torch.Tensor]:
     """[n_pages, n_layers, 2, B, kv_heads, head_dim] bf16 KV of SmolLM2 over real text."""
+    os.environ.setdefault("TQDM_DISABLE", "1")          # the GGUF loader's progress bars
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from model.default import FILENAME, default_model_path
     folder = default_model_path().parent
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=FILENAME)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=FILENAME,
-                                                 torch_dtype=torch.bfloat16)
+                                                 torch_dtype=torch.float32)
     ids = tok(english_text(6 * n_tokens), return_tensors="pt").input_ids[:, :n_tokens]
     n = ids.shape[1] // B * B
     with torch.no_grad():
         cache = model(ids[:, :n], use_cache=True).past_key_values
-    k = torch.stack([layer.keys[0] for layer in cache.layers])      # [L, Hkv, T, D]
-    v = torch.stack([layer.values[0] for layer in cache.layers])
+    k = torch.stack([layer.keys[0] for layer in cache.layers]).bfloat16()   # [L, Hkv, T, D]
+    v = torch.stack([layer.values[0] for layer in cache.layers]).bfloat16()
     kv = torch.stack([k, v], 1).permute(0, 1, 3, 2, 4)               # [L, 2, T, Hkv, D]
     L, _, T, H, D = kv.shape
     pages = kv.reshape(L, 2, T // B, B, H, D).permute(2, 0, 1, 3, 4, 5).contiguous()
@@ -126,7 +128,7 @@ def restore(path: Path, spec: StateSpec, tokens: list[int], threads: int) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, default=2048, help="tokens run through the model")
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens run through the model")
     ap.add_argument("--gb", type=float, default=1.0, help="logical GB to store and restore")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)

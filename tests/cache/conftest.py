@@ -30,19 +30,31 @@ def _gen(tokens, salt: str = "") -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(encode_tokens(tokens) + salt.encode()))
 
 
+def _token_kv(spec: StateSpec, tokens, start: int, stop: int) -> torch.Tensor:
+    """KV of positions start..stop-1: [n_attn, 2, stop-start, kv_heads, head_dim]. Like a
+    real model's, the KV at position j depends on tokens[:j+1] only (causal), so a page
+    cut to a shared prefix is that prefix's KV."""
+    a = spec.attention
+    per = [torch.randn((a.n_layers, 2, a.kv_heads, a.head_dim), generator=_gen(tokens[:j + 1]))
+           for j in range(start, stop)]
+    if not per:
+        return torch.zeros(spec.kv_shape(0), dtype=a.dtype)
+    return torch.stack(per, 2).to(a.dtype)
+
+
 def fake_pages(spec: StateSpec, tokens, first: int, n: int) -> torch.Tensor:
     """KV for blocks first .. first+n-1 of tokens: [n, *kv_shape()]."""
-    out = [torch.randn(spec.kv_shape(), generator=_gen(tokens[:(i + 1) * spec.block_size]))
-           for i in range(first, first + n)]
-    return torch.stack(out).to(spec.attention.dtype)
+    B = spec.block_size
+    return torch.stack([_token_kv(spec, tokens, i * B, (i + 1) * B)
+                        for i in range(first, first + n)])
 
 
 def fake_snapshot(spec: StateSpec, tokens, logits: bool = False) -> dict[str, torch.Tensor]:
     g = _gen(tokens, "snapshot")
     out = {}
-    r = len(tokens) % spec.block_size
-    if spec.attention is not None and r:
-        out["kv"] = torch.randn(spec.kv_shape(r), generator=g).to(spec.attention.dtype)
+    P, B = len(tokens), spec.block_size
+    if spec.attention is not None and P % B:
+        out["kv"] = _token_kv(spec, tokens, P // B * B, P)
     if spec.recurrent is not None:
         out["conv"] = torch.randn(spec.conv_shape(), generator=g).to(spec.recurrent.conv_dtype)
         out["ssm"] = torch.randn(spec.ssm_shape(), generator=g)

@@ -1,5 +1,5 @@
 """Lookup against a model of what was stored: the longest restorable prefix, never more,
-never another tenant's or model's entry; and what loads is that prefix's state."""
+never another tenant's or model's entry; and what loads is exactly that prefix's state."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ salted = st.tuples(prompts, st.sampled_from(["", "a"]))
 
 def restorable(stored: list[tuple[list[int], str]], query: list[int], salt: str, limit: int,
                hybrid: bool) -> int:
-    """The model: a snapshot was stored at the end of each prompt, and all its blocks."""
+    """The model: each prompt left all its blocks and a snapshot at its end. A hybrid
+    restores only at a snapshot; attention KV can be cut anywhere inside what a
+    stored prompt covers."""
     best = 0
     for toks, s in stored:
         if s != salt:
@@ -25,10 +27,10 @@ def restorable(stored: list[tuple[list[int], str]], query: list[int], salt: str,
         common = 0
         while common < min(len(toks), len(query)) and toks[common] == query[common]:
             common += 1
-        if common == len(toks) and len(toks) <= limit:
+        if not hybrid:
+            best = max(best, min(common, limit))
+        elif common == len(toks) <= limit:
             best = max(best, len(toks))
-        if not hybrid:          # attention layers can be cut at any block boundary
-            best = max(best, min(common, limit) // B * B)
     return best
 
 

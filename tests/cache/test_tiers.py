@@ -46,9 +46,9 @@ def test_host_round_trip_and_lru_within_budget():
     assert not host.put(b"x" * 16, _meta(), {"big": torch.zeros(4 * one)})   # over budget
     snap = _meta(SNAPSHOT, keys[0], 6, (5, 6))
     host.put(keys[5], snap, _tensors(torch.float32))
-    assert [k for k, _ in host.snapshots_after(keys[0])] == [keys[5]]
+    assert [k for k, _ in host.children_after(keys[0])] == [keys[5]]
     host.delete(keys[5])
-    assert host.snapshots_after(keys[0]) == [] and not host.contains(keys[5])
+    assert host.children_after(keys[0]) == [] and not host.contains(keys[5])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
