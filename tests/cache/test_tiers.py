@@ -13,7 +13,7 @@ from cache.keys import root_key
 from tests.cache.test_codec import DTYPES
 
 
-def _meta(kind=BLOCK, parent=b"\0" * 16, position=4, tokens=(1, 2, 3, 4)):
+def _meta(kind=BLOCK, parent=b"\xee" * 16, position=4, tokens=(1, 2, 3, 4)):
     return EntryMeta(kind, parent, position, list(tokens), "fp")
 
 
