@@ -201,14 +201,18 @@ class DiskTier:
     def delete_many(self, keys: Sequence[bytes]) -> list[bytes]:
         """Delete entries in one transaction; returns the keys that were there."""
         gone = []
-        with self.env.begin(write=True) as txn:
-            for key in keys:
-                data = txn.get(key, db=self.meta_db)
-                if data is None:
-                    continue
-                txn.delete(key, db=self._db(EntryMeta.from_bytes(data).kind))
-                txn.delete(key, db=self.meta_db)
-                gone.append(key)
+        try:
+            with self.env.begin(write=True) as txn:
+                for key in keys:
+                    data = txn.get(key, db=self.meta_db)
+                    if data is None:
+                        continue
+                    txn.delete(key, db=self._db(EntryMeta.from_bytes(data).kind))
+                    txn.delete(key, db=self.meta_db)
+                    gone.append(key)
+        except lmdb.MapFullError:
+            # A completely full map can't even delete (copy-on-write needs free pages).
+            raise DiskFull(f"LMDB map of {self.map_bytes()} bytes is full") from None
         return gone
 
     def copy_to(self, path: str | Path) -> None:

@@ -4,13 +4,16 @@ promoted into RAM. Mixed into CacheStore."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from cache import codec
+from cache.disk import DiskFull
 from cache.lookup import DISK, HOST, PieceRef, RestoredState, RestorePlan
 
+log = logging.getLogger(__name__)
 _MISSING, _CORRUPT = "missing", "corrupt"
 _MAX_REPLANS = 4
 
@@ -110,4 +113,7 @@ class StoreRestore:
         for k in keys:
             self.host.delete(k)
         if not self.readonly:
-            self.disk.delete_many(keys)
+            try:
+                self.disk.delete_many(keys)
+            except DiskFull:        # out of the index now; after a restart, caught again on read
+                log.warning("cache: could not delete %d corrupt values: map full", len(keys))
