@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from cache.entry import EntryMeta
+from cache.entry import SNAPSHOT, EntryMeta
 
 Tensors = dict[str, torch.Tensor]
 
@@ -31,6 +31,7 @@ class HostTier:
         self.budget = budget_bytes
         self.items: OrderedDict[bytes, tuple[EntryMeta, Tensors, int]] = OrderedDict()
         self.children: dict[bytes, set[bytes]] = {}  # parent key -> keys of entries after it
+        self.snap_parents: dict[bytes, int] = {}      # parent key -> snapshots after it
         self.bytes = 0
         self.evictions = 0
         self.lock = threading.Lock()
@@ -47,6 +48,8 @@ class HostTier:
             self.items[key] = (meta, value, size)
             self.bytes += size
             self.children.setdefault(meta.parent, set()).add(key)
+            if meta.kind == SNAPSHOT:
+                self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
             while self.bytes > self.budget:
                 self._pop(next(iter(self.items)))
                 self.evictions += 1
@@ -66,6 +69,10 @@ class HostTier:
             sibs.discard(key)
             if not sibs:
                 del self.children[meta.parent]
+        if meta.kind == SNAPSHOT:
+            self.snap_parents[meta.parent] -= 1
+            if not self.snap_parents[meta.parent]:
+                del self.snap_parents[meta.parent]
 
     def get(self, key: bytes) -> Tensors | None:
         with self.lock:
@@ -82,6 +89,14 @@ class HostTier:
         with self.lock:
             item = self.items.get(key)
             return None if item is None else item[0]
+
+    def metas(self, keys: Sequence[bytes]) -> list[EntryMeta | None]:
+        with self.lock:
+            return [None if (item := self.items.get(k)) is None else item[0] for k in keys]
+
+    def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
+        with self.lock:
+            return {p for p in parents if p in self.snap_parents}
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
         with self.lock:
@@ -103,4 +118,5 @@ class HostTier:
         with self.lock:
             self.items.clear()
             self.children.clear()
+            self.snap_parents.clear()
             self.bytes = 0

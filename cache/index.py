@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cache.entry import EntryMeta
+from cache.entry import SNAPSHOT, EntryMeta
 
 
 class DiskIndex:
     def __init__(self, entries: Iterable[tuple[bytes, EntryMeta]] = ()) -> None:
         self.rows: dict[bytes, EntryMeta] = {}
         self.children: dict[bytes, set[bytes]] = {}     # parent key -> child keys
+        self.snap_parents: dict[bytes, int] = {}        # parent key -> snapshots after it
         self.stored_bytes = 0
         self.logical_bytes = 0
         for key, meta in entries:
@@ -34,6 +35,8 @@ class DiskIndex:
         self.remove(key)
         self.rows[key] = meta
         self.children.setdefault(meta.parent, set()).add(key)
+        if meta.kind == SNAPSHOT:
+            self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
         self.stored_bytes += meta.stored_bytes
         self.logical_bytes += meta.logical_bytes
 
@@ -46,6 +49,10 @@ class DiskIndex:
             sibs.discard(key)
             if not sibs:
                 del self.children[meta.parent]
+        if meta.kind == SNAPSHOT:
+            self.snap_parents[meta.parent] -= 1
+            if not self.snap_parents[meta.parent]:
+                del self.snap_parents[meta.parent]
         self.stored_bytes -= meta.stored_bytes
         self.logical_bytes -= meta.logical_bytes
         return meta

@@ -11,8 +11,9 @@ planned, so a hash collision can't serve another prompt's state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -21,8 +22,16 @@ from cache.keys import KeyContext, block_keys, snapshot_key
 
 HOST, DISK = "host", "disk"
 
-Find = Callable[[bytes], "tuple[EntryMeta, str] | None"]
-Children = Callable[[bytes], "list[tuple[bytes, EntryMeta, str]]"]
+class IndexView(Protocol):
+    """What planning reads: entries of every tier, RAM first."""
+
+    def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]: ...
+
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]: ...
+
+    def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
+        """The parents among these that some snapshot names."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -75,28 +84,30 @@ class RestoredState:
 
 
 def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hybrid: bool,
-                 ctx: KeyContext, find: Find, children_after: Children) -> RestorePlan:
-    """The deepest restorable state of tokens[:limit]. find(key) gives an entry's meta
-    and tier; children_after(parent) the entries whose parent is that key."""
+                 ctx: KeyContext, view: IndexView) -> RestorePlan:
+    """The deepest restorable state of tokens[:limit]."""
     B = block_size
     tokens = tokens[:limit]
     keys = block_keys(root, tokens, B, ctx)
     blocks: list[PieceRef] = []
-    for i, key in enumerate(keys):
-        found = find(key)
+    for i, (key, found) in enumerate(zip(keys, view.find_many(keys))):
         if found is None or found[0].kind != BLOCK or found[0].tokens != tokens[i * B:(i + 1) * B]:
             break
         blocks.append(_ref(key, *found))
     depth = len(blocks)
     if not hybrid:
-        cut = _partial_page(tokens, keys, root, B, depth, ctx, children_after)
+        cut = _partial_page(tokens, keys, root, B, depth, ctx, view)
         if cut is not None:
             return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx)
         return RestorePlan(depth * B, blocks, None, tokens, ctx)
+    parents = [root, *keys[:depth]]                 # parents[d]: the key before block d
+    with_snaps = view.with_snapshots(parents)
     for d in range(depth, -1, -1):
-        parent = keys[d - 1] if d else root
+        parent = parents[d]
+        if parent not in with_snaps:
+            continue
         best: PieceRef | None = None
-        for key, meta, tier in children_after(parent):
+        for key, meta, tier in view.children_after(parent):
             r = len(meta.tokens)
             if meta.kind != SNAPSHOT or d * B + r > limit or r >= B or d * B + r == 0 \
                     or (best is not None and best.position >= d * B + r):
@@ -110,7 +121,7 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
 
 
 def _partial_page(tokens: list[int], keys: list[bytes], root: bytes, B: int, depth: int,
-                  ctx: KeyContext, children_after: Children) -> tuple[int, PieceRef] | None:
+                  ctx: KeyContext, view: IndexView) -> tuple[int, PieceRef] | None:
     """Attention only: the entry after the deepest block that covers most of the prompt's
     next tokens, as (tokens it covers, ref). A snapshot whose whole tail matches (key
     checked) wins ties: it may carry the last logits. A page is cut to a prefix only
@@ -118,7 +129,7 @@ def _partial_page(tokens: list[int], keys: list[bytes], root: bytes, B: int, dep
     parent = keys[depth - 1] if depth else root
     want = tokens[depth * B:(depth + 1) * B]
     best: tuple[int, bool, PieceRef] | None = None
-    for key, meta, tier in children_after(parent):
+    for key, meta, tier in view.children_after(parent):
         have = meta.tokens
         m = 0
         while m < min(len(have), len(want)) and have[m] == want[m]:

@@ -110,7 +110,7 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
         """The deepest restorable state of `tokens` that covers at most max_tokens
         tokens (pass len(tokens) - 1 to keep one token to compute)."""
         self._need_model()
-        tokens = [int(t) for t in tokens]
+        tokens = list(map(int, tokens))
         limit = len(tokens) if max_tokens is None else max(0, min(max_tokens, len(tokens)))
         self._sync()
         plan = self._plan(tokens, limit, KeyContext(salt, extras, positions))
@@ -122,17 +122,23 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
 
     def _plan(self, tokens: list[int], limit: int, ctx: KeyContext) -> RestorePlan:
         return plan_restore(tokens, limit, self.root(ctx.salt), self.B, self.spec.is_hybrid,
-                            ctx, self._find, self._children_after)
+                            ctx, self)
 
-    def _find(self, key: bytes) -> tuple[EntryMeta, str] | None:
-        meta = self.host.meta(key)
-        if meta is not None:
-            return meta, HOST
+    # The IndexView that planning reads (cache/lookup.py): RAM first, then disk.
+    def find_many(self, keys) -> list[tuple[EntryMeta, str] | None]:
+        out: list = [None if m is None else (m, HOST) for m in self.host.metas(keys)]
         with self.lock:
-            meta = self.index.get(key)
-        return None if meta is None else (meta, DISK)
+            for i, key in enumerate(keys):
+                if out[i] is None and (meta := self.index.get(key)) is not None:
+                    out[i] = (meta, DISK)
+        return out
 
-    def _children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
+    def with_snapshots(self, parents) -> set[bytes]:
+        with self.lock:
+            found = {p for p in parents if p in self.index.snap_parents}
+        return found | self.host.with_snapshots(parents)
+
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
         with self.lock:
             found = {k: (k, m, DISK) for k, m in self.index.children_after(parent)}
         found.update({k: (k, m, HOST) for k, m in self.host.children_after(parent)})
@@ -175,7 +181,7 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
         partial page (P mod B tokens) and optionally logits. Returns its key."""
         self._writable()
         self._need_model()
-        tokens = [int(t) for t in tokens]
+        tokens = list(map(int, tokens))
         self._check_snapshot(len(tokens), tensors)
         d = len(tokens) // self.B
         ctx = KeyContext(salt, extras, positions)
