@@ -22,6 +22,7 @@ from cache.keys import KeyContext, block_keys, snapshot_key
 
 HOST, DISK = "host", "disk"
 
+
 class IndexView(Protocol):
     """What planning reads: entries of every tier, RAM first."""
 
