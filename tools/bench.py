@@ -15,6 +15,7 @@ on a daemon whose cache already holds an earlier run.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import uuid
@@ -133,6 +134,7 @@ def run(args) -> int:
             if daemon is not None:
                 daemon.stop()
     results["meta"]["started daemon"] = started
+    results["meta"]["load average at the end"] = _load()
     paths = bench_report.write(results, out, with_plots=not args.no_plots)
     print(bench_report.markdown(results))
     log("wrote " + ", ".join(str(p) for p in paths))
@@ -142,12 +144,12 @@ def run(args) -> int:
 def _run_all(args, client: Client, daemon: ManagedDaemon | None, scenarios: list[str],
              lengths: list[int], tag: str, log) -> dict:
     maker = bench_scenarios.PromptMaker(client)
-    status, models = client.request("GET", "/v1/models")
-    model_id = models["data"][0]["id"] if status == 200 and isinstance(models, dict) \
-        and models.get("data") else "?"
-    meta = {"run": tag, "ckptd": client.url, "model": model_id,
+    meta = {"run": tag, "ckptd": client.url, "model": _model_id(client),
             "scenarios": ",".join(scenarios), "max tokens per request": args.max_tokens,
-            "repeat": args.repeat, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "repeat": args.repeat, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "CPUs": os.cpu_count(), "load average at the start": _load()}
+    if daemon is not None:
+        meta["daemon command"] = "`" + " ".join(daemon.command()) + "`"
     rows, prompts = run_server("ckptd", client, maker, args, scenarios, lengths, tag, log)
     if daemon is not None and prompts:
         log("restarting the daemon: its RAM tier is gone, its disk tier stays")
@@ -159,8 +161,23 @@ def _run_all(args, client: Client, daemon: ManagedDaemon | None, scenarios: list
     if args.peer:
         peer = Client(args.peer, None, args.timeout, extra={"cache_prompt": True})
         peer.wait_ready(30.0)
-        meta["peer"] = f"{args.peer_name} at {peer.url}"
+        meta["peer"] = f"{args.peer_name} at {peer.url}, model {_model_id(peer)}"
         peer_rows, _ = run_server(args.peer_name, peer, maker, args, scenarios, lengths,
                                   tag, log)
         rows += peer_rows
     return {"meta": meta, "rows": rows}
+
+
+def _model_id(client: Client) -> str:
+    status, models = client.request("GET", "/v1/models")
+    if status == 200 and isinstance(models, dict) and models.get("data"):
+        return str(models["data"][0].get("id", "?"))
+    return "?"
+
+
+def _load() -> str:
+    """1/5/15-minute load averages: other work on the machine skews every figure."""
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "?"

@@ -16,6 +16,7 @@ timings); a server that reports none gets them from its /tokenize.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import statistics
 
@@ -47,6 +48,14 @@ def filler(n_words: int, seed: int) -> str:
     return " ".join(out).replace(" \n ", "\n").strip()
 
 
+def opening(tag: str) -> str:
+    """Ten letters drawn from the tag's hash, to open a prompt with: two prompts of a
+    run then differ from their first token on (a shared "Document" would let an
+    attention-only model reuse those tokens and make a cold request a little warm)."""
+    digest = hashlib.blake2b(tag.encode(), digest_size=10).digest()
+    return "".join(chr(ord("a") + b % 26) for b in digest)
+
+
 class PromptMaker:
     """Texts of about n tokens for one tokenizer (the first server's), found by
     tokenizing and rescaling the word count a few times."""
@@ -67,7 +76,7 @@ class PromptMaker:
         return self.made[key]
 
     def _make(self, tag: str, n_tokens: int, seed: int) -> str:
-        head = f"Document {tag}.\n"
+        head = f"{opening(tag)} document {tag}.\n"
         head_n = self.count(head) or 0
         words = max(1, round((n_tokens - head_n) / self.tokens_per_word))
         best = None                          # (miss, text)
@@ -106,7 +115,7 @@ def _fill_counts(m: Measured, client: Client, maker: PromptMaker, prompt: str) -
 def warm_up(client: Client, tag: str) -> None:
     """One short request first, so one-time costs (allocations, lazy imports) land in
     no measured figure."""
-    client.complete(f"Warm-up {tag}. " + filler(20, 0), 2)
+    client.complete(f"{opening(tag)} warm-up. " + filler(20, 0), 2)
 
 
 def context_lengths(client: Client, maker: PromptMaker, lengths: list[int], max_tokens: int,
@@ -141,7 +150,7 @@ def chat(client: Client, maker: PromptMaker, turns: int, turn_tokens: int, max_t
          tag: str) -> list[dict]:
     """A conversation of `turns` user messages, each answer kept in the history."""
     messages = [{"role": "system",
-                 "content": f"You are a concise assistant. Session {tag}."}]
+                 "content": f"{opening(tag + '-chat')}. You are a concise assistant."}]
     rows = []
     for turn in range(1, turns + 1):
         note = maker.text(f"{tag}-turn{turn}", turn_tokens, seed=1000 + turn)
