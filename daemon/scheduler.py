@@ -195,12 +195,19 @@ class Scheduler:
                 work.append((live.seq, 1))
                 lives.append(live)
                 budget -= 1
-        for live in self.running:
-            if not live.t_decode and budget > 0:
-                n = self.engine.next_chunk(live.seq, budget)
-                work.append((live.seq, n))
-                lives.append(live)
-                budget -= n
+        # Prefills share what is left: the fewest tokens to go first, each taking at most
+        # an even share, so a short prompt that arrives during a long prefill finishes
+        # in its first steps instead of waiting behind it.
+        prefills = sorted((live for live in self.running if not live.t_decode),
+                          key=lambda live: len(live.seq.tokens) - live.seq.num_computed)
+        for i, live in enumerate(prefills):
+            if budget <= 0:
+                break
+            share = max(1, budget // (len(prefills) - i))
+            n = self.engine.next_chunk(live.seq, share)
+            work.append((live.seq, n))
+            lives.append(live)
+            budget -= n
         if not work:
             return
         try:

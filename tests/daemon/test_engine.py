@@ -108,13 +108,17 @@ def test_corrupt_store_falls_back_to_correct_output(tiny_dir, tiny_model, tmp_pa
     run(eng, tok, prompts[:1])
     eng.store.close()
     env = lmdb.open(str(tmp_path), max_dbs=4)
-    db = env.open_db(b"values")
-    with env.begin(write=True, db=db) as txn:          # flip a byte in every value
-        for k, v in list(txn.cursor()):
-            b = bytearray(v)
-            b[len(b) // 2] ^= 0x10
-            txn.put(k, bytes(b))
+    flipped = 0
+    for name in (b"blocks", b"snapshots"):             # flip a byte in every value
+        db = env.open_db(name, create=False)
+        with env.begin(write=True, db=db) as txn:
+            for k, v in list(txn.cursor()):
+                b = bytearray(v)
+                b[len(b) // 2] ^= 0x10
+                txn.put(k, bytes(b))
+                flipped += 1
     env.close()
+    assert flipped > 0
     eng = make_engine(tiny_model, tmp_path, host_budget=0)
     got = run(eng, tok, prompts)
     assert [g[0] for g in got] == [w[0] for w in want]

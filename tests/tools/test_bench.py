@@ -98,7 +98,10 @@ def test_bench_against_a_peer_agrees_with_its_counters(tiny_llama_dir, tmp_path)
     assert len(mine) == len(other) == 2 + 3
     mem = lambda rs: [r for r in rs if r["scenario"] == "memory"]
     assert [r["prompt_n"] for r in mem(mine)] == [r["prompt_n"] for r in mem(other)]
-    assert [r["cache_n"] for r in mem(mine)] == [r["cache_n"] for r in mem(other)]
+    # The store request is cold on both, but an attention-only model may reuse a first
+    # token that its run-unique opening shares by chance with an earlier prompt.
+    assert all(m[0]["cache_n"] <= 2 for m in (mem(mine), mem(other)))
+    assert [r["cache_n"] for r in mem(mine)[1:]] == [r["cache_n"] for r in mem(other)[1:]]
     sched = stats["scheduler"]
     assert sched["cached_tokens"] == sum(r["cache_n"] for r in other)
     # The peer also saw the bench's uncounted warm-up request.
