@@ -4,6 +4,8 @@
     ckptd bench --url http://127.0.0.1:8080                 a daemon already running
     ckptd bench ... --peer http://127.0.0.1:8090            the same against llama.cpp's
                                                             or llama-cpp-python's server
+    ckptd bench ... --peer-command "CMD --port {port}"      start that peer itself, and
+                                                            restart it with the daemon
 
 With neither --url nor --model it starts a daemon on the embedded default model.
 Scenarios (tools/bench_scenarios.py): TTFT per context length (cold, warm, and
@@ -19,10 +21,11 @@ import os
 import tempfile
 import time
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
 from tools import bench_report, bench_scenarios
-from tools.bench_daemon import ManagedDaemon
+from tools.bench_daemon import ManagedDaemon, ManagedPeer
 from tools.bench_http import Client
 
 SCENARIOS = ("context", "chat", "memory")
@@ -50,6 +53,9 @@ def add_arguments(parser) -> None:
     where.add_argument("--api-key", help="the daemon's API key")
     where.add_argument("--peer", metavar="URL", help="also run every scenario against this "
                        "OpenAI-compatible server (llama.cpp, llama-cpp-python)")
+    where.add_argument("--peer-command", metavar="CMD", help="start the peer itself with this "
+                       "shell command ({port} is replaced by a free port), and restart it "
+                       "when the daemon restarts, to measure both after a restart")
     where.add_argument("--peer-name", default="llama.cpp", help="its label in the report")
     what = parser.add_argument_group("scenarios")
     what.add_argument("--scenarios", default=",".join(SCENARIOS),
@@ -71,6 +77,11 @@ def add_arguments(parser) -> None:
 def _check(args) -> tuple[list[str], list[int]]:
     if args.url and args.model:
         raise ValueError("give --url (a running daemon) or --model (start one), not both")
+    if args.peer and args.peer_command:
+        raise ValueError("give --peer (a running server) or --peer-command (start one), "
+                         "not both")
+    if args.peer_command is not None and "{port}" not in args.peer_command:
+        raise ValueError("--peer-command must contain {port}, where the peer listens")
     if args.url and (args.cache_dir or args.serve_arg):
         raise ValueError("--cache-dir and --serve-arg apply only to a daemon started "
                          "with --model")
@@ -158,14 +169,33 @@ def _run_all(args, client: Client, daemon: ManagedDaemon | None, scenarios: list
         bench_scenarios.warm_up(client, f"{tag}-restart")
         restart = bench_scenarios.after_restart(client, maker, prompts, args.max_tokens)
         rows += [{**r, "server": "ckptd"} for r in restart]
-    if args.peer:
-        peer = Client(args.peer, None, args.timeout, extra={"cache_prompt": True})
-        peer.wait_ready(30.0)
-        meta["peer"] = f"{args.peer_name} at {peer.url}, model {_model_id(peer)}"
-        peer_rows, _ = run_server(args.peer_name, peer, maker, args, scenarios, lengths,
-                                  tag, log)
-        rows += peer_rows
+    if args.peer or args.peer_command:
+        with ManagedPeer(args.peer_command, Path(args.out) / "peer.log") \
+                if args.peer_command else nullcontext() as managed:
+            rows += _run_peer(args, managed, maker, meta, scenarios, lengths, tag, log)
     return {"meta": meta, "rows": rows}
+
+
+def _run_peer(args, managed: ManagedPeer | None, maker, meta: dict, scenarios: list[str],
+              lengths: list[int], tag: str, log) -> list[dict]:
+    """The same scenarios against the peer; when the bench started it, restart it as the
+    daemon was restarted and send each length's prompt again."""
+    if managed is not None:
+        log(f"starting the peer: {managed.cmd}")
+        managed.start()
+        meta["peer command"] = f"`{managed.cmd}`"
+    url = managed.client.url if managed is not None else args.peer
+    peer = Client(url, None, args.timeout, extra={"cache_prompt": True})
+    peer.wait_ready(30.0)
+    meta["peer"] = f"{args.peer_name} at {peer.url}, model {_model_id(peer)}"
+    rows, prompts = run_server(args.peer_name, peer, maker, args, scenarios, lengths, tag, log)
+    if managed is not None and prompts:
+        log("restarting the peer")
+        managed.restart()
+        bench_scenarios.warm_up(peer, f"{tag}-peer-restart")
+        restart = bench_scenarios.after_restart(peer, maker, prompts, args.max_tokens)
+        rows += [{**r, "server": args.peer_name} for r in restart]
+    return rows
 
 
 def _model_id(client: Client) -> str:

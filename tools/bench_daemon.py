@@ -93,3 +93,53 @@ class ManagedDaemon:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ManagedPeer:
+    """A peer server (llama.cpp's, llama-cpp-python's) the benchmark starts and restarts
+    itself, from a shell command whose `{port}` is filled with a free loopback port.
+    Its output goes to a log file; stopping sends SIGTERM to its process group."""
+
+    def __init__(self, command: str, log_path: Path, ready_timeout: float = 300.0) -> None:
+        if "{port}" not in command:
+            raise ValueError("--peer-command must contain {port}, where the peer listens")
+        self.port = free_port()
+        self.cmd = command.replace("{port}", str(self.port))
+        self.log_path, self.ready_timeout = log_path, ready_timeout
+        self.proc: subprocess.Popen | None = None
+        self.client = Client(f"http://127.0.0.1:{self.port}")
+
+    def start(self) -> Client:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {self.cmd}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, shell=True, cwd=ROOT, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self.client.wait_ready(self.ready_timeout, alive=lambda: self.proc.poll() is None)
+        except BaseException as e:
+            self.stop()
+            raise RuntimeError(f"the peer did not start ({e}); see {self.log_path}") from e
+        return self.client
+
+    def stop(self, timeout: float = 60.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def restart(self) -> Client:
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> ManagedPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import pytest
 
@@ -111,6 +112,26 @@ def test_bench_against_a_peer_agrees_with_its_counters(tiny_llama_dir, tmp_path)
     assert not list(out.glob("*.png"))
 
 
+def test_bench_restarts_a_peer_it_started(tiny_llama_dir, tmp_path):
+    """--peer-command: the bench starts the peer (here another ckptd), and restarts it
+    when it restarts its own daemon; a ckptd peer then answers from its disk tier."""
+    out = tmp_path / "out"
+    cmd = (f"{sys.executable} -m tools.cli serve --port {{port}} --model {tiny_llama_dir} "
+           f"--cache-dir {tmp_path / 'peer-cache'}")
+    code = bench.run(_args("--model", str(tiny_llama_dir), "--out", str(out),
+                           "--peer-command", cmd, "--peer-name", "other",
+                           "--scenarios", "context", "--lengths", "60", "--max-tokens", "2",
+                           "--no-plots"))
+    assert code == 0
+    rows = _load(out)
+    for server in ("ckptd", "other"):
+        phases = {r["phase"]: r for r in rows if r["server"] == server}
+        assert set(phases) == {"cold", "warm", "restart"}
+        assert phases["restart"]["cache_tier"] == "disk"
+        assert phases["restart"]["cache_n"] == phases["restart"]["prompt_n"]
+    assert "listening on" in (out / "peer.log").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--url", "http://127.0.0.1:1", "--model", "x"], "not both"),
     (["--url", "http://127.0.0.1:1", "--serve-arg=--parallel=2"], "only to a daemon"),
@@ -118,6 +139,8 @@ def test_bench_against_a_peer_agrees_with_its_counters(tiny_llama_dir, tmp_path)
     (["--lengths", "0"], "positive integers"),
     (["--scenarios", "context,nope"], "unknown nope"),
     (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--peer", "http://127.0.0.1:1", "--peer-command", "x {port}"], "not both"),
+    (["--peer-command", "llama-server --port 8090"], "must contain {port}"),
 ])
 def test_bad_arguments_name_the_flag(argv, message, tmp_path):
     with pytest.raises(ValueError, match=message):
