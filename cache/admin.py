@@ -212,6 +212,23 @@ class StoreAdmin:
                 self.host.delete(k)
         return len(keys)
 
+    def evict_to(self, target_bytes: int, hybrid: bool | None = None) -> dict:
+        """Evict least-recently-used leaves, never pinned ones, until at most target_bytes
+        are stored (what the writer does for its budget, on demand). `hybrid` defaults to
+        the spec's; a store opened without a model must say it."""
+        self._writable()
+        if target_bytes < 0:
+            raise ValueError(f"target size must be >= 0, got {target_bytes}")
+        if hybrid is None:
+            self._need_model()
+        self.flush()
+        with self.lock:
+            before = self.index.stored_bytes
+        victims = self._evict(before - target_bytes, hybrid=hybrid)
+        with self.lock:
+            return {"evicted": len(victims), "stored_bytes_before": before,
+                    "stored_bytes_after": self.index.stored_bytes}
+
     def verify(self, drop: bool = False) -> VerifyReport:
         """Read and check every stored value; with drop=True delete the bad ones (and,
         to keep prefixes closed, everything below them)."""

@@ -112,6 +112,30 @@ def verify(blob: bytes | memoryview, fingerprint: str | None) -> dict:
     return header
 
 
+def describe(blob: bytes | memoryview) -> dict:
+    """What a stored value says about itself, for the inspector: format, model, tensors
+    and checksum. Never raises on damage: `error` names what is wrong, and the fields
+    that could still be read are kept."""
+    mv = memoryview(blob)
+    out: dict = {"bytes": len(mv), "magic": None, "version": None, "checksum": None,
+                 "checksum_ok": False, "fp": None, "tensors": [], "error": None}
+    if len(mv) >= _PREFIX.size + _SUM:
+        magic, out["version"], _ = _PREFIX.unpack_from(mv, 0)
+        out["magic"] = magic.decode("latin-1")
+        out["checksum"] = bytes(mv[-_SUM:]).hex()
+        out["checksum_ok"] = xxhash.xxh3_128_digest(mv[:-_SUM]) == mv[-_SUM:]
+    try:
+        header = read_header(mv)
+    except CorruptValue as e:
+        out["error"] = str(e)
+        return out
+    out["fp"], out["tensors"] = header.get("fp"), header.get("tensors", [])
+    out["header_bytes"] = header["payload"]
+    if not out["checksum_ok"]:
+        out["error"] = "checksum mismatch"
+    return out
+
+
 def decode(blob: bytes | memoryview, fingerprint: str | None,
            into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of a value. `blob` may be a buffer valid only during this call. `into`

@@ -93,11 +93,16 @@ class StoreCommit:
             used += len(item[2])
         return keep, orphans
 
-    def _evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset()) -> int:
+    def _evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset(),
+               hybrid: bool | None = None) -> list[bytes]:
+        """Delete LRU leaves worth `need` bytes; returns their keys. `hybrid` (default:
+        the spec's) is for a store opened without a model, like the inspector's."""
+        hybrid = self.spec.is_hybrid if hybrid is None else hybrid
         with self.lock:
-            victims = pick_victims(self.index, need, self.spec.is_hybrid, protect)
-            freed = sum(self.index.remove(k).stored_bytes for k in victims)
+            victims = pick_victims(self.index, need, hybrid, protect)
+            for k in victims:
+                self.index.remove(k)
             self.counters.evicted += len(victims)
         if victims:
             self.disk.delete_many(victims)      # the index no longer plans them
-        return freed
+        return victims
