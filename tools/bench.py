@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tools import bench_report, bench_scenarios
 from tools.bench_daemon import ManagedDaemon, ManagedPeer
-from tools.bench_http import Client
+from tools.bench_http import Client, ServerError
 
 SCENARIOS = ("context", "chat", "memory")
 
@@ -192,8 +192,13 @@ def _run_peer(args, managed: ManagedPeer | None, maker, meta: dict, scenarios: l
     if managed is not None and prompts:
         log("restarting the peer")
         managed.restart()
-        bench_scenarios.warm_up(peer, f"{tag}-peer-restart")
-        restart = bench_scenarios.after_restart(peer, maker, prompts, args.max_tokens)
+        try:
+            bench_scenarios.warm_up(peer, f"{tag}-peer-restart")
+            restart = bench_scenarios.after_restart(peer, maker, prompts, args.max_tokens)
+        except ServerError as e:       # the peer's failure is a finding, not the bench's
+            log(f"the peer failed after its restart: {e}")
+            meta["peer after restart"] = f"failed: {e} (see peer.log)"
+            return rows
         rows += [{**r, "server": args.peer_name} for r in restart]
     return rows
 

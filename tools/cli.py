@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, PermissionError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
+        # user errors, unreachable servers, failed benchmarks: one line, no traceback
         print(f"ckptd {name}: error: {e}", file=sys.stderr)
         return 2
 
