@@ -27,6 +27,7 @@ class Counters:
     lost_writes: int = 0     # entries not written: no room (pinned fill the budget, map full)
     map_full: int = 0        # commits that found the LMDB map full (then evicted and retried)
     orphans: int = 0         # entries not written: their parent was evicted meanwhile
+    thinned: int = 0         # snapshots dropped to keep a prefix's count bounded
     read_bytes: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
 
 
@@ -114,6 +115,7 @@ class StoreAdmin:
                 "corrupt_dropped": c.corrupt,
                 "missing": c.missing,
                 "evictions": c.evicted,
+                "snapshots_thinned": c.thinned,
                 "write_queue": {"depth": w.depth if w else 0,
                                 "bytes": w.queued_bytes if w else 0,
                                 "bound_bytes": self.config.queue_bytes,

@@ -11,19 +11,25 @@ from cache import codec
 from cache.disk import DiskFull
 from cache.entry import EntryMeta
 from cache.evict import pick_victims
+from cache.thin import Forget, split_forgets
 
 Encoded = tuple[bytes, EntryMeta, bytes]
 
 
 class StoreCommit:
-    def _encode(self, item) -> Encoded:
+    def _encode(self, item) -> Encoded | Forget:
+        if isinstance(item, Forget):
+            return item
         key, meta, tensors = item
         blob = codec.encode(tensors, self.fp)
         meta.stored_bytes = len(blob)
         return key, meta, blob
 
-    def _commit(self, batch: list[Encoded]) -> int:
-        """Write a batch; returns how many entries were lost for want of room."""
+    def _commit(self, batch: list[Encoded | Forget]) -> int:
+        """Delete what the batch forgets, then write its puts; returns how many entries
+        were lost for want of room."""
+        queued_keys = [item[0] for item in batch if not isinstance(item, Forget)]
+        batch, forget = split_forgets(batch)
         with self.lock:
             touched, self.touched = self.touched, {}
             # Parents of anything queued stay: evicting one would orphan its child.
@@ -32,6 +38,8 @@ class StoreCommit:
         written: list[bytes] = []
         orphans = 0
         try:
+            if forget:
+                self._forget_now(forget)
             keep, orphans = self._make_room(batch, protect)
             written = self._write(keep, touched, protect)
             if written is None:
@@ -41,7 +49,7 @@ class StoreCommit:
             with self.lock:
                 for k in written:
                     self.index.add(k, metas[k])
-                for k, _, _ in batch:
+                for k in queued_keys:
                     self.queued.pop(k, None)
                 lost = len(batch) - len(keep) - orphans
                 self.counters.lost_writes += lost

@@ -7,6 +7,10 @@ A state at position P is restorable when the blocks 0 .. P//B - 1 are cached and
       starts with the prompt's tokens up to P; its page is cut to those tokens.
 Hashes find candidates; the stored tokens are compared before anything is
 planned, so a hash collision can't serve another prompt's state.
+
+The caller may hold the first blocks already (device pages of a shared prefix,
+their tokens checked by the caller): they count as blocks of the "device" tier,
+cost nothing to load, and need not be in the store at all.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import torch
 from cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from cache.keys import KeyContext, block_keys, snapshot_key
 
-HOST, DISK = "host", "disk"
+DEVICE, HOST, DISK = "device", "host", "disk"
+_SLOWEST_FIRST = (DISK, HOST, DEVICE)
 
 
 class IndexView(Protocol):
@@ -39,8 +44,8 @@ class IndexView(Protocol):
 class PieceRef:
     key: bytes
     kind: str          # BLOCK or SNAPSHOT
-    tier: str          # HOST or DISK
-    nbytes: int        # bytes to move: logical in RAM, stored (compressed) on disk
+    tier: str          # DEVICE, HOST or DISK
+    nbytes: int        # bytes to move: logical in RAM, stored (compressed) on disk, 0 on device
     position: int      # tokens covered by the state this piece was taken from
 
 
@@ -53,13 +58,19 @@ class RestorePlan:
                                        # position): its partial page is then cut
     tokens: list[int] = field(repr=False, default_factory=list)   # the prompt, up to the limit
     ctx: KeyContext = field(repr=False, default_factory=KeyContext)
+    device_blocks: int = 0             # leading blocks the caller maps from its device pages
 
     def pieces(self) -> list[PieceRef]:
         return [*self.blocks, *([self.snapshot] if self.snapshot else [])]
 
+    def to_read(self) -> list[PieceRef]:
+        """The pieces the store loads: all but the leading device blocks."""
+        return self.pieces()[self.device_blocks:]
+
     def bytes_by_tier(self) -> dict[str, int]:
+        """Bytes to move from each store tier (device pages move nothing)."""
         out: dict[str, int] = {}
-        for p in self.pieces():
+        for p in self.to_read():
             out[p.tier] = out.get(p.tier, 0) + p.nbytes
         return out
 
@@ -70,8 +81,8 @@ class RestorePlan:
     @property
     def tier(self) -> str | None:
         """The slowest tier the plan reads from (None for an empty plan)."""
-        tiers = self.bytes_by_tier()
-        return DISK if DISK in tiers else (HOST if tiers else None)
+        tiers = {p.tier for p in self.pieces()}
+        return next((t for t in _SLOWEST_FIRST if t in tiers), None)
 
 
 @dataclass
@@ -82,16 +93,20 @@ class RestoredState:
     ok: bool = True      # False: a piece failed; the fields hold the longest good prefix
     dropped: int = 0     # pieces that failed verification and were deleted
     tier: str | None = None
+    first_block: int = 0  # blocks before this come from the caller's device pages: `pages`
+                          # holds blocks first_block .. position // B - 1
 
 
 def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hybrid: bool,
-                 ctx: KeyContext, view: IndexView) -> RestorePlan:
-    """The deepest restorable state of tokens[:limit]."""
+                 ctx: KeyContext, view: IndexView, device_blocks: int = 0) -> RestorePlan:
+    """The deepest restorable state of tokens[:limit]; blocks 0 .. device_blocks - 1
+    are on the caller's device already (verified by the caller)."""
     B = block_size
     tokens = tokens[:limit]
     keys = block_keys(root, tokens, B, ctx)
-    blocks: list[PieceRef] = []
-    for i, (key, found) in enumerate(zip(keys, view.find_many(keys))):
+    dev = min(device_blocks, len(keys))
+    blocks = [PieceRef(k, BLOCK, DEVICE, 0, (i + 1) * B) for i, k in enumerate(keys[:dev])]
+    for i, (key, found) in enumerate(zip(keys[dev:], view.find_many(keys[dev:])), dev):
         if found is None or found[0].kind != BLOCK or found[0].tokens != tokens[i * B:(i + 1) * B]:
             break
         blocks.append(_ref(key, *found))
@@ -99,8 +114,8 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
     if not hybrid:
         cut = _partial_page(tokens, keys, root, B, depth, ctx, view)
         if cut is not None:
-            return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx)
-        return RestorePlan(depth * B, blocks, None, tokens, ctx)
+            return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx, dev)
+        return RestorePlan(depth * B, blocks, None, tokens, ctx, dev)
     parents = [root, *keys[:depth]]                 # parents[d]: the key before block d
     with_snaps = view.with_snapshots(parents)
     for d in range(depth, -1, -1):
@@ -117,7 +132,7 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
             if meta.tokens == tail and snapshot_key(parent, tail, d, B, ctx) == key:
                 best = _ref(key, meta, tier)
         if best is not None:
-            return RestorePlan(best.position, blocks[:d], best, tokens, ctx)
+            return RestorePlan(best.position, blocks[:d], best, tokens, ctx, min(dev, d))
     return RestorePlan(0, [], None, tokens, ctx)
 
 

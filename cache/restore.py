@@ -11,7 +11,7 @@ import torch
 
 from cache import codec
 from cache.disk import DiskFull
-from cache.lookup import DISK, HOST, PieceRef, RestoredState, RestorePlan
+from cache.lookup import DEVICE, DISK, HOST, PieceRef, RestoredState, RestorePlan
 
 log = logging.getLogger(__name__)
 _MISSING, _CORRUPT = "missing", "corrupt"
@@ -22,9 +22,11 @@ class StoreRestore:
     def load(self, plan: RestorePlan, _depth: int = 0) -> RestoredState:
         """The tensors of a plan: pages [n_blocks, *kv_shape()] and the snapshot. A piece
         that is gone or fails verification ends the restore there: the result is then
-        the longest good prefix (ok=False), never wrong data."""
+        the longest good prefix (ok=False), never wrong data. The plan's device blocks
+        are the caller's: they are neither read nor part of `pages`."""
         self._need_model()
-        pieces, nb = plan.pieces(), len(plan.blocks)
+        first = plan.device_blocks
+        pieces, nb = plan.to_read(), len(plan.blocks) - first
         pages = None
         if nb:
             pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype)
@@ -59,16 +61,18 @@ class StoreRestore:
             # (its logits belong to that later state).
             snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
         if not bad:
-            tier = plan.tier if from_disk else HOST
-            return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None)
+            tier = DISK if from_disk else HOST if pieces else DEVICE
+            return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None,
+                                 first_block=first)
         with self.lock:
             self.counters.missing += len(bad) - len(corrupt)
         good = min(bad[0], nb)
         if not self.spec.is_hybrid:
-            return RestoredState(good * self.B, pages[:good] if good else None, None, ok=False,
-                                 dropped=len(corrupt), tier=plan.tier if good else None)
+            tier = plan.tier if good else DEVICE if first else None
+            return RestoredState((first + good) * self.B, pages[:good] if good else None, None,
+                                 ok=False, dropped=len(corrupt), tier=tier, first_block=first)
         # A hybrid needs a snapshot at the restore point: plan again below the failure.
-        replan = self._plan(plan.tokens, good * self.B, plan.ctx)
+        replan = self._plan(plan.tokens, (first + good) * self.B, plan.ctx, first)
         if replan.position == 0 or _depth >= _MAX_REPLANS:
             return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
         out = self.load(replan, _depth + 1)

@@ -28,6 +28,7 @@ from cache.index import DiskIndex
 from cache.keys import KeyContext, block_keys, root_key, snapshot_key
 from cache.lookup import DISK, HOST, RestorePlan, plan_restore
 from cache.restore import StoreRestore
+from cache.thin import StoreThin
 from cache.writer import Writer
 from model.spec import StateSpec
 
@@ -58,7 +59,7 @@ class StoreConfig:
         return self.map_bytes or int(self.disk_budget * 1.5) + (64 << 20)
 
 
-class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
+class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
     def __init__(self, path: str | Path, spec: StateSpec | None, fingerprint: str | None,
                  config: StoreConfig | None = None, *, readonly: bool = False,
                  **options) -> None:
@@ -106,23 +107,27 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
 
     # ---- lookup and load ----------------------------------------------------------
     def lookup(self, tokens, salt: str | bytes | None = None, extras=None,
-               max_tokens: int | None = None, positions=None) -> RestorePlan:
+               max_tokens: int | None = None, positions=None,
+               device_blocks: int = 0) -> RestorePlan:
         """The deepest restorable state of `tokens` that covers at most max_tokens
-        tokens (pass len(tokens) - 1 to keep one token to compute)."""
+        tokens (pass len(tokens) - 1 to keep one token to compute). device_blocks: the
+        first blocks the caller holds on its device (tokens checked): planned as
+        blocks of the "device" tier, whether the store has them or not."""
         self._need_model()
         tokens = list(map(int, tokens))
         limit = len(tokens) if max_tokens is None else max(0, min(max_tokens, len(tokens)))
         self._sync()
-        plan = self._plan(tokens, limit, KeyContext(salt, extras, positions))
+        plan = self._plan(tokens, limit, KeyContext(salt, extras, positions), device_blocks)
         with self.lock:
             self.counters.lookups += 1
             self.counters.hit_tokens += plan.position
             self.counters.hits += int(plan.position > 0)
         return plan
 
-    def _plan(self, tokens: list[int], limit: int, ctx: KeyContext) -> RestorePlan:
+    def _plan(self, tokens: list[int], limit: int, ctx: KeyContext,
+              device_blocks: int = 0) -> RestorePlan:
         return plan_restore(tokens, limit, self.root(ctx.salt), self.B, self.spec.is_hybrid,
-                            ctx, self)
+                            ctx, self, device_blocks)
 
     # The IndexView that planning reads (cache/lookup.py): RAM first, then disk.
     def find_many(self, keys) -> list[tuple[EntryMeta, str] | None]:
@@ -176,23 +181,31 @@ class CacheStore(StoreRestore, StoreCommit, StoreAdmin):
         return new
 
     def put_snapshot(self, tokens, tensors: dict[str, torch.Tensor],
-                     salt: str | bytes | None = None, extras=None, positions=None) -> bytes:
+                     salt: str | bytes | None = None, extras=None, positions=None,
+                     keep: int | None = None) -> bytes:
         """Store the state after exactly `tokens`: conv, ssm (recurrent layers), kv of the
-        partial page (P mod B tokens) and optionally logits. Returns its key."""
+        partial page (P mod B tokens) and optionally logits. Returns its key. With
+        `keep`, a new snapshot thins the older ones on its path to at most `keep` in
+        all (cache/thin.py)."""
         self._writable()
         self._need_model()
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
         tokens = list(map(int, tokens))
         self._check_snapshot(len(tokens), tensors)
         d = len(tokens) // self.B
         ctx = KeyContext(salt, extras, positions)
         root = self.root(salt)
-        parent = block_keys(root, tokens[:d * self.B], self.B, ctx)[-1] if d else root
+        parents = [root, *block_keys(root, tokens[:d * self.B], self.B, ctx)]
+        parent = parents[-1]
         tail = tokens[d * self.B:]
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self._known(key):
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
                              plain=ctx.plain(d, self.B))
             self._put(key, meta, {k: v.detach().clone() for k, v in tensors.items()})
+            if keep is not None:
+                self._thin(tokens, parents, keep, ctx)
         return key
 
     def _check_snapshot(self, P: int, tensors: dict[str, torch.Tensor]) -> None:

@@ -24,7 +24,8 @@ class Writer:
             raise ValueError(f"write queue bound must be positive, got {max_queue_bytes}")
         self.encode, self.commit = encode, commit
         self.max_bytes, self.batch, self.block = max_queue_bytes, batch, block
-        self.queue: deque[tuple[int, Future, int]] = deque()   # (seq, encoding, nbytes)
+        # (seq, encoding, nbytes, counted)
+        self.queue: deque[tuple[int, Future, int, bool]] = deque()
         self.queued_bytes = 0             # queued or being committed
         self.next_seq = 0
         self.done_seq = -1                # every put with seq <= done_seq is finished
@@ -36,8 +37,10 @@ class Writer:
         self.thread = threading.Thread(target=self._loop, name="ckptd-writer", daemon=True)
         self.thread.start()
 
-    def put(self, item, nbytes: int) -> bool:
-        """Queue one item; False when it was dropped (queue full, or closed)."""
+    def put(self, item, nbytes: int, counted: bool = True) -> bool:
+        """Queue one item; False when it was dropped (queue full, or closed). An item
+        that is not an entry (a delete) passes counted=False: it is left out of the
+        committed / failed counts."""
         with self.cond:
             if self.block:
                 # An item bigger than the whole bound still goes in once the queue is empty.
@@ -46,7 +49,8 @@ class Writer:
             if self.closed or (self.queued_bytes and self.queued_bytes + nbytes > self.max_bytes):
                 self.dropped += 1
                 return False
-            self.queue.append((self.next_seq, self.pool.submit(self.encode, item), nbytes))
+            self.queue.append((self.next_seq, self.pool.submit(self.encode, item), nbytes,
+                               counted))
             self.next_seq += 1
             self.queued_bytes += nbytes
             self.cond.notify_all()
@@ -61,9 +65,10 @@ class Writer:
                 take = [self.queue.popleft() for _ in range(min(self.batch, len(self.queue)))]
                 self.pending = len(take)
             ok = 0
+            uncounted = sum(1 for t in take if not t[3])
             try:
                 encoded = []
-                for _, fut, _ in take:
+                for _, fut, _, _ in take:
                     try:
                         encoded.append(fut.result())
                     except Exception:
@@ -71,10 +76,11 @@ class Writer:
                 ok = len(encoded) - self.commit(encoded)     # commit returns entries it lost
             except Exception:   # a failed batch is counted, never fatal to the process
                 log.exception("cache writer: dropped a batch of %d entries", len(take))
+            ok = max(0, ok - uncounted)
             with self.cond:
                 self.committed += ok
-                self.failed += len(take) - ok
-                self.queued_bytes -= sum(n for _, _, n in take)
+                self.failed += len(take) - uncounted - ok
+                self.queued_bytes -= sum(t[2] for t in take)
                 self.done_seq = take[-1][0]
                 self.pending = 0
                 self.cond.notify_all()
