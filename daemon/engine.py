@@ -1,11 +1,14 @@
 """The checkpointing engine: restore the longest cached prefix, leave checkpoints behind.
 
-A restore copies a cached state into a fresh sequence: full blocks into its
-pages, the snapshot's partial-page KV after them, the recurrent snapshot into
-its slot. Prefill then continues from the restored position. Checkpoints are
-taken at snapshot_interval boundaries during prefill, at the end of the prompt
-(with the last logits, so an exact repeat computes nothing) and at the end of a
-generation (so the next chat turn resumes after this answer).
+A restore builds a fresh sequence from the cheapest tiers: the prefix's full
+pages still on the device are adopted (shared, no copy; daemon/sharing.py), the
+rest of the blocks are copied in from the store (RAM, then disk), then the
+snapshot's partial-page KV and its recurrent state, which every sequence gets
+its own copy of. Prefill then continues from the restored position. Checkpoints
+are taken at snapshot_interval boundaries during prefill, at the end of the
+prompt (with the last logits, so an exact repeat computes nothing) and at the
+end of a generation (so the next chat turn resumes after this answer); each new
+snapshot thins the older ones on its prefix to at most `max_snapshots`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from cache.lookup import DEVICE, RestoredState, RestorePlan
 from cache.store import CacheStore
+from daemon.sharing import DevicePrefixes
 from kernels import ops
 from model.runner import Runner, Sequence
 
@@ -23,10 +28,19 @@ from model.runner import Runner, Sequence
 @dataclass
 class RestoreInfo:
     cached_tokens: int = 0
-    tier: str | None = None       # "host", "disk" or None
+    tier: str | None = None       # the slowest tier read: "device", "host", "disk" or None
+    device_tokens: int = 0        # of cached_tokens, those in adopted device pages
     restore_ms: float = 0.0
     logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
     fallbacks: int = 0            # plans abandoned because a piece failed verification
+
+    def tokens_by_tier(self) -> dict[str, int]:
+        """Restored tokens by the tier that held them."""
+        out = {DEVICE: self.device_tokens} if self.device_tokens else {}
+        rest = self.cached_tokens - self.device_tokens
+        if rest and self.tier is not None:
+            out[self.tier] = out.get(self.tier, 0) + rest
+        return out
 
 
 class Rates:
@@ -47,17 +61,23 @@ class Rates:
 
 class Engine:
     def __init__(self, runner: Runner, store: CacheStore | None,
-                 snapshot_interval: int = 1024) -> None:
+                 snapshot_interval: int = 1024, max_snapshots: int = 16) -> None:
         if store is not None and store.B != runner.block_size:
             raise ValueError("store and runner must use the same block size")
         if snapshot_interval % runner.block_size:
             raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a multiple of "
                              f"block_size ({runner.block_size})")
+        if max_snapshots < 2:
+            # the newest snapshot and one before it: fewer would drop the state a
+            # prompt's end-of-prefill snapshot was restored from
+            raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
         self.runner, self.store = runner, store
         self.B = runner.block_size
         self.interval = snapshot_interval
+        self.max_snapshots = max_snapshots
         self.rates = Rates()
         self.hybrid = runner.spec.is_hybrid
+        self.shared = DevicePrefixes(runner, store) if store is not None else None
 
     # ---- restore -----------------------------------------------------------------
     def admit(self, tokens: list[int], salt: str | None, use_cache: bool) -> tuple[Sequence,
@@ -68,48 +88,83 @@ class Engine:
         if not use_cache or self.store is None:
             return seq, info
         t0 = time.perf_counter()
+        try:
+            self._restore(seq, tokens, salt, info)
+        except BaseException:
+            self.runner.release(seq)          # an OutOfPages requeues the request
+            raise
+        info.restore_ms = (time.perf_counter() - t0) * 1000
+        return seq, info
+
+    def _restore(self, seq: Sequence, tokens: list[int], salt: str | None,
+                 info: RestoreInfo) -> None:
+        device, keys = self.shared.find(tokens, salt)
+        self.shared.start(seq, keys)
+        dev = len(device)
         for _ in range(8):                  # each failed load drops a piece, so this ends
-            plan = self.store.lookup(tokens, salt, max_tokens=len(tokens))
+            plan = self._plan(tokens, salt, len(tokens), dev)
             if plan.position == len(tokens) and plan.snapshot is None:
-                plan = self.store.lookup(tokens, salt, max_tokens=len(tokens) - 1)
-            if plan.position == 0 or not self._worth_it(plan):
-                break
+                plan = self._plan(tokens, salt, len(tokens) - 1, dev)
+            if plan.position == 0:
+                return
             t_read = time.perf_counter()
             restored = self.store.load(plan)
             if not restored.ok:
                 info.fallbacks += 1
                 continue
             if plan.position == len(tokens) and "logits" not in (restored.snapshot or {}):
-                plan = self.store.lookup(tokens, salt, max_tokens=len(tokens) - 1)
+                plan = self._plan(tokens, salt, len(tokens) - 1, dev)
                 if plan.position == 0:
-                    break
+                    return
                 restored = self.store.load(plan)
                 if not restored.ok:
                     info.fallbacks += 1
                     continue
             for tier, n in plan.bytes_by_tier().items():
                 self.rates.update_read(tier, n, time.perf_counter() - t_read)
-            self._install(seq, restored)
-            info.cached_tokens, info.tier = restored.position, plan.tier
+            self._install(seq, restored, device)
+            info.cached_tokens, info.tier = restored.position, restored.tier
+            info.device_tokens = restored.first_block * self.B
             if restored.position == len(tokens):
                 info.logits = restored.snapshot["logits"]
-            seq.stored_blocks = restored.position // self.B
-            break
-        info.restore_ms = (time.perf_counter() - t0) * 1000
-        return seq, info
+            # Blocks the store lacks (a device page outlived its stored copy) are put
+            # again by the next checkpoint, so that its snapshot has a parent on disk.
+            seq.stored_blocks = self._stored_run(keys[:restored.position // self.B])
+            return
 
-    def _worth_it(self, plan) -> bool:
+    def _stored_run(self, keys: list[bytes]) -> int:
+        """How many of these leading block keys the store holds."""
+        for i, found in enumerate(self.store.find_many(keys)):
+            if found is None:
+                return i
+        return len(keys)
+
+    def _plan(self, tokens: list[int], salt: str | None, limit: int, dev: int) -> RestorePlan:
+        """The store's plan over the device pages; when reading the store would cost
+        more than recomputing, the device pages alone (an attention-only model can
+        restore at any block boundary; a hybrid needs a stored snapshot)."""
+        plan = self.store.lookup(tokens, salt, max_tokens=limit, device_blocks=dev)
+        if self._worth_it(plan):
+            return plan
+        if dev and not self.hybrid:
+            return self.store.lookup(tokens, salt, max_tokens=min(limit, dev * self.B),
+                                     device_blocks=dev)
+        return RestorePlan(0, [], None)
+
+    def _worth_it(self, plan: RestorePlan) -> bool:
         read_s = sum(n / self.rates.bytes_per_s[t] for t, n in plan.bytes_by_tier().items())
         return read_s <= plan.position / self.rates.prefill_tps
 
-    def _install(self, seq: Sequence, restored) -> None:
-        P = restored.position
+    def _install(self, seq: Sequence, restored: RestoredState, device: list[int]) -> None:
+        P, first = restored.position, restored.first_block
         r = self.runner
-        r._ensure_pages(seq, P)
+        if first:
+            self.shared.adopt(seq, device[:first])
+        r.reserve(seq, P)
         n_full = P // self.B
         state = r.state
-        if n_full and state.kv is not None:
-            ops.scatter_pages(state.kv, seq.pages[:n_full], restored.pages)
+        if n_full > first and state.kv is not None:
+            ops.scatter_pages(state.kv, seq.pages[first:n_full], restored.pages)
         snap = restored.snapshot or {}
         if P % self.B and state.kv is not None:
             kv = snap["kv"]                                  # [n_attn, 2, r, Hkv, D]
@@ -118,6 +173,7 @@ class Engine:
             state.conv[seq.slot] = snap["conv"].to(state.conv.dtype)
             state.ssm[seq.slot] = snap["ssm"].to(state.ssm.dtype)
         seq.num_computed = P
+        self.shared.publish(seq)             # pages copied in from the store serve the next
 
     # ---- checkpoints -------------------------------------------------------------
     def next_chunk(self, seq: Sequence, budget: int) -> int:
@@ -132,9 +188,12 @@ class Engine:
         return max(n, 1)
 
     def after_prefill_step(self, seq: Sequence, logits: torch.Tensor | None) -> None:
-        """Called after each prefill chunk: interval snapshot, or the end-of-prompt one."""
+        """Called after each prefill chunk: pages that filled up are shared at once (a
+        request arriving meanwhile adopts them); interval snapshot, or the end-of-prompt
+        one."""
         if self.store is None or not seq.use_cache:
             return
+        self.shared.publish(seq)
         done = seq.num_computed == len(seq.tokens)
         if done:
             self.checkpoint(seq, logits)
@@ -152,6 +211,7 @@ class Engine:
             pages = ops.gather_pages(state.kv, seq.pages[seq.stored_blocks:n_full])
             self.store.put_blocks(tokens, seq.stored_blocks, pages, seq.salt)
         seq.stored_blocks = max(seq.stored_blocks, n_full)
+        self.shared.publish(seq)
         snap = {}
         if P % self.B and state.kv is not None:
             snap["kv"] = state.kv[seq.pages[n_full], :, :, :P % self.B].clone()
@@ -161,4 +221,4 @@ class Engine:
         if logits is not None:
             snap["logits"] = logits.detach().float().clone()
         if snap:
-            self.store.put_snapshot(tokens, snap, seq.salt)
+            self.store.put_snapshot(tokens, snap, seq.salt, keep=self.max_snapshots)

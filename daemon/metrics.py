@@ -99,7 +99,7 @@ class Metrics:
             for key, (name, help_text) in _SCHEDULER.items():
                 put.counter(name, help_text, [("", counters.get(key, 0))])
             put.counter("ckptd_cache_hit_tokens_total", "Prompt tokens restored, by the "
-                        "slowest tier the restore read from",
+                        "tier that held them (device: shared pages, mapped without a copy)",
                         [(f'tier="{t}"', n) for t, n in sorted(dict(
                             scheduler.cached_by_tier).items())])
             load = scheduler.load

@@ -89,7 +89,7 @@ class Scheduler:
         self.thread = threading.Thread(target=self._loop, name="ckptd-scheduler", daemon=True)
         self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
                          "generated_tokens": 0, "rejected": 0, "cancelled": 0, "errors": 0}
-        self.cached_by_tier: dict[str, int] = {}
+        self.cached_by_tier: dict[str, int] = {}         # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []   # (histogram, seconds), drained by metrics
 
     def start(self) -> None:
@@ -170,7 +170,8 @@ class Scheduler:
         self.counters["prompt_tokens"] += st.prompt_n
         self.counters["cached_tokens"] += st.cache_n
         if info.tier:
-            self.cached_by_tier[info.tier] = self.cached_by_tier.get(info.tier, 0) + st.cache_n
+            for tier, n in info.tokens_by_tier().items():
+                self.cached_by_tier[tier] = self.cached_by_tier.get(tier, 0) + n
             self.observations.append(("restore", info.restore_ms / 1000))
         live = _Live(req, seq, Decoding(self.tokenizer, req.params), time.perf_counter())
         self.running.append(live)

@@ -142,12 +142,13 @@ class Runner:
         seq.pages = list(pages)
         seq.num_computed = n_tokens
 
-    def publish(self, seq: Sequence, keys: list[bytes]) -> int:
-        """Register seq's computed full pages in the prefix table, keys[i] for block i.
-        Where a key is already held by an equal page, seq switches to that page and
-        lets its own copy go. Returns the number of blocks registered."""
+    def publish(self, seq: Sequence, keys: list[bytes], first: int = 0) -> int:
+        """Register seq's computed full pages in the prefix table, keys[i] for block i,
+        from block `first` on (the ones before were published already). Where a key is
+        already held by an equal page, seq switches to that page and lets its own copy
+        go. Returns the number of blocks registered."""
         n = min(len(keys), seq.num_computed // self.block_size)
-        for i in range(n):
+        for i in range(first, n):
             held = self.pages.register(keys[i], seq.pages[i])
             if held != seq.pages[i]:
                 self.pages.incref([held])

@@ -1,0 +1,64 @@
+"""Prefix sharing on the device: full KV pages published under their cache block keys
+and adopted (refcounted, not copied) by later sequences whose prompt starts with them.
+
+A page is published as soon as it is full and computed (prefill steps, restores,
+checkpoints); a full page is never written again, so every sequence with that
+prefix can hold the same page. The keys are the store's block keys: they chain the
+model fingerprint, block size and tenant salt, so two tenants never share a page.
+Pages nobody holds stay findable until the pool reclaims them (least recently used
+first, when it runs short), so they are the fastest tier of the cache.
+"""
+
+from __future__ import annotations
+
+from cache.keys import block_keys
+from cache.store import CacheStore
+from model.runner import Runner, Sequence
+
+
+class DevicePrefixes:
+    def __init__(self, runner: Runner, store: CacheStore) -> None:
+        self.runner, self.store = runner, store
+        self.B = runner.block_size
+        # The block tokens each published page holds: a hit compares tokens, not just
+        # keys (as the store does). A page is re-published before anyone can find it
+        # under a new key, so the entry of a findable page is always its own.
+        self.tokens_of: list[tuple[int, ...] | None] = [None] * runner.pages.num_pages
+
+    def start(self, seq: Sequence, keys: list[bytes]) -> None:
+        """Attach the sharing state to a new sequence (keys: its prompt's block keys)."""
+        seq.block_keys, seq.published = keys, 0
+
+    def find(self, tokens: list[int], salt: str | None) -> tuple[list[int], list[bytes]]:
+        """(pages holding the prompt's leading full blocks, the prompt's block keys).
+        The pages carry no reference: adopt them before the pool allocates again."""
+        keys = block_keys(self.store.root(salt), tokens, self.B)
+        found = []
+        for i, page in enumerate(self.runner.pages.lookup(keys)):
+            if self.tokens_of[page] != tuple(tokens[i * self.B:(i + 1) * self.B]):
+                break
+            found.append(page)
+        return found, keys
+
+    def adopt(self, seq: Sequence, pages: list[int]) -> None:
+        """Start seq from found pages (its first len(pages) full blocks)."""
+        self.runner.adopt(seq, pages, len(pages) * self.B)
+        seq.published = len(pages)
+
+    def publish(self, seq: Sequence) -> None:
+        """Put seq's computed full pages in the prefix table. Where an equal page is there
+        already (two sequences computed the same prefix at once), seq switches to it and
+        its own copy is freed: the prefix is held once."""
+        n = seq.num_computed // self.B
+        if n <= seq.published:
+            return
+        keys = seq.block_keys
+        if len(keys) < n:
+            # Extend the chain from the last key: generated tokens, or a prompt whose
+            # keys were cut at admission. Same bytes as block_keys over the whole prefix.
+            prev = keys[-1] if keys else self.store.root(seq.salt)
+            keys += block_keys(prev, seq.tokens[len(keys) * self.B:n * self.B], self.B)
+        self.runner.publish(seq, keys[:n], first=seq.published)
+        for i in range(seq.published, n):
+            self.tokens_of[seq.pages[i]] = tuple(seq.tokens[i * self.B:(i + 1) * self.B])
+        seq.published = n

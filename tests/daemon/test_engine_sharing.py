@@ -1,0 +1,263 @@
+"""Device prefix sharing, snapshot thinning and long contexts, through the engine and the
+scheduler with a real store. Outputs are always compared with an uncached run."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from cache.keys import block_keys
+from cache.store import CacheStore
+from daemon.engine import Engine
+from daemon.scheduler import Finished, Request, Scheduler
+from model.loader import load_model
+from model.runner import Runner
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+
+B = 16
+LONG_PREFIX = 8192      # the issue's size; a tiny model prefills it in a few seconds
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def make_engine(model, path, pages=256, slots=4, interval=32, max_snapshots=16,
+                step_tokens=512, **store_options) -> Engine:
+    runner = Runner(model, num_pages=pages, num_slots=slots, block_size=B,
+                    max_batch_tokens=step_tokens)
+    store = CacheStore(path, runner.spec, model.fingerprint, **store_options) if path else None
+    return Engine(runner, store, snapshot_interval=interval, max_snapshots=max_snapshots)
+
+
+@dataclass
+class Result:
+    tokens: list[int] = field(default_factory=list)
+    fin: Finished | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self) -> Result:
+        assert self.done.wait(300), "request did not finish"
+        assert self.fin.reason in ("stop", "length"), self.fin
+        return self
+
+
+class Client:
+    """Requests through a running scheduler. on_token(result) runs on the worker thread
+    between steps, where the runner's state can be looked at."""
+
+    def __init__(self, engine: Engine, tokenizer, step_tokens: int = 512) -> None:
+        self.sched = Scheduler(engine, tokenizer, max_running=4, step_tokens=step_tokens)
+        self.sched.start()
+
+    def submit(self, tokens, max_tokens=6, salt=None, use_cache=True, on_token=None) -> Result:
+        res = Result()
+
+        def emit(ev):
+            if isinstance(ev, Finished):
+                res.fin = ev
+                res.done.set()
+                return
+            res.tokens.append(ev.token)
+            if on_token is not None:
+                on_token(res)
+        self.sched.submit(Request(list(tokens), SamplingParams(max_tokens=max_tokens,
+                                                               ignore_eos=True),
+                                  emit, salt=salt, use_cache=use_cache))
+        return res
+
+    def run(self, prompts, **kw) -> list[Result]:
+        """Submit all at once, wait for all."""
+        return [r.wait() for r in [self.submit(p, **kw) for p in prompts]]
+
+    def close(self) -> None:
+        self.sched.stop()
+
+
+def _uncached(model, tok, prompts, max_tokens=6) -> list[list[int]]:
+    client = Client(make_engine(model, None), tok)
+    out = [r.tokens for r in client.run(prompts, max_tokens=max_tokens, use_cache=False)]
+    client.close()
+    return out
+
+
+def _page_probe(sched: Scheduler) -> dict:
+    """Page bookkeeping while the running sequences all decode."""
+    runner = sched.engine.runner
+    return {"pages": [list(live.seq.pages) for live in sched.running],
+            "refs": list(runner.pages.refs), "free": runner.pages.num_free,
+            "decoding": all(live.t_decode for live in sched.running)}
+
+
+def test_device_sharing_equals_uncached(tiny_dir, tiny_model, tmp_path):
+    tok = Tokenizer.from_dir(tiny_dir)
+    prefix = _prompt(5 * B, 1)                                  # five full pages
+    round1 = [prefix + [1, 2, 3], prefix + [4, 5, 6, 7, 8]]
+    round2 = [prefix + [9] * 4,                                 # leaves it at a page edge
+              round1[0] + [10, 11],                             # extends a prompt
+              prefix[:40] + [12] * 7]                           # leaves it mid-page
+    want = _uncached(tiny_model, tok, round1 + round2)
+
+    eng = make_engine(tiny_model, tmp_path)
+    client = Client(eng, tok)
+    probes = []
+    first = [client.submit(p, on_token=lambda r: probes.append(_page_probe(client.sched)))
+             for p in round1]
+    first = [r.wait() for r in first]
+    second = client.run(round2)
+    other = client.run([round2[0]], salt="tenant-b")[0]
+    client.close()
+    eng.store.close()
+
+    assert [r.tokens for r in first + second] == want
+    assert other.tokens == want[2]
+    # Computed side by side from scratch, the two prompts still hold the prefix once:
+    # the second one to publish a page switched to the first one's.
+    both = [p for p in probes if p["decoding"] and len(p["pages"]) == 2]
+    assert both
+    a, b = both[-1]["pages"]
+    assert a[:5] == b[:5] and all(both[-1]["refs"][p] == 3 for p in a[:5])
+
+    edge = second[0].fin.stats
+    if eng.hybrid:      # pages up to the deepest snapshot, the snapshot from RAM
+        assert edge.cache_n == 64 and edge.cache_tier == "host"
+    else:               # any block boundary, from the device pages alone
+        assert edge.cache_n == 80 and edge.cache_tier == "device"
+    assert client.sched.cached_by_tier.get("device", 0) >= 3 * 32
+    assert second[2].fin.stats.cache_n >= 32
+    assert other.fin.stats.cache_n == 0                         # salts never share a page
+
+
+def test_long_prefix_is_held_once_while_requests_run(tiny_dir, tiny_model, tmp_path):
+    tok = Tokenizer.from_dir(tiny_dir)
+    prefix = _prompt(LONG_PREFIX, 3)
+    n = LONG_PREFIX // B
+    eng = make_engine(tiny_model, tmp_path, pages=n + 32, interval=1024)
+    client = Client(eng, tok)
+    probes: list[dict] = []
+    later: list[Result] = []
+
+    def on_token(res: Result) -> None:
+        if len(res.tokens) == 1 and not later:        # A decodes: B and C arrive
+            later.extend(client.submit(prefix + [7 + i, 100 + i], max_tokens=4,
+                                       on_token=lambda r: probes.append(
+                                           _page_probe(client.sched)))
+                         for i in range(2))
+    a = client.submit(prefix + [5, 6], max_tokens=24, on_token=on_token)
+    a.wait()
+    for r in later:
+        r.wait()
+    client.close()
+    eng.store.close()
+
+    assert a.fin.stats.cache_n == 0
+    for r in later:
+        assert r.fin.stats.cache_n == LONG_PREFIX
+        assert r.fin.stats.cache_tier == ("host" if eng.hybrid else "device")
+    three = [p for p in probes if p["decoding"] and len(p["pages"]) == 3]
+    assert three
+    probe = three[-1]
+    pa, pb, pc = probe["pages"]
+    assert pa[:n] == pb[:n] == pc[:n]
+    assert all(probe["refs"][p] == 4 for p in pa[:n])         # A, B, C and the prefix table
+    used = len(probe["refs"]) - probe["free"]
+    assert used == len(set(pa) | set(pb) | set(pc)) <= n + 3 * 2
+
+
+def test_published_keys_are_the_stores(tiny_model, tmp_path):
+    eng = make_engine(tiny_model, tmp_path)
+    tokens = _prompt(3 * B + 5, 4)
+    seq, _ = eng.admit(tokens, "s", True)
+    eng.runner.step([(seq, len(tokens))])
+    eng.checkpoint(seq, None)
+    seq.tokens += _prompt(2 * B, 5)                       # generated tokens, computed later
+    eng.runner.step([(seq, 2 * B)])
+    eng.checkpoint(seq, None)
+    want = block_keys(eng.store.root("s"), seq.tokens, B)
+    assert seq.block_keys == want
+    assert eng.runner.pages.lookup(want) == seq.pages[:len(want)]
+    eng.runner.release(seq)
+    eng.store.close()
+
+
+def _path_snapshots(store: CacheStore, upto: int) -> list[int]:
+    return sorted(e.position for e in store.entries(limit=100_000, kind="snapshot")
+                  if e.position <= upto)
+
+
+def test_snapshot_thinning_keeps_recent_dense(tiny_hybrid_dir, tmp_path):
+    model = load_model(tiny_hybrid_dir)
+    tok = Tokenizer.from_dir(tiny_hybrid_dir)
+    prompt = _prompt(1024, 6)
+    later = prompt[:700] + [9, 8, 7, 6, 5]
+    want = _uncached(model, tok, [prompt, later])
+    eng = make_engine(model, tmp_path, pages=160, interval=32, max_snapshots=6)
+    client = Client(eng, tok)
+    got = client.run([prompt])[0]
+    eng.store.flush()
+    kept = _path_snapshots(eng.store, 1024 + 6)
+    # 32 interval snapshots and the prompt's and answer's ends, thinned as they came
+    assert 4 <= len(kept) <= 6 and kept[-1] == 1024 + 5 and 1024 in kept
+    gaps = [b - a for a, b in zip(kept, kept[1:])]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] >= 4 * 32   # sparse far back
+    assert eng.store.stats()["snapshots_thinned"] == 33 - len(kept)
+
+    client.close()
+    eng.store.close()                                 # the disk was thinned too
+    eng = make_engine(model, tmp_path, pages=160, interval=32, max_snapshots=6,
+                      host_budget=0)
+    assert _path_snapshots(eng.store, 1024 + 6) == kept
+    client = Client(eng, tok)
+    again = client.run([later])[0]
+    client.close()
+    eng.store.close()
+    assert [got.tokens, again.tokens] == want
+    assert again.fin.stats.cache_n == max(p for p in kept if p <= len(later) - 1)
+
+
+@pytest.mark.parametrize("n_ctx", [16384, pytest.param(65536, marks=pytest.mark.slow)])
+def test_long_context_then_short_questions(tiny_hybrid_dir, tmp_path, n_ctx):
+    model = load_model(tiny_hybrid_dir)
+    tok = Tokenizer.from_dir(tiny_hybrid_dir)
+    context = _prompt(n_ctx, 7)
+    questions = [_prompt(8 + 3 * i, 100 + i) for i in range(10)]
+    opts = {"pages": n_ctx // B + 64, "interval": 1024, "step_tokens": 2048}
+
+    def ask(eng) -> tuple[list[Result], dict[str, int]]:
+        client = Client(eng, tok, step_tokens=2048)
+        out = [client.submit(context + q, max_tokens=4).wait() for q in questions]
+        client.close()
+        return out, client.sched.cached_by_tier
+
+    eng = make_engine(model, tmp_path, **opts)
+    client = Client(eng, tok, step_tokens=2048)
+    assert client.submit(context, max_tokens=1).wait().fin.stats.cache_n == 0
+    client.close()
+    warm, warm_tiers = ask(eng)
+    eng.store.flush()
+    assert len(_path_snapshots(eng.store, n_ctx)) <= 16
+    # Forget the questions (an exact repeat would compute nothing): what is left is
+    # the context alone, as after registering it.
+    for e in eng.store.entries(limit=100_000):
+        if e.position > n_ctx:
+            eng.store.delete(e.key)
+    eng.store.close()
+    eng = make_engine(model, tmp_path, host_budget=0, **opts)    # restart: disk only
+    cold, cold_tiers = ask(eng)
+    eng.store.close()
+
+    for w, c, q in zip(warm, cold, questions):
+        assert w.tokens == c.tokens
+        for st in (w.fin.stats, c.fin.stats):
+            assert st.cache_n == n_ctx and st.prompt_n - st.cache_n == len(q) < 300
+    # Warm: the context's pages stay on the device, its snapshot in RAM. After the
+    # restart the first question reads everything from disk and leaves the pages on
+    # the device for the other nine; the snapshot comes from disk each time.
+    assert warm_tiers == {"device": 10 * n_ctx}
+    assert cold_tiers == {"device": 9 * n_ctx, "disk": n_ctx}
+    assert all(r.fin.stats.cache_tier == "host" for r in warm)
+    assert all(r.fin.stats.cache_tier == "disk" for r in cold)
