@@ -46,8 +46,11 @@ def _config(arch: str) -> dict:
             "layer_types": ["linear_attention"] * 3 + ["full_attention"],
             "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
             "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            # mrope_section counts rotary pairs per axis (text, height, width): 4 rotary
+            # dims are 2 pairs. Real Qwen3.5 configs carry it; without it llama.cpp's
+            # converter writes the 9B's [11, 11, 10], which llama.cpp then rejects.
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                "partial_rotary_factor": 0.25}}
+                                "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0]}}
 
 
 def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
