@@ -191,7 +191,7 @@ def _run_peer(args, managed: ManagedPeer | None, maker, meta: dict, scenarios: l
     rows, prompts = run_server(args.peer_name, peer, maker, args, scenarios, lengths, tag, log)
     if managed is not None and prompts:
         log("restarting the peer")
-        managed.restart()
+        peer = Client(managed.restart().url, None, args.timeout, extra={"cache_prompt": True})
         try:
             bench_scenarios.warm_up(peer, f"{tag}-peer-restart")
             restart = bench_scenarios.after_restart(peer, maker, prompts, args.max_tokens)

@@ -103,10 +103,14 @@ class ManagedPeer:
     def __init__(self, command: str, log_path: Path, ready_timeout: float = 300.0) -> None:
         if "{port}" not in command:
             raise ValueError("--peer-command must contain {port}, where the peer listens")
-        self.port = free_port()
-        self.cmd = command.replace("{port}", str(self.port))
+        self.template = command
         self.log_path, self.ready_timeout = log_path, ready_timeout
         self.proc: subprocess.Popen | None = None
+        self._new_port()
+
+    def _new_port(self) -> None:
+        self.port = free_port()
+        self.cmd = self.template.replace("{port}", str(self.port))
         self.client = Client(f"http://127.0.0.1:{self.port}")
 
     def start(self) -> Client:
@@ -135,7 +139,10 @@ class ManagedPeer:
             proc.wait()
 
     def restart(self) -> Client:
+        """Stop, then start on a new port: llama-cpp-python's server restarted on the
+        port it had fails every streamed request (seen with 0.3.36)."""
         self.stop()
+        self._new_port()
         return self.start()
 
     def __enter__(self) -> ManagedPeer:
