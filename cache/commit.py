@@ -65,9 +65,13 @@ class StoreCommit:
                 self.counters.map_full += 1
         # Fragmentation, or a map too small for its budget: free a margin, let LMDB
         # release the freed pages (it reuses them two transactions later), retry once.
-        margin = 2 * sum(len(b) for _, _, b in items) + self.budget // 20
-        self._evict(margin, protect)
+        # 5% of what is stored, not of the budget: a filesystem that fills up long before
+        # the budget must not cost the whole cache.
+        with self.lock:
+            stored = self.index.stored_bytes
+        margin = 2 * sum(len(b) for _, _, b in items) + min(self.budget, stored) // 20
         try:
+            self._evict(margin, protect)        # a full disk may refuse even the deletes
             self.disk.settle()
             return self.disk.put_many(items, touched)
         except DiskFull:

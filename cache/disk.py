@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import mmap
+import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +33,10 @@ from cache.entry import BLOCK, EntryMeta
 from cache.keys import FORMAT_VERSION
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+# What LMDB says when its own pages (not a value) are broken.
+_DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
+            lmdb.BadTxnError, lmdb.IncompatibleError)
 _MIN_MAP = 1 << 20
 _PAGE = mmap.PAGESIZE
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
@@ -38,6 +45,18 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if _WILLNEED 
 
 class DiskFull(RuntimeError):
     """The LMDB map is full: the batch was not written (the caller may evict and retry)."""
+
+
+class DiskWriteFailed(DiskFull):
+    """The filesystem refused a write (no space left, a file size limit, an I/O error).
+    LMDB aborts the transaction and stays usable, so this is handled like a full map:
+    evicting frees pages inside the file that the retry can reuse without growing it."""
+
+
+def _write_error(e: lmdb.Error, what: str) -> DiskFull:
+    if isinstance(e, lmdb.MapFullError):
+        return DiskFull(f"LMDB map of {what} bytes is full")
+    return DiskWriteFailed(f"cache disk write failed: {e}")
 
 
 class DiskTier:
@@ -52,6 +71,24 @@ class DiskTier:
                 raise FileNotFoundError(f"no cache store at {path}")
         else:
             path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._open(map_bytes)
+            if not readonly:
+                self._check_format()
+                self._purge_damaged()
+        except _DAMAGED as e:
+            if readonly:
+                raise
+            # LMDB's own pages are broken: nothing in the file can be trusted. The
+            # cache can always be recomputed, so keep the file aside and start empty.
+            aside = self._set_aside()
+            log.error("cache: the store at %s is damaged (%s); moved to %s, starting empty",
+                      path, e, aside)
+            self._open(map_bytes)
+            self._check_format()
+
+    def _open(self, map_bytes: int) -> None:
+        path, readonly = self.path, self.readonly
         # readahead stays on: a restore reads whole values front to back, and cold
         # reads with MADV_RANDOM fault in one 4 KiB page at a time.
         data = path / "data.mdb"
@@ -73,18 +110,45 @@ class DiskTier:
         except lmdb.NotFoundError:
             self.env.close()
             raise FileNotFoundError(f"cache store at {path} is not initialized yet") from None
+        except lmdb.Error:
+            self.env.close()
+            raise
         self.blocks, self.snapshots, self.meta_db, self.info = dbs
-        if not readonly:
-            self._check_format()
+
+    def _set_aside(self) -> Path:
+        try:
+            self.env.close()
+        except (lmdb.Error, AttributeError):
+            pass
+        aside = self.path / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        aside.mkdir()
+        for name in ("data.mdb", "lock.mdb"):
+            if (self.path / name).exists():
+                os.replace(self.path / name, aside / name)
+        return aside
 
     def _check_format(self) -> None:
         with self.env.begin(write=True, db=self.info) as txn:
             found = txn.get(b"format")
-            if found is not None and int(found) != FORMAT_VERSION:
-                # Values of another format are never served: start over.
+            if found is not None and found != str(FORMAT_VERSION).encode():
+                # Values of another format (or a damaged record of it) are never
+                # served: start over.
                 for db in (self.blocks, self.snapshots, self.meta_db):
                     txn.drop(db, delete=False)
             txn.put(b"format", str(FORMAT_VERSION).encode())
+
+    def _purge_damaged(self) -> None:
+        """Delete entries whose meta does not parse (a damaged record): the lookup never
+        plans them, and what hung below them can no longer be reached from a root, so
+        it ages out through eviction. Reading every meta also walks LMDB's pages."""
+        bad: list[bytes] = []
+        self.scan(bad)
+        if bad:
+            log.warning("cache: %d entries with a damaged index record dropped", len(bad))
+            try:
+                self.delete_many(bad)
+            except DiskFull as e:
+                log.warning("cache: could not delete the damaged entries: %s", e)
 
     def _read(self, **kw) -> lmdb.Transaction:
         try:
@@ -111,15 +175,18 @@ class DiskTier:
         decoders, instead of one page fault at a time."""
         if _libc is None:
             return
-        with self._read(buffers=True) as txn:
-            for key, kind in items:
-                buf = txn.get(key, db=self._db(kind))
-                if buf is None or len(buf) == 0:
-                    continue
-                addr = np.frombuffer(buf, np.uint8).ctypes.data
-                start = addr - addr % _PAGE
-                _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(addr + len(buf) - start),
-                              _WILLNEED)
+        try:
+            with self._read(buffers=True) as txn:
+                for key, kind in items:
+                    buf = txn.get(key, db=self._db(kind))
+                    if buf is None or len(buf) == 0:
+                        continue
+                    addr = np.frombuffer(buf, np.uint8).ctypes.data
+                    start = addr - addr % _PAGE
+                    _libc.madvise(ctypes.c_void_p(start),
+                                  ctypes.c_size_t(addr + len(buf) - start), _WILLNEED)
+        except _DAMAGED:
+            pass                # only a hint: the read that follows reports the damage
 
     def get(self, key: bytes) -> bytes | None:
         return self.get_many([key])[0]
@@ -141,9 +208,18 @@ class DiskTier:
         with self._read(db=self.meta_db) as txn:
             return txn.get(key) is not None
 
-    def scan(self) -> list[tuple[bytes, EntryMeta]]:
+    def scan(self, bad: list[bytes] | None = None) -> list[tuple[bytes, EntryMeta]]:
+        """Every entry's meta. One that does not parse (a damaged file) is left out, and
+        its key appended to `bad`: a damaged index entry must not stop the store."""
+        out = []
         with self._read(db=self.meta_db) as txn:
-            return [(bytes(k), EntryMeta.from_bytes(v)) for k, v in txn.cursor()]
+            for k, v in txn.cursor():
+                try:
+                    out.append((bytes(k), EntryMeta.from_bytes(v)))
+                except ValueError:
+                    if bad is not None:
+                        bad.append(bytes(k))
+        return out
 
     def file_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
@@ -178,8 +254,8 @@ class DiskTier:
                 for key, meta in (updates or {}).items():
                     if txn.get(key, db=self.meta_db) is not None:
                         txn.put(key, meta.to_bytes(), db=self.meta_db)
-        except lmdb.MapFullError:
-            raise DiskFull(f"LMDB map of {self.map_bytes()} bytes is full") from None
+        except lmdb.Error as e:
+            raise _write_error(e, str(self.map_bytes())) from None
         return written
 
     def settle(self) -> None:
@@ -189,11 +265,15 @@ class DiskTier:
         try:
             with self.env.begin(write=True, db=self.info) as txn:
                 txn.put(b"format", str(FORMAT_VERSION).encode())
-        except lmdb.MapFullError:
-            raise DiskFull(f"LMDB map of {self.map_bytes()} bytes is full") from None
+        except lmdb.Error as e:
+            raise _write_error(e, str(self.map_bytes())) from None
 
     def update_meta(self, updates: dict[bytes, EntryMeta]) -> None:
-        self.put_many([], updates)
+        """Hit counts and last-used times: worth a try, not worth failing a close for."""
+        try:
+            self.put_many([], updates)
+        except DiskFull as e:
+            log.warning("cache: hit counts not saved: %s", e)
 
     def delete(self, key: bytes) -> None:
         self.delete_many([key])
@@ -204,15 +284,16 @@ class DiskTier:
         try:
             with self.env.begin(write=True) as txn:
                 for key in keys:
-                    data = txn.get(key, db=self.meta_db)
-                    if data is None:
+                    if txn.get(key, db=self.meta_db) is None:
                         continue
-                    txn.delete(key, db=self._db(EntryMeta.from_bytes(data).kind))
+                    # Both value tables: the meta saying which may be the damaged part.
+                    txn.delete(key, db=self.blocks)
+                    txn.delete(key, db=self.snapshots)
                     txn.delete(key, db=self.meta_db)
                     gone.append(key)
-        except lmdb.MapFullError:
-            # A completely full map can't even delete (copy-on-write needs free pages).
-            raise DiskFull(f"LMDB map of {self.map_bytes()} bytes is full") from None
+        except lmdb.Error as e:
+            # A completely full map (or disk) can't even delete: copy-on-write needs pages.
+            raise _write_error(e, str(self.map_bytes())) from None
         return gone
 
     def copy_to(self, path: str | Path) -> None:

@@ -36,6 +36,27 @@ class EntryMeta:
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview) -> EntryMeta:
-        d = json.loads(bytes(data))
-        d["parent"] = bytes.fromhex(d["parent"])
-        return cls(**d)
+        """ValueError when the bytes are not a well-formed meta (a damaged file)."""
+        try:
+            d = json.loads(bytes(data))
+            d["parent"] = bytes.fromhex(d["parent"])
+            meta = cls(**d)
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ValueError(f"not an entry meta: {e}") from None
+        meta._check()
+        return meta
+
+    def _check(self) -> None:
+        # The meta has no checksum of its own: what the lookup trusts is checked here,
+        # so a flipped byte reads as a damaged entry, never as a different state.
+        ints = (self.position, self.stored_bytes, self.logical_bytes, self.hits)
+        if self.kind not in (BLOCK, SNAPSHOT) or len(self.parent) != 16 \
+                or not all(type(v) is int and v >= 0 for v in ints) \
+                or not isinstance(self.tokens, list) \
+                or not all(type(t) is int and t >= 0 for t in self.tokens) \
+                or not 0 < self.position or len(self.tokens) > self.position \
+                or (self.kind == BLOCK and not self.tokens) \
+                or not isinstance(self.fingerprint, str) \
+                or not all(type(b) is bool for b in (self.pinned, self.plain)) \
+                or not all(isinstance(t, (int, float)) for t in (self.created, self.last_used)):
+            raise ValueError("not an entry meta: a field is out of range")

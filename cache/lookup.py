@@ -107,7 +107,8 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
     dev = min(device_blocks, len(keys))
     blocks = [PieceRef(k, BLOCK, DEVICE, 0, (i + 1) * B) for i, k in enumerate(keys[:dev])]
     for i, (key, found) in enumerate(zip(keys[dev:], view.find_many(keys[dev:])), dev):
-        if found is None or found[0].kind != BLOCK or found[0].tokens != tokens[i * B:(i + 1) * B]:
+        if found is None or found[0].kind != BLOCK or found[0].position != (i + 1) * B \
+                or found[0].tokens != tokens[i * B:(i + 1) * B]:
             break
         blocks.append(_ref(key, *found))
     depth = len(blocks)
@@ -129,7 +130,9 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
                     or (best is not None and best.position >= d * B + r):
                 continue
             tail = tokens[d * B:d * B + r]
-            if meta.tokens == tail and snapshot_key(parent, tail, d, B, ctx) == key:
+            # The position restored is the meta's: it must be the one the key names.
+            if meta.tokens == tail and meta.position == d * B + r \
+                    and snapshot_key(parent, tail, d, B, ctx) == key:
                 best = _ref(key, meta, tier)
         if best is not None:
             return RestorePlan(best.position, blocks[:d], best, tokens, ctx, min(dev, d))
@@ -151,7 +154,7 @@ def _partial_page(tokens: list[int], keys: list[bytes], root: bytes, B: int, dep
         while m < min(len(have), len(want)) and have[m] == want[m]:
             m += 1
         whole = meta.kind == SNAPSHOT and m == len(have) and \
-            snapshot_key(parent, have, depth, B, ctx) == key
+            meta.position == depth * B + m and snapshot_key(parent, have, depth, B, ctx) == key
         if not whole and not (m and meta.plain and ctx.plain(depth, B)):
             continue
         if best is None or (m, whole) > best[:2]:

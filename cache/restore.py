@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
+import lmdb
 import torch
 
 from cache import codec
@@ -89,7 +90,13 @@ class StoreRestore:
                 return codec.decode(buf, self.fp, into[key])
             except codec.CorruptValue:
                 return _CORRUPT
-        return self.disk.read_many([(ref.key, ref.kind) for ref, _ in job], decode)
+        try:
+            return self.disk.read_many([(ref.key, ref.kind) for ref, _ in job], decode)
+        except lmdb.Error as e:
+            # A damaged file can break LMDB's own pages: serve nothing from this group
+            # (the restore falls back to the good prefix) rather than fail the request.
+            log.warning("cache: disk read failed: %s", e)
+            return [_MISSING] * len(job)
 
     def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: set[int]):
         now, promote = time.time(), []
