@@ -6,6 +6,7 @@ from the environment fails the same way: one `ValueError` naming the setting.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -52,9 +53,12 @@ class ServeConfig:
     queue_size: int = 64                   # requests waiting beyond `parallel`
     step_tokens: int = 256                 # tokens per model step (decodes + prefill chunk)
     max_body: int = 32 * 2**20             # bytes of one request body
+    max_tokens: int | None = None          # tokens one request may generate; None: the context
     request_timeout: float = 600.0         # seconds a request may take, queue included
     drain_timeout: float = 10.0            # seconds SIGTERM waits for running requests
     api_key: str | None = None
+    admin_key: str | None = None           # set: /cache/* needs this key (the API key won't do)
+    no_admin: bool = False                 # /cache/* answers 403
     log_format: str = "text"
     dtype: str | None = None               # None: float32
 
@@ -88,12 +92,23 @@ class ServeConfig:
                              f"got {self.log_format!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("api_key must not be empty")
+        for name in ("api_key", "admin_key"):
+            key = getattr(self, name)
+            if key is not None and (not key.strip() or key != key.strip()):
+                raise ValueError(f"{name} must not be empty or start or end with a space")
+        if self.no_admin and self.admin_key is not None:
+            raise ValueError("give admin_key or no_admin, not both")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
 
     @property
     def loopback(self) -> bool:
-        return self.host in LOOPBACK
+        if self.host in LOOPBACK:
+            return True
+        try:                               # 127.0.0.0/8 and ::1, however they are written
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 # setting -> (converter, help); the flag is --name-with-dashes, the variable CKPTD_NAME
@@ -113,19 +128,39 @@ SETTINGS: dict[str, tuple] = {
     "queue_size": (_INT, "requests that may wait for a sequence slot (default 64)"),
     "step_tokens": (_INT, "tokens per model step: decodes plus a prefill chunk (default 256)"),
     "max_body": ("size", "largest request body (default 32MiB)"),
+    "max_tokens": (_INT, "most tokens one request may generate (default: what the context "
+                         "leaves)"),
     "request_timeout": (float, "seconds one request may take (default 600)"),
     "drain_timeout": (float, "seconds SIGTERM lets running requests finish (default 10)"),
     "api_key": (str, "require 'Authorization: Bearer KEY' on every endpoint but /health"),
+    "admin_key": (str, "require 'Authorization: Bearer KEY' with this key on /cache/*; it "
+                       "also opens every other endpoint"),
+    "no_admin": ("flag", "turn the /cache/* admin endpoints off (they answer 403)"),
     "log_format": (str, "text or json (default text)"),
     "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
 }
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_flag(text: str, name: str) -> bool:
+    v = str(text).strip().lower()
+    if v not in _TRUE + _FALSE:
+        raise ValueError(f"{name}: not a yes/no value: {text!r} (examples: 1, true, 0, false)")
+    return v in _TRUE
+
+
 def add_arguments(parser) -> None:
-    for name, (_, help_text) in SETTINGS.items():
+    for name, (conv, help_text) in SETTINGS.items():
         env = "CKPTD_" + name.upper()
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                            metavar="VALUE", help=f"{help_text} [env {env}]")
+        flag = "--" + name.replace("_", "-")
+        if conv == "flag":                 # takes no value; the variable takes 1/0
+            parser.add_argument(flag, dest=name, default=None, action="store_const",
+                                const="1", help=f"{help_text} [env {env}=1]")
+            continue
+        parser.add_argument(flag, dest=name, default=None, metavar="VALUE",
+                            help=f"{help_text} [env {env}]")
 
 
 def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
@@ -141,6 +176,9 @@ def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
         if conv == "size":
             values[name] = parse_size(raw, flag)
             continue
+        if conv == "flag":
+            values[name] = parse_flag(raw, flag)
+            continue
         try:
             values[name] = conv(raw)
         except ValueError:
@@ -149,3 +187,24 @@ def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
     known = {f.name for f in fields(ServeConfig)}
     assert set(values) <= known
     return ServeConfig(**values)
+
+
+def prepare_cache_dir(path: Path) -> None:
+    """Create the cache folder and prove it writable, so a bad --cache-dir is one clear
+    error at start-up, not a model load that fails after the port opened."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--cache-dir {path}: exists and is not a folder") from None
+    except OSError as e:
+        raise ValueError(f"--cache-dir {path}: cannot create it: {e.strerror}") from None
+    probe = path / f".write-test-{os.getpid()}"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"x")
+            fh.flush()
+            os.fsync(fh.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--cache-dir {path}: not writable: {e.strerror}") from None

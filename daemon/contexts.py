@@ -9,6 +9,7 @@ keys, and the file stays small. Methods do file I/O: call them off the event loo
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import threading
@@ -28,9 +29,15 @@ class Context:
     key: str | None = None                # hex key of the cache entry that ends the prefix
     created: float = field(default_factory=time.time)
 
+    def visible_to(self, salt: str | None) -> bool:
+        """A salted context is its tenant's: only requests with the same salt use it."""
+        return self.salt is None or (salt is not None and
+                                     hmac.compare_digest(self.salt.encode(), salt.encode()))
+
     def public(self) -> dict:
+        # The salt is a tenant's secret: say whether there is one, never what it is.
         return {"name": self.name, "object": "context", "tokens": self.tokens,
-                "pinned": self.pinned, "cache_salt": self.salt, "key": self.key,
+                "pinned": self.pinned, "salted": self.salt is not None, "key": self.key,
                 "created": int(self.created),
                 "source": "text" if self.text is not None else "messages"}
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+          403: "permission_error", 405: "invalid_request_error", 408: "timeout_error",
+          409: "invalid_request_error", 413: "invalid_request_error",
           415: "invalid_request_error", 503: "unavailable_error", 504: "timeout_error"}
 
 

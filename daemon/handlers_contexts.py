@@ -30,6 +30,11 @@ def prefix_key(store, tokens: list[int], salt: str | None) -> str | None:
 async def create(request: web.Request) -> web.Response:
     svc = ready(request)
     req = ContextRequest.parse(await read_json(request))
+    taken = svc.contexts.get(req.name)
+    if taken is not None and taken.salt is not None and not taken.visible_to(req.salt):
+        # Replacing it would swap the text under another tenant's requests.
+        raise ApiError(409, f"context {req.name!r} was registered under another cache_salt",
+                       "name", "context_exists")
     ctx = Context(req.name, req.text, req.messages, req.salt, req.pin)
     tokens = await blocking(svc.context_tokens, ctx)
     params = svc.settle(tokens, 1, SamplingParams(max_tokens=1), "max_tokens",
@@ -66,13 +71,13 @@ async def list_all(request: web.Request) -> web.Response:
 
 async def get_one(request: web.Request) -> web.Response:
     svc = service(request)
-    return json_response(svc.context(request.match_info["name"]).public())
+    return json_response(svc.context(request.match_info["name"], check_salt=False).public())
 
 
 async def delete(request: web.Request) -> web.Response:
     svc = ready(request)
     name = request.match_info["name"]
-    svc.context(name)                              # 404 when unknown
+    svc.context(name, check_salt=False)            # 404 when unknown
     ctx = await blocking(svc.contexts.delete, name)
     if ctx is None:
         raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")

@@ -61,5 +61,5 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
 
 @web.middleware
 async def api_key(request: web.Request, handler) -> web.StreamResponse:
-    auth.check(request, request.app[SERVICE].cfg.api_key)
+    auth.check(request, request.app[SERVICE].cfg)
     return await handler(request)

@@ -56,6 +56,18 @@ def _op(summary: str, body: dict | None = None, ok: str = "200", stream: bool = 
     return op
 
 
+_ADMIN_NOTE = ("Cache admin endpoint: with --admin-key it needs that key (the API key is "
+               "not enough); with --no-admin it answers 403.")
+
+
+def _admin(op: dict) -> dict:
+    op["description"] = _ADMIN_NOTE
+    op["security"] = [{"admin": []}]
+    op["responses"]["403"] = {"description": "the admin API is turned off (--no-admin)",
+                              "content": {"application/json": {"schema": _ERROR}}}
+    return op
+
+
 def _path_param(name: str) -> dict:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -95,33 +107,34 @@ def document(model_id: str) -> dict:
              "with_pieces": {"type": "boolean"}}, ("content",)))},
         "/detokenize": {"post": _op("Token ids to text", _body(
             {"tokens": {"type": "array", "items": {"type": "integer"}}}, ("tokens",)))},
-        "/health": {"get": _op("200 when serving, 503 while loading or shutting down",
-                               errors=())},
+        "/health": {"get": {**_op("200 when serving, 503 while loading or shutting down",
+                                  errors=()), "security": []}},
         "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4)",
                              "responses": {"200": {"description": "OK", "content": {
                                  "text/plain": {"schema": {"type": "string"}}}}}}},
         "/openapi.json": {"get": _op("This document", errors=())},
         "/v1/contexts": {
-            "post": _op("Register (and prefill) a named context", context, "201",
-                        errors=("400", "413")),
+            "post": _op("Register (and prefill) a named context; a salted one is used only "
+                        "by requests with the same cache_salt", context, "201",
+                        errors=("400", "409", "413")),
             "get": _op("List named contexts", errors=())},
         "/v1/contexts/{name}": {
             "get": _op("One named context", params=[_path_param("name")], errors=("404",)),
             "delete": _op("Forget a named context (its cache entries are unpinned)",
                           params=[_path_param("name")], errors=("404",))},
-        "/cache/stats": {"get": _op("Cache tiers, lookups, write queue", errors=())},
-        "/cache/entries": {"get": _op("Cache entries, a page at a time", params=[
+        "/cache/stats": {"get": _admin(_op("Cache tiers, lookups, write queue", errors=()))},
+        "/cache/entries": {"get": _admin(_op("Cache entries, a page at a time", params=[
             _query("offset"), _query("limit"), _query("sort", "string"),
-            _query("kind", "string")])},
-        "/cache/entries/{key}": {"delete": _op("Delete an entry and everything below it",
-                                               params=[_path_param("key")],
-                                               errors=("400", "404"))},
-        "/cache/pin": {"post": _op("Pin an entry and its ancestors", key,
-                                   errors=("400", "404"))},
-        "/cache/unpin": {"post": _op("Unpin an entry", key, errors=("400", "404"))},
-        "/cache/clear": {"post": _op("Delete every unpinned entry (or all)", {
+            _query("kind", "string")]))},
+        "/cache/entries/{key}": {"delete": _admin(_op(
+            "Delete an entry and everything below it", params=[_path_param("key")],
+            errors=("400", "404")))},
+        "/cache/pin": {"post": _admin(_op("Pin an entry and its ancestors", key,
+                                          errors=("400", "404")))},
+        "/cache/unpin": {"post": _admin(_op("Unpin an entry", key, errors=("400", "404")))},
+        "/cache/clear": {"post": _admin(_op("Delete every unpinned entry (or all)", {
             "required": False, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {"include_pinned": {"type": "boolean"}}}}}})},
+                "type": "object", "properties": {"include_pinned": {"type": "boolean"}}}}}}))},
     }
     return {
         "openapi": "3.1.0",
@@ -129,7 +142,11 @@ def document(model_id: str) -> dict:
                  "description": "A persistent prompt-cache daemon for hybrid LLMs. Completions "
                                 "report usage.prompt_tokens_details.cached_tokens and timings."},
         "components": {"schemas": {"Error": _ERROR, "Timings": _TIMINGS},
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+                       "securitySchemes": {
+                           "bearer": {"type": "http", "scheme": "bearer",
+                                      "description": "--api-key (every endpoint but /health)"},
+                           "admin": {"type": "http", "scheme": "bearer",
+                                     "description": "--admin-key (/cache/*)"}}},
         "security": [{"bearer": []}],
         "paths": paths,
     }

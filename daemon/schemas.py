@@ -117,7 +117,8 @@ class CacheOptions:
 
 
 def _cache_options(f: Fields, use_cache_field: str = "cache") -> CacheOptions:
-    return CacheOptions(f.str("cache_salt", max_len=256), f.bool(use_cache_field, True),
+    # "" is no salt: it keys like none, so it must not pass for a tenant of its own
+    return CacheOptions(f.str("cache_salt", max_len=256) or None, f.bool(use_cache_field, True),
                         f.str("context", max_len=128))
 
 
@@ -315,7 +316,7 @@ class ContextRequest:
         if text is not None and not text:
             raise bad_request("text must not be empty", "text")
         return cls(name, text, None if messages is None else parse_messages(messages),
-                   f.bool("pin", True), f.str("cache_salt", max_len=256))
+                   f.bool("pin", True), f.str("cache_salt", max_len=256) or None)
 
 
 @dataclass(frozen=True)

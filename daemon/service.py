@@ -117,9 +117,11 @@ class Service:
         return self.model.config.vocab_size
 
     # ---- prompts ---------------------------------------------------------------------
-    def context(self, name: str) -> Context:
+    def context(self, name: str, salt: str | None = None, check_salt: bool = True) -> Context:
+        """A named context; one registered under another tenant's salt is answered as
+        unknown, so a request can't use it or learn that it exists."""
         ctx = self.contexts.get(name)
-        if ctx is None:
+        if ctx is None or (check_salt and not ctx.visible_to(salt)):
             raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
         return ctx
 
@@ -149,14 +151,14 @@ class Service:
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
         if cache.context is None:
             return ids, cache.salt
-        ctx = self.context(cache.context)
+        ctx = self.context(cache.context, cache.salt)
         return self.context_tokens(ctx) + ids, cache.salt or ctx.salt
 
     def chat_tokens(self, messages: list[dict],
                     cache: CacheOptions) -> tuple[list[int], str | None]:
         if cache.context is None:
             return self.tokenizer.encode(self.render_chat(messages)), cache.salt
-        ctx = self.context(cache.context)
+        ctx = self.context(cache.context, cache.salt)
         if ctx.messages is not None:
             # Render the whole conversation and keep what follows the context's own
             # rendering, so the suffix reads as the template would have it.
@@ -178,8 +180,12 @@ class Service:
             raise bad_request(f"the prompt is {n} tokens; this server's context limit is "
                               f"{limit} (prompt plus at least one generated token)", prompt_param,
                               "context_length_exceeded")
+        cap = self.cfg.max_tokens
         if max_tokens is None:
-            max_tokens = limit - n
+            max_tokens = limit - n if cap is None else min(limit - n, cap)
+        elif cap is not None and max_tokens > cap:
+            raise bad_request(f"{param} = {max_tokens} is more than this server generates for "
+                              f"one request ({cap}, --max-tokens)", param)
         elif n + max_tokens > limit:
             raise bad_request(f"{param} = {max_tokens} with a {n}-token prompt is beyond the "
                               f"context limit of {limit} tokens", param,

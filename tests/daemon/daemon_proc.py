@@ -45,11 +45,13 @@ class Response:
 
 class Daemon:
     def __init__(self, model: Path | None, cache_dir: Path, *args: str,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, wrap: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.cache_dir = cache_dir
         self.log_path = cache_dir.parent / f"daemon-{self.port}.log"
-        cmd = [sys.executable, "-m", "tools.cli", "serve", "--port", str(self.port),
+        # `wrap` runs the daemon inside another command (a private mount namespace with
+        # a tiny or read-only filesystem): it must exec the daemon, keeping the pid.
+        cmd = [*wrap, sys.executable, "-m", "tools.cli", "serve", "--port", str(self.port),
                "--cache-dir", str(cache_dir), *args]
         if model is not None:
             cmd += ["--model", str(model)]
