@@ -68,8 +68,8 @@ class Engine:
             raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a multiple of "
                              f"block_size ({runner.block_size})")
         if max_snapshots < 2:
-            # the newest snapshot and one before it: fewer would drop the state a
-            # prompt's end-of-prefill snapshot was restored from
+            # 1 would keep only the newest: an answer's snapshot would delete the one at
+            # the end of its prompt, which the next question on that prompt restores from
             raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
         self.runner, self.store = runner, store
         self.B = runner.block_size
