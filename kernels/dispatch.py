@@ -1,9 +1,10 @@
 """Every kernel op, routed per call to its Triton kernel or its plain-torch reference.
 
 `CKPTD_KERNELS` picks: `auto` (default) runs Triton when the op's main tensor is on
-CUDA and triton is installed, the reference otherwise; `triton` always runs Triton
-(on CPU tensors that needs `TRITON_INTERPRET=1` set before triton is first
-imported); `torch` always runs the reference. Triton modules are imported on first
+CUDA and triton is installed, the reference otherwise (for attention: torch's fused
+SDPA, which is tested against the reference); `triton` always runs Triton (on CPU
+tensors that needs `TRITON_INTERPRET=1` set before triton is first imported);
+`torch` always runs the plain reference. Triton modules are imported on first
 use, so a CPU-only process never imports triton.
 """
 
@@ -22,6 +23,7 @@ from kernels.gated_delta import reference_varlen as gdn_varlen_ref
 from kernels.norm import naive as norm_ref
 from kernels.paged_attention import naive as attn_ref
 from kernels.paged_attention import reference_varlen as attn_varlen_ref
+from kernels.paged_attention import sdpa as attn_sdpa
 from kernels.rotary import naive as rotary_ref
 from kernels.swiglu import naive as swiglu_ref
 
@@ -141,17 +143,24 @@ def write_kv(kv_pool, layer, slots, k, v):
     impl.write_kv(kv_pool, layer, slots, k, v)
 
 
+def _attention_impl(q):
+    """Triton; else torch's SDPA (fused, the default off CUDA); the plain reference
+    when CKPTD_KERNELS=torch."""
+    if use_triton(q):
+        return _fast("paged_attention.triton_attention")
+    return attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+
+
 def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
     """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages. [T, Hq, D]."""
-    impl = _fast("paged_attention.triton_attention") if use_triton(q) else attn_ref
-    return impl.paged_attention(q, kv_pool, layer, page_table, ctx_len, scale)
+    return _attention_impl(q).paged_attention(q, kv_pool, layer, page_table, ctx_len, scale)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
     """q [N, Hq, D]: the last token of each sequence; page_tables int32 [N, max_pages];
     seq_lens int32 [N]. Returns [N, Hq, D]."""
-    impl = _fast("paged_attention.triton_attention") if use_triton(q) else attn_ref
-    return impl.paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale)
+    return _attention_impl(q).paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens,
+                                                     scale)
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
