@@ -109,7 +109,15 @@ class Scheduler:
     def cancel(self, req: Request) -> None:
         with self.cond:
             req.cancelled = True
+            # A waiting request leaves the queue now: its place must not stay taken (and
+            # refuse others with 503) until a running one ends and the worker reaches it.
+            queued = any(r is req for r in self.waiting)
+            if queued:
+                self.waiting = deque(r for r in self.waiting if r is not req)
+                self.counters["cancelled"] += 1
             self.cond.notify_all()
+        if queued:
+            req.emit(Finished("cancelled", req.stats))
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel queued and running work, then wait for the worker to finish its step."""

@@ -13,6 +13,11 @@ import pytest
 
 from tests.daemon.daemon_proc import Daemon
 
+# One torch thread: on a 2-core machine shared with other work, two OpenMP threads
+# that wait on each other make a 20 ms prefill take seconds now and then (measured:
+# 10-70 ms per request with one thread, up to 2.3 s with two), and these tests are
+# about answers and faults, not about torch's threading.
+ENV = {"OMP_NUM_THREADS": "1"}
 # A small context and frequent snapshots, so short prompts leave restorable state.
 ARGS = ("--max-context", "1024", "--snapshot-interval", "32", "--step-tokens", "128",
         "--request-timeout", "120", "--drain-timeout", "5")
