@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from tests.daemon.daemon_proc import start
-from tests.reliability.conftest import ARGS, greedy
+from tests.reliability.conftest import ARGS, ENV, greedy
 
 ADMIN = "admin-secret"
 A, B = "tenant-A", "tenant-B"
@@ -23,7 +23,7 @@ def _complete(d, prompt: list[int], salt: str | None) -> dict:
 
 
 def test_salts_share_nothing_across_100_prompts(tiny_hybrid_dir, tmp_path):
-    d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS, "--admin-key", ADMIN)
+    d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS, "--admin-key", ADMIN, env=ENV)
     try:
         rng = random.Random(100)
         prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(34, 60))]
@@ -52,7 +52,7 @@ def test_salts_share_nothing_across_100_prompts(tiny_hybrid_dir, tmp_path):
 
 
 def test_a_salted_context_belongs_to_its_tenant(tiny_hybrid_dir, tmp_path):
-    d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS)
+    d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS, env=ENV)
     try:
         text = "The vault code is 4417. " * 8
         r = d.post("/v1/contexts", {"name": "kb", "text": text, "cache_salt": B})

@@ -10,7 +10,7 @@ import pytest
 
 from daemon import config
 from tests.daemon.daemon_proc import Daemon, start
-from tests.reliability.conftest import ARGS
+from tests.reliability.conftest import ARGS, ENV
 
 KEY, ADMIN = "user-key", "admin-key"
 
@@ -44,7 +44,7 @@ def _auth(key: str | None) -> dict:
 
 def test_api_key_admin_key_and_max_tokens(tiny_hybrid_dir, tmp_path):
     d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS, "--api-key", KEY,
-              "--admin-key", ADMIN, "--max-tokens", "4")
+              "--admin-key", ADMIN, "--max-tokens", "4", env=ENV)
     try:
         expect = {  # path: {key given: status}
             "/health": {None: 200, KEY: 200, ADMIN: 200},
@@ -77,7 +77,7 @@ def test_no_admin_and_the_open_bind_warning(tiny_hybrid_dir, tmp_path):
     # Bound to every address without a key: the daemon says so. The test still talks
     # to 127.0.0.1 only.
     d = Daemon(tiny_hybrid_dir, tmp_path / "cache", *ARGS, "--host", "0.0.0.0",
-               "--no-admin")
+               "--no-admin", env=ENV)
     try:
         d.wait_ready()
         deadline = time.monotonic() + 10
