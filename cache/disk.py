@@ -71,11 +71,15 @@ class DiskTier:
                 raise FileNotFoundError(f"no cache store at {path}")
         else:
             path.mkdir(parents=True, exist_ok=True)
+        # The index as read at open, handed to the first scan() unless a write came
+        # first: a damaged file must fail here, where it can be set aside, not later.
+        self._at_open: list[tuple[bytes, EntryMeta]] | None = None
         try:
             self._open(map_bytes)
             if not readonly:
                 self._check_format()
                 self._purge_damaged()
+                self._at_open = self.scan()
         except _DAMAGED as e:
             if readonly:
                 raise
@@ -211,6 +215,9 @@ class DiskTier:
     def scan(self, bad: list[bytes] | None = None) -> list[tuple[bytes, EntryMeta]]:
         """Every entry's meta. One that does not parse (a damaged file) is left out, and
         its key appended to `bad`: a damaged index entry must not stop the store."""
+        if self._at_open is not None and bad is None:
+            out, self._at_open = self._at_open, None
+            return out
         out = []
         with self._read(db=self.meta_db) as txn:
             for k, v in txn.cursor():
@@ -237,6 +244,7 @@ class DiskTier:
         """Commit items and meta updates in one transaction; returns the keys written.
         An item already stored is skipped, and so is one whose parent block is neither
         stored nor earlier in the batch (evicted meanwhile: a prefix stays closed)."""
+        self._at_open = None
         written: list[bytes] = []
         present: set[bytes] = set()
         try:
@@ -280,6 +288,7 @@ class DiskTier:
 
     def delete_many(self, keys: Sequence[bytes]) -> list[bytes]:
         """Delete entries in one transaction; returns the keys that were there."""
+        self._at_open = None
         gone = []
         try:
             with self.env.begin(write=True) as txn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -111,3 +112,33 @@ def test_unusable_cache_dir_is_a_one_line_startup_error(tmp_path, can_mount):
     ro.mkdir()
     _one_line_exit_2(_serve(ro, in_tmpfs(ro, "ro")), "not writable")
     _one_line_exit_2(_serve(ro / "cache", in_tmpfs(ro, "ro")), "cannot create it")
+
+
+def test_flipped_bytes_in_the_store_file(tiny_hybrid_dir, tmp_path):
+    """Random bits flipped anywhere in data.mdb (values, index records, LMDB's own
+    pages): the daemon starts, and every answer is the cache-off one."""
+    clean = tmp_path / "clean"
+    prompts = _prompts(3, 6, 90)
+    d = start(tiny_hybrid_dir, clean, *ARGS, env=ENV)
+    try:
+        for p in prompts:
+            greedy(d, p, n=2)
+    finally:
+        assert d.stop() == 0, d.output()
+    for seed, flips in [(1, 3), (2, 30), (3, 300)]:
+        cache = tmp_path / f"flipped-{seed}"
+        shutil.copytree(clean, cache)
+        data = bytearray((cache / "data.mdb").read_bytes())
+        rng = random.Random(seed)
+        for _ in range(flips):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        (cache / "data.mdb").write_bytes(bytes(data))
+        d = start(tiny_hybrid_dir, cache, *ARGS, env=ENV)
+        try:
+            hits = _check_repeats(d, prompts)
+            s = stats(d)
+            aside = any(p.name.startswith("damaged-") for p in cache.iterdir())
+            print(f"{flips} flips (seed {seed}): {hits} hits of {len(prompts)}, "
+                  f"{s['corrupt_dropped']} values dropped, file set aside: {aside}")
+        finally:
+            assert d.stop() == 0, d.output()
