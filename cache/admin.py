@@ -241,7 +241,8 @@ class StoreAdmin:
 
         def check(key: bytes, buf: memoryview | None) -> bool:
             try:
-                return buf is not None and bool(codec.verify(buf, merged[key].fingerprint))
+                return buf is not None and bool(codec.verify(buf, merged[key].fingerprint,
+                                                             key))
             except codec.CorruptValue:
                 return False
         bad = []
@@ -283,7 +284,7 @@ class StoreAdmin:
                 batch = []
                 for (k, m), blob in zip(chunk, blobs):
                     try:
-                        codec.verify(blob or b"", m.fingerprint)
+                        codec.verify(blob or b"", m.fingerprint, k)
                     except codec.CorruptValue:
                         continue
                     batch.append((k, m, blob))

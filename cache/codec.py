@@ -56,12 +56,15 @@ def _le_bytes(t: torch.Tensor) -> np.ndarray:
     return arr.view(np.uint8)
 
 
-def encode(tensors: dict[str, torch.Tensor], fingerprint: str, level: int = 1) -> bytes:
+def encode(tensors: dict[str, torch.Tensor], fingerprint: str, level: int = 1,
+           key: bytes | None = None) -> bytes:
+    """`key`: the cache key the value is stored under, kept in the checksummed header so
+    a read that lands on another entry's (valid) bytes is caught, not served."""
     cctx = zstandard.ZstdCompressor(level=level)
     entries, parts, offset = [], [], 0
     for name, t in tensors.items():
-        key = str(t.dtype).removeprefix("torch.")
-        if key not in _DTYPES:
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
             raise ValueError(f"tensor {name!r}: cannot store dtype {t.dtype}")
         if t.dtype in (torch.float16, torch.bfloat16):
             u16 = _uints(t.detach().cpu().contiguous()).reshape(-1)
@@ -73,11 +76,14 @@ def encode(tensors: dict[str, torch.Tensor], fingerprint: str, level: int = 1) -
             packed = cctx.compress(raw)
             codec, chunks = ("zstd", [packed]) if len(packed) < raw.nbytes else ("raw", [raw])
         sizes = [c.nbytes if isinstance(c, np.ndarray) else len(c) for c in chunks]
-        entries.append({"name": name, "dtype": key, "shape": list(t.shape), "codec": codec,
+        entries.append({"name": name, "dtype": dtype, "shape": list(t.shape), "codec": codec,
                         "offset": offset, "parts": sizes})
         offset += sum(sizes)
         parts += chunks
-    header = json.dumps({"fp": fingerprint, "tensors": entries}, separators=(",", ":")).encode()
+    head = {"fp": fingerprint, "tensors": entries}
+    if key is not None:
+        head["key"] = key.hex()
+    header = json.dumps(head, separators=(",", ":")).encode()
     body = b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, *parts])
     return body + xxhash.xxh3_128_digest(body)
 
@@ -99,8 +105,9 @@ def read_header(blob: bytes | memoryview) -> dict:
         raise CorruptValue("bad header") from None
 
 
-def verify(blob: bytes | memoryview, fingerprint: str | None) -> dict:
-    """Check checksum, format version and model; return the header."""
+def verify(blob: bytes | memoryview, fingerprint: str | None, key: bytes | None = None) -> dict:
+    """Check checksum, format version, model and (when both name one) key; return the
+    header. Values written without a key are accepted under any key."""
     mv = memoryview(blob)
     if len(mv) < _PREFIX.size + _SUM:
         raise CorruptValue("value too short")
@@ -109,6 +116,8 @@ def verify(blob: bytes | memoryview, fingerprint: str | None) -> dict:
     header = read_header(mv)
     if fingerprint is not None and header.get("fp") != fingerprint:
         raise CorruptValue(f"value of model {header.get('fp')!r}, expected {fingerprint!r}")
+    if key is not None and header.get("key", key.hex()) != key.hex():
+        raise CorruptValue(f"value stored for key {header.get('key')}, read for {key.hex()}")
     return header
 
 
@@ -137,11 +146,12 @@ def describe(blob: bytes | memoryview) -> dict:
 
 
 def decode(blob: bytes | memoryview, fingerprint: str | None,
-           into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+           into: dict[str, torch.Tensor] | None = None,
+           key: bytes | None = None) -> dict[str, torch.Tensor]:
     """Tensors of a value. `blob` may be a buffer valid only during this call. `into`
     may give contiguous CPU tensors to fill in place (a restore decodes straight into
     its output pages); they must have the stored dtype and shape."""
-    header = verify(blob, fingerprint)
+    header = verify(blob, fingerprint, key)
     mv = memoryview(blob)
     dctx = zstandard.ZstdDecompressor()
     out = {}

@@ -21,7 +21,7 @@ class StoreCommit:
         if isinstance(item, Forget):
             return item
         key, meta, tensors = item
-        blob = codec.encode(tensors, self.fp)
+        blob = codec.encode(tensors, self.fp, key=key)
         meta.stored_bytes = len(blob)
         return key, meta, blob
 

@@ -87,7 +87,7 @@ class StoreRestore:
             if buf is None:
                 return _MISSING
             try:
-                return codec.decode(buf, self.fp, into[key])
+                return codec.decode(buf, self.fp, into[key], key)
             except codec.CorruptValue:
                 return _CORRUPT
         try:

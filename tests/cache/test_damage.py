@@ -111,3 +111,24 @@ def test_a_refused_write_is_disk_full_and_the_store_stays_usable(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert disk.put_many([(b"k" * 16, meta, b"x" * 200_000)]) == [b"k" * 16]
     disk.close()
+
+
+def test_a_value_read_under_another_key_is_caught(open_store, tmp_path):
+    # A damaged page pointer can make one key's read land on another entry's bytes:
+    # valid, checksummed, the same shape. The key in the value's header catches it.
+    spec = hybrid_spec()
+    tokens = list(range(12))
+    s = open_store(spec)
+    fill(s, spec, tokens)
+    plan = s.lookup(tokens)
+    first, second = plan.blocks[0].key, plan.blocks[1].key
+    s.close()
+    env = lmdb.open(str(tmp_path / "store"), max_dbs=8)
+    db = env.open_db(b"blocks")
+    with env.begin(write=True, db=db) as txn:
+        txn.put(second, bytes(txn.get(first)))
+    env.close()
+    s = open_store(spec)
+    restored = s.load(s.lookup(tokens))
+    assert not restored.ok and restored.position == 0 and restored.dropped == 1
+    assert s.lookup(tokens).position == 0
