@@ -142,3 +142,28 @@ def test_flipped_bytes_in_the_store_file(tiny_hybrid_dir, tmp_path):
                   f"{s['corrupt_dropped']} values dropped, file set aside: {aside}")
         finally:
             assert d.stop() == 0, d.output()
+
+
+def test_a_store_shared_with_another_model_serves_each_its_own(tiny_hybrid_dir,
+                                                               tiny_llama_dir, tmp_path):
+    cache = tmp_path / "cache"
+    prompts = _prompts(4, 2, 70)
+    d = start(tiny_hybrid_dir, cache, *ARGS, env=ENV)
+    try:
+        for p in prompts:
+            greedy(d, p, n=2)
+        wait_written(d)
+    finally:
+        assert d.stop() == 0, d.output()
+    d = start(tiny_llama_dir, cache, *ARGS, env=ENV)
+    try:
+        for p in prompts:                   # keys are rooted in the model fingerprint
+            assert greedy(d, p, n=2)[1] == 0
+        assert _check_repeats(d, prompts) == len(prompts)   # its own entries, correct
+    finally:
+        assert d.stop() == 0, d.output()
+    d = start(tiny_hybrid_dir, cache, *ARGS, env=ENV)
+    try:
+        assert _check_repeats(d, prompts) == len(prompts)   # the first model's are kept
+    finally:
+        assert d.stop() == 0, d.output()
