@@ -6,6 +6,7 @@ from the environment fails the same way: one `ValueError` naming the setting.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import re
@@ -189,9 +190,10 @@ def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
     return ServeConfig(**values)
 
 
-def prepare_cache_dir(path: Path) -> None:
-    """Create the cache folder and prove it writable, so a bad --cache-dir is one clear
-    error at start-up, not a model load that fails after the port opened."""
+def prepare_cache_dir(path: Path):
+    """Create the cache folder, prove it writable and lock it for this process, so a bad
+    --cache-dir (or one another daemon serves) is one clear error at start-up, not a
+    model load that fails after the port opened. Returns the lock: keep it open."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -208,3 +210,20 @@ def prepare_cache_dir(path: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"--cache-dir {path}: not writable: {e.strerror}") from None
+    # Two daemons on one folder would each keep their own index and budget of the
+    # same store, and overwrite each other's contexts. The kernel drops the lock
+    # when the process dies, however it dies.
+    lock = open(path / "daemon.lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ValueError(f"--cache-dir {path}: another ckptd serves it (pid {holder})") \
+            from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock

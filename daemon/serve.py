@@ -32,9 +32,12 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     cfg = config.from_args(args)
-    config.prepare_cache_dir(cfg.cache_dir)
+    lock = config.prepare_cache_dir(cfg.cache_dir)
     _setup_logging(cfg.log_format)
-    return asyncio.run(serve(cfg))
+    try:
+        return asyncio.run(serve(cfg))
+    finally:
+        lock.close()
 
 
 class _JsonFormatter(logging.Formatter):

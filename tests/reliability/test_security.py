@@ -4,12 +4,14 @@ the warning for a non-loopback bind without a key, and how the settings are read
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 
 import pytest
 
 from daemon import config
-from tests.daemon.daemon_proc import Daemon, start
+from tests.daemon.daemon_proc import ROOT, Daemon, start
 from tests.reliability.conftest import ARGS, ENV
 
 KEY, ADMIN = "user-key", "admin-key"
@@ -65,6 +67,12 @@ def test_api_key_admin_key_and_max_tokens(tiny_hybrid_dir, tmp_path):
         assert r.status == 200 and r.json["usage"]["completion_tokens"] == 4   # the cap
         r = d.post("/completion", {"prompt": [5, 6], "n_predict": -1, "ignore_eos": True})
         assert r.status == 200 and r.json["tokens_predicted"] == 4
+        # A second daemon on the same folder is refused before it loads anything.
+        r = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--port", "0",
+                            "--cache-dir", str(tmp_path / "cache")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "another ckptd serves it" in r.stderr, r.stderr
+        assert f"pid {d.proc.pid}" in r.stderr and r.stderr.strip().count("\n") == 0
         doc = d.get("/openapi.json").json
         op = doc["paths"]["/cache/stats"]["get"]
         assert op["security"] == [{"admin": []}] and "403" in op["responses"]
