@@ -48,7 +48,10 @@ class StoreCommit:
             metas = {k: m for k, m, _ in batch}
             with self.lock:
                 for k in written:
-                    self.index.add(k, metas[k])
+                    # a key forgotten while its put waited in the queue stays out of the
+                    # index: the queued delete takes it off the disk next
+                    if k not in self.forgetting:
+                        self.index.add(k, metas[k])
                 for k in queued_keys:
                     self.queued.pop(k, None)
                 lost = len(batch) - len(keep) - orphans

@@ -77,6 +77,11 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         self.index = DiskIndex(self.disk.scan())
         self.touched: dict[bytes, EntryMeta] = {}     # hits not yet written to disk
         self.queued: dict[bytes, bytes] = {}          # key -> parent, for puts in the queue
+        self.forgetting: set[bytes] = set()           # forgotten, their disk delete queued
+        # Marking a put queued and queueing it happen together: a put that sees its
+        # parent marked must find the parent ahead of it in the queue, or the writer
+        # would drop it as an orphan (two threads putting one prefix at once).
+        self.put_lock = threading.Lock()
         self.counters = Counters()
         self.readers = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="ckptd-read")
         self.writer = None if readonly else Writer(
@@ -241,12 +246,13 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
     def _put(self, key: bytes, meta: EntryMeta, tensors: dict[str, torch.Tensor]) -> bool:
         meta.logical_bytes = tensors_nbytes(tensors)
         self.host.put(key, meta, tensors)
-        with self.lock:
-            self.queued[key] = meta.parent
-        if self.writer.put((key, meta, tensors), meta.logical_bytes):
-            return True
-        with self.lock:
-            self.queued.pop(key, None)
+        with self.put_lock:
+            with self.lock:
+                self.queued[key] = meta.parent
+            if self.writer.put((key, meta, tensors), meta.logical_bytes):
+                return True
+            with self.lock:
+                self.queued.pop(key, None)
         return False
 
     # ---- lifecycle ----------------------------------------------------------------

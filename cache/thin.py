@@ -91,10 +91,12 @@ class StoreThin:
         with self.lock:
             for k in keys:
                 self.index.remove(k)
+            self.forgetting.update(keys)
             self.counters.thinned += len(keys)
         for k in keys:
             self.host.delete(k)
-        self.writer.put(Forget(keys), 0, counted=False)
+        with self.put_lock:
+            self.writer.put(Forget(keys), 0, counted=False)
         return len(keys)
 
     def _forget_now(self, keys: set[bytes]) -> None:
@@ -107,6 +109,9 @@ class StoreThin:
             self.disk.delete_many(sorted(keys))
         except DiskFull:       # out of the index; after a restart a later put thins them again
             log.warning("cache: could not delete %d thinned snapshots: map full", len(keys))
+        finally:
+            with self.lock:
+                self.forgetting.difference_update(keys)
 
 
 def split_forgets(batch: list) -> tuple[list, set[bytes]]:
