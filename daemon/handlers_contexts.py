@@ -64,20 +64,31 @@ async def create(request: web.Request) -> web.Response:
                           "timings": stats.timings()}, 200 if old is not None else 201)
 
 
+def _salt(request: web.Request) -> str | None:
+    """The tenant asking (?cache_salt=): a salted context is listed, shown and deleted
+    only for its own salt, and is unknown to everyone else."""
+    salt = request.query.get("cache_salt")
+    if salt is not None and len(salt) > 256:
+        raise ApiError(400, "cache_salt is at most 256 characters", "cache_salt")
+    return salt or None
+
+
 async def list_all(request: web.Request) -> web.Response:
     svc = service(request)
-    return json_response({"object": "list", "data": [c.public() for c in svc.contexts.all()]})
+    salt = _salt(request)
+    return json_response({"object": "list", "data": [
+        c.public() for c in svc.contexts.all() if c.visible_to(salt)]})
 
 
 async def get_one(request: web.Request) -> web.Response:
     svc = service(request)
-    return json_response(svc.context(request.match_info["name"], check_salt=False).public())
+    return json_response(svc.context(request.match_info["name"], _salt(request)).public())
 
 
 async def delete(request: web.Request) -> web.Response:
     svc = ready(request)
     name = request.match_info["name"]
-    svc.context(name, check_salt=False)            # 404 when unknown
+    svc.context(name, _salt(request))              # 404 when unknown to this tenant
     ctx = await blocking(svc.contexts.delete, name)
     if ctx is None:
         raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")

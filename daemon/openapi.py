@@ -117,11 +117,16 @@ def document(model_id: str) -> dict:
             "post": _op("Register (and prefill) a named context; a salted one is used only "
                         "by requests with the same cache_salt", context, "201",
                         errors=("400", "409", "413")),
-            "get": _op("List named contexts", errors=())},
+            "get": _op("List the named contexts this cache_salt may use (unsalted ones and "
+                       "its own)", params=[_query("cache_salt", "string")])},
         "/v1/contexts/{name}": {
-            "get": _op("One named context", params=[_path_param("name")], errors=("404",)),
-            "delete": _op("Forget a named context (its cache entries are unpinned)",
-                          params=[_path_param("name")], errors=("404",))},
+            "get": _op("One named context (a salted one only with its cache_salt)",
+                       params=[_path_param("name"), _query("cache_salt", "string")],
+                       errors=("400", "404")),
+            "delete": _op("Forget a named context (its cache entries are unpinned); a "
+                          "salted one only with its cache_salt",
+                          params=[_path_param("name"), _query("cache_salt", "string")],
+                          errors=("400", "404"))},
         "/cache/stats": {"get": _admin(_op("Cache tiers, lookups, write queue", errors=()))},
         "/cache/entries": {"get": _admin(_op("Cache entries, a page at a time", params=[
             _query("offset"), _query("limit"), _query("sort", "string"),

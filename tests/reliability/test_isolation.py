@@ -58,9 +58,16 @@ def test_a_salted_context_belongs_to_its_tenant(tiny_hybrid_dir, tmp_path):
         r = d.post("/v1/contexts", {"name": "kb", "text": text, "cache_salt": B})
         assert r.status == 201, r.text
         n_ctx = r.json["tokens"]
-        listed = d.get("/v1/contexts")
-        assert B not in listed.text and B not in d.get("/v1/contexts/kb").text
-        assert listed.json["data"][0]["salted"] is True
+        # Listed, shown and deletable for its own salt only; unknown to anyone else.
+        assert d.get("/v1/contexts").json["data"] == []
+        assert d.get(f"/v1/contexts?cache_salt={A}").json["data"] == []
+        listed = d.get(f"/v1/contexts?cache_salt={B}")
+        assert B not in listed.text and listed.json["data"][0]["salted"] is True
+        for query in ("", f"?cache_salt={A}"):
+            assert d.get(f"/v1/contexts/kb{query}").status == 404
+            assert d.request("DELETE", f"/v1/contexts/kb{query}").status == 404
+        shown = d.get(f"/v1/contexts/kb?cache_salt={B}")
+        assert shown.status == 200 and B not in shown.text
         ask = {"prompt": " The code is", "context": "kb", "max_tokens": 2}
         for salt in (A, None):                       # as if there were no such context
             r = d.post("/v1/completions", {**ask, **({"cache_salt": salt} if salt else {})})
@@ -72,5 +79,6 @@ def test_a_salted_context_belongs_to_its_tenant(tiny_hybrid_dir, tmp_path):
         assert r.status == 409 and r.json["error"]["code"] == "context_exists"
         r = d.post("/v1/contexts", {"name": "kb", "text": "poisoned"})
         assert r.status == 409
+        assert d.request("DELETE", f"/v1/contexts/kb?cache_salt={B}").status == 200
     finally:
         assert d.stop() == 0, d.output()
