@@ -38,17 +38,18 @@ def _attend(q, k, v, ctx_len, scale):
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(q.dtype)
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, attend=_attend):
     """Causal attention for the last T tokens of one sequence.
 
     q [T, Hq, D]; the sequence has ctx_len + T tokens whose K/V are all in the pages of
     page_table (int32 [n_pages]) already. GQA: Hq is a multiple of Hkv. Returns [T, Hq, D].
+    `attend(q, k, v, ctx_len, scale)` does the math (sdpa.py passes torch's fused one).
     """
     k, v = _gather_seq(kv_pool, layer, page_table, ctx_len + q.shape[0])
-    return _attend(q, k, v, ctx_len, scale)
+    return attend(q, k, v, ctx_len, scale)
 
 
-def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
+def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, attend=_attend):
     """One query per sequence: q [N, Hq, D] is the last token of sequence n, whose length
     is seq_lens[n] (int32 [N]); page_tables int32 [N, max_pages] (padding ignored).
     Returns [N, Hq, D].
@@ -57,7 +58,7 @@ def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
     for n in range(q.shape[0]):
         L = int(seq_lens[n])
         k, v = _gather_seq(kv_pool, layer, page_tables[n], L)
-        out[n] = _attend(q[n:n + 1], k, v, L - 1, scale)[0]
+        out[n] = attend(q[n:n + 1], k, v, L - 1, scale)[0]
     return out
 
 

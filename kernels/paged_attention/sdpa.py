@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention.naive import _gather_seq
+from kernels.paged_attention import naive
 
 
 def _sdpa(q, k, v, ctx_len, scale):
@@ -27,15 +27,9 @@ def _sdpa(q, k, v, ctx_len, scale):
 
 def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
     """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages. [T, Hq, D]."""
-    k, v = _gather_seq(kv_pool, layer, page_table, ctx_len + q.shape[0])
-    return _sdpa(q, k, v, ctx_len, scale)
+    return naive.paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, _sdpa)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
     """q [N, Hq, D], one query per sequence of length seq_lens[n]. [N, Hq, D]."""
-    out = torch.empty_like(q)
-    for n in range(q.shape[0]):
-        L = int(seq_lens[n])
-        k, v = _gather_seq(kv_pool, layer, page_tables[n], L)
-        out[n] = _sdpa(q[n:n + 1], k, v, L - 1, scale)[0]
-    return out
+    return naive.paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, _sdpa)
