@@ -62,6 +62,7 @@ class ServeConfig:
     no_admin: bool = False                 # /cache/* answers 403
     log_format: str = "text"
     dtype: str | None = None               # None: float32
+    threads: int | None = None             # torch threads; None: torch's choice (one a core)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -79,6 +80,8 @@ class ServeConfig:
         if self.snapshot_interval % self.block_size:
             raise ValueError(f"snapshot_interval ({self.snapshot_interval}) must be a multiple "
                              f"of block_size ({self.block_size})")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {self.max_context}")
         if self.step_tokens > MAX_STEP_TOKENS:
@@ -139,6 +142,8 @@ SETTINGS: dict[str, tuple] = {
     "no_admin": ("flag", "turn the /cache/* admin endpoints off (they answer 403)"),
     "log_format": (str, "text or json (default text)"),
     "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
+    "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
+                      "cores leaves room for the cache writer on small machines"),
 }
 
 

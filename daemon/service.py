@@ -59,6 +59,8 @@ class Service:
     def load(self) -> None:
         cfg = self.cfg
         t0 = time.perf_counter()
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
         model, tok = load(self.path, getattr(torch, cfg.dtype) if cfg.dtype else None)
         limit = model.config.max_position_embeddings
         if cfg.max_context and cfg.max_context > limit:
@@ -78,9 +80,10 @@ class Service:
         self.model, self.tokenizer, self.store = model, tok, store
         self.scheduler.start()
         log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "
-                 "context %d, %d parallel", self.model_id, time.perf_counter() - t0,
-                 model.config.arch, len(model.config.layer_types), B, pages,
-                 pages * runner.spec.page_bytes() / 2**20, self.max_context, cfg.parallel)
+                 "context %d, %d parallel, %d torch threads", self.model_id,
+                 time.perf_counter() - t0, model.config.arch, len(model.config.layer_types), B,
+                 pages, pages * runner.spec.page_bytes() / 2**20, self.max_context,
+                 cfg.parallel, torch.get_num_threads())
         self.state = READY
 
     def close(self) -> None:

@@ -37,6 +37,9 @@ def test_flags_win_over_environment_over_defaults(tmp_path):
     assert cfg.cache_dir == tmp_path / "ckptd"
     assert cfg.block_size == 16 and cfg.host == "127.0.0.1" and cfg.loopback
     assert from_args(_args("--cache-dir", "x"), {}).cache_dir == Path("x")
+    assert from_args(_args("--threads", "1"), {"CKPTD_THREADS": "2"}).threads == 1
+    assert from_args(_args(), {"CKPTD_THREADS": "2"}).threads == 2
+    assert from_args(_args(), {}).threads is None
 
 
 @pytest.mark.parametrize("kw,field", [
@@ -46,7 +49,7 @@ def test_flags_win_over_environment_over_defaults(tmp_path):
     ({"queue_size": 0}, "queue_size"), ({"log_format": "xml"}, "log_format"),
     ({"dtype": "int8"}, "dtype"), ({"model": "/no/such/model"}, "model"),
     ({"max_context": 1}, "max_context"), ({"api_key": " "}, "api_key"),
-    ({"step_tokens": 10**6}, "step_tokens")])
+    ({"step_tokens": 10**6}, "step_tokens"), ({"threads": 0}, "threads")])
 def test_invalid_settings_name_the_setting(kw, field):
     with pytest.raises(ValueError, match=field):
         ServeConfig(**kw)

@@ -79,7 +79,7 @@ def test_api_key_restart_keeps_contexts_and_sigterm_exits_zero(tiny_hybrid_dir, 
         d.stop()
 
     d = start(tiny_hybrid_dir, cache, "--api-key", KEY, "--max-context", "1024",
-              "--drain-timeout", "0", "--parallel", "1", "--queue-size", "1")
+              "--drain-timeout", "0", "--parallel", "1", "--queue-size", "1", "--threads", "1")
     d.headers = {"Authorization": f"Bearer {KEY}"}
     try:
         listed = d.get("/v1/contexts").json["data"]
@@ -113,7 +113,7 @@ def test_api_key_restart_keeps_contexts_and_sigterm_exits_zero(tiny_hybrid_dir, 
         errors = [e for e in got if isinstance(e, dict) and "error" in e]
         assert errors and errors[0]["error"]["code"] == "cancelled"
         assert waiting[0].status == 503 and waiting[0].json["error"]["code"] == "cancelled"
-        assert "stopped" in d.output()
+        assert "stopped" in d.output() and "1 torch threads" in d.output()
     finally:
         d.stop()
 
