@@ -31,6 +31,7 @@ import numpy as np
 
 from cache.entry import BLOCK, EntryMeta
 from cache.keys import FORMAT_VERSION
+from cache.probe import walk_fails
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -74,6 +75,12 @@ class DiskTier:
         # The index as read at open, handed to the first scan() unless a write came
         # first: a damaged file must fail here, where it can be set aside, not later.
         self._at_open: list[tuple[bytes, EntryMeta]] | None = None
+        if not readonly and (path / "data.mdb").exists():
+            why = walk_fails(path)
+            if why is not None:
+                aside = self._set_aside()
+                log.error("cache: the store at %s is damaged (%s); moved to %s, starting "
+                          "empty", path, why, aside)
         try:
             self._open(map_bytes)
             if not readonly:

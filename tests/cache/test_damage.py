@@ -152,3 +152,21 @@ def test_a_store_of_another_format_starts_over(open_store, tmp_path, found):
     fill(s, spec, tokens)
     s.flush()
     assert s.lookup(tokens).position == 10
+
+
+def test_the_index_walk_in_a_child_tells_a_good_file_from_a_broken_one(open_store, tmp_path):
+    from cache.probe import walk_fails
+
+    spec = hybrid_spec()
+    s = open_store(spec)
+    fill(s, spec, list(range(10)))
+    s.close()
+    store = tmp_path / "store"
+    assert walk_fails(store) is None
+    assert "more than" in walk_fails(store, timeout=0.001)     # a hung reader is not waited on
+    data = store / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    raw[:64] = bytes(64)
+    raw[4096:4096 + 64] = bytes(64)
+    data.write_bytes(bytes(raw))
+    assert "failed" in walk_fails(store)
