@@ -184,14 +184,15 @@ def _run_peer(args, managed: ManagedPeer | None, maker, meta: dict, scenarios: l
         log(f"starting the peer: {managed.cmd}")
         managed.start()
         meta["peer command"] = f"`{managed.cmd}`"
-    url = managed.client.url if managed is not None else args.peer
-    peer = Client(url, None, args.timeout, extra={"cache_prompt": True})
+    def connect(url: str) -> Client:
+        return Client(url, None, args.timeout, extra={"cache_prompt": True})
+    peer = connect(managed.client.url if managed is not None else args.peer)
     peer.wait_ready(30.0)
     meta["peer"] = f"{args.peer_name} at {peer.url}, model {_model_id(peer)}"
     rows, prompts = run_server(args.peer_name, peer, maker, args, scenarios, lengths, tag, log)
     if managed is not None and prompts:
         log("restarting the peer")
-        peer = Client(managed.restart().url, None, args.timeout, extra={"cache_prompt": True})
+        peer = connect(managed.restart().url)
         try:
             bench_scenarios.warm_up(peer, f"{tag}-peer-restart")
             restart = bench_scenarios.after_restart(peer, maker, prompts, args.max_tokens)

@@ -26,6 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn(log_path: Path, line: str, cmd, **popen) -> subprocess.Popen:
+    """Start a server process in ROOT, its output appended to log_path after `$ line`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"$ {line}\n".encode())
+        log.flush()
+        # The child keeps its own copy of the descriptor; ours can close now.
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **popen)
+
+
 class ManagedDaemon:
     def __init__(self, model: str | None, cache_dir: Path, log_path: Path,
                  serve_args: list[str] | None = None, ready_timeout: float = 300.0) -> None:
@@ -46,13 +56,8 @@ class ManagedDaemon:
 
     def start(self) -> Client:
         assert self.proc is None, "already running"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.command())}\n".encode())
-            log.flush()
-            # The child keeps its own copy of the descriptor; ours can close now.
-            self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=log,
-                                         stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = spawn(self.log_path, " ".join(self.command()), self.command(),
+                          env=dict(os.environ))
         self.starts += 1
         try:
             self.client.wait_ready(self.ready_timeout, alive=lambda: self.proc.poll() is None)
@@ -114,12 +119,8 @@ class ManagedPeer:
         self.client = Client(f"http://127.0.0.1:{self.port}")
 
     def start(self) -> Client:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"$ {self.cmd}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(self.cmd, shell=True, cwd=ROOT, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn(self.log_path, self.cmd, self.cmd, shell=True,
+                          start_new_session=True)
         try:
             self.client.wait_ready(self.ready_timeout, alive=lambda: self.proc.poll() is None)
         except BaseException as e:
