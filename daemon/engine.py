@@ -214,7 +214,8 @@ class Engine:
         self.shared.publish(seq)
         snap = {}
         if P % self.B and state.kv is not None:
-            snap["kv"] = state.kv[seq.pages[n_full], :, :, :P % self.B].clone()
+            snap["kv"] = state.kv[seq.pages[n_full], :, :, :P % self.B].clone(
+                memory_format=torch.contiguous_format)
         if state.conv is not None:
             snap["conv"] = state.conv[seq.slot].clone()
             snap["ssm"] = state.ssm[seq.slot].clone()

@@ -174,14 +174,14 @@ def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
 
 def gather_pages(kv_pool, page_ids):
     """Contiguous copy of whole pages: [n, n_attn, 2, B, Hkv, D]."""
-    if use_triton(kv_pool):
+    if use_triton(kv_pool) and kv_pool[0].is_contiguous():
         return _fast("paged_attention.triton_pages").gather_rows(kv_pool, page_ids)
     return attn_ref.gather_pages(kv_pool, page_ids)
 
 
 def scatter_pages(kv_pool, page_ids, pages):
     """Whole pages [n, n_attn, 2, B, Hkv, D] into the pool at page_ids, in place."""
-    if use_triton(kv_pool):
+    if use_triton(kv_pool) and kv_pool[0].is_contiguous():
         _fast("paged_attention.triton_pages").scatter_rows(kv_pool, page_ids, pages)
     else:
         attn_ref.scatter_pages(kv_pool, page_ids, pages)

@@ -190,7 +190,7 @@ class Runner:
         full, r = divmod(seq.num_computed, self.block_size)
         if r == 0:
             return self.state.kv.new_empty(self.spec.kv_shape(0))
-        return self.state.kv[seq.pages[full], :, :, :r].clone()
+        return self.state.kv[seq.pages[full], :, :, :r].clone(memory_format=torch.contiguous_format)
 
     def load_partial(self, seq: Sequence, position: int, kv: torch.Tensor) -> None:
         """Write the KV of tokens [position - r, position) (r = position % block_size),

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from kernels.paged_attention import layout
 from model.spec import StateSpec
 
 
 class DeviceState:
-    """kv   [num_pages, n_attn, 2, block_size, kv_heads, head_dim]
+    """kv   [num_pages, n_attn, 2, block_size, kv_heads, head_dim] (on the CPU a view of
+         head-major memory: kernels/paged_attention/layout.py)
     conv [num_slots, n_rec, conv_dim, conv_kernel - 1]
     ssm  [num_slots, n_rec, v_heads, k_head_dim, v_head_dim] (float32)
     """
@@ -30,8 +32,9 @@ class DeviceState:
         self.conv = None
         self.ssm = None
         if spec.attention is not None:
-            self.kv = torch.zeros((num_pages, *spec.kv_shape()), dtype=spec.attention.dtype,
-                                  device=self.device)
+            # head-major memory on the CPU: attention reads a sequence's KV in place
+            self.kv = layout.new_pool(num_pages, spec.kv_shape(), spec.attention.dtype,
+                                      self.device, head_major=self.device.type == "cpu")
         if spec.recurrent is not None:
             r = spec.recurrent
             self.conv = torch.zeros((num_slots, *spec.conv_shape()), dtype=r.conv_dtype,

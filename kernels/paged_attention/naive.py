@@ -64,7 +64,8 @@ def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, atte
 
 def gather_pages(kv_pool, page_ids):
     """Contiguous copy of whole pages: [n, n_attn, 2, B, Hkv, D]."""
-    return kv_pool[torch.as_tensor(page_ids, dtype=torch.long, device=kv_pool.device)].clone()
+    idx = torch.as_tensor(page_ids, dtype=torch.long, device=kv_pool.device)
+    return kv_pool.index_select(0, idx).contiguous()
 
 
 def scatter_pages(kv_pool, page_ids, pages):
