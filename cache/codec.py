@@ -12,6 +12,11 @@ Codecs:
              zstd-compressed; the low plane is near-random, so it is stored as is
              (measured: the same ratio as compressing both, for half the work).
              Split and merge are shifts on uint16, not strided byte copies.
+             The high plane is all literals to zstd: it has no long repeats, and
+             short matches cost ratio and decode time. So it is compressed with
+             matches of 7+ bytes and a tiny match table (_HIGH_PLANE): on SmolLM2
+             KV, 1.45x instead of 1.42x, and it decodes ~1.7x faster (standard
+             zstd frames, so older values read the same).
     zstd     other dtypes, when zstd saves bytes;  raw: otherwise.
 Lossless always. The checksum is xxh3-128 (~10 GB/s here, against ~0.4-0.6 GB/s
 for blake2b or crc32), so verifying every read costs almost nothing.
@@ -37,6 +42,8 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int16, torch.int8, torch.uint8, torch.bool)}
 _UNSIGNED = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
 _BIG = sys.byteorder == "big"
+_HIGH_PLANE = zstandard.ZstdCompressionParameters.from_level(1, min_match=7, hash_log=8,
+                                                             chain_log=6)
 
 
 class CorruptValue(Exception):
@@ -61,6 +68,7 @@ def encode(tensors: dict[str, torch.Tensor], fingerprint: str, level: int = 1,
     """`key`: the cache key the value is stored under, kept in the checksummed header so
     a read that lands on another entry's (valid) bytes is caught, not served."""
     cctx = zstandard.ZstdCompressor(level=level)
+    high_cctx = None
     entries, parts, offset = [], [], 0
     for name, t in tensors.items():
         dtype = str(t.dtype).removeprefix("torch.")
@@ -69,7 +77,8 @@ def encode(tensors: dict[str, torch.Tensor], fingerprint: str, level: int = 1,
         if t.dtype in (torch.float16, torch.bfloat16):
             u16 = _uints(t.detach().cpu().contiguous()).reshape(-1)
             low = u16.astype(np.uint8)                      # truncation keeps the low byte
-            high = cctx.compress((u16 >> 8).astype(np.uint8))
+            high_cctx = high_cctx or zstandard.ZstdCompressor(compression_params=_HIGH_PLANE)
+            high = high_cctx.compress((u16 >> 8).astype(np.uint8))
             codec, chunks = "plane16", [low, high]
         else:
             raw = _le_bytes(t)

@@ -6,6 +6,7 @@ import struct
 
 import pytest
 import torch
+import zstandard
 
 from cache import codec
 
@@ -50,6 +51,18 @@ def test_16bit_planes_compress_and_incompressible_data_stays_raw():
     assert codec.verify(codec.encode({"n": noise}, "fp"), "fp")["tensors"][0]["codec"] == "raw"
     zeros = torch.zeros(4096)
     assert codec.verify(codec.encode({"z": zeros}, "fp"), "fp")["tensors"][0]["codec"] == "zstd"
+
+
+def test_high_plane_of_either_zstd_setting_decodes(monkeypatch):
+    # Values written before the literal-only high plane (plain zstd level 1) read the same.
+    kv = (torch.randn(32, 1024) * 0.05).to(torch.bfloat16)
+    kv[:4] = 0                                          # a long repeat, for the match finder
+    new = codec.encode({"kv": kv}, "fp")
+    monkeypatch.setattr(codec, "_HIGH_PLANE", zstandard.ZstdCompressionParameters.from_level(1))
+    old = codec.encode({"kv": kv}, "fp")
+    assert old != new
+    for blob in (old, new):
+        assert torch.equal(_bits(codec.decode(blob, "fp")["kv"]), _bits(kv))
 
 
 def test_every_flipped_byte_is_detected():
