@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int16, torch.int8, torch.uint8, torch.bool)}
 _UNSIGNED = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
 _BIG = sys.byteorder == "big"
+_local = threading.local()          # a decompressor per thread: they are not thread-safe
 _HIGH_PLANE = zstandard.ZstdCompressionParameters.from_level(1, min_match=7, hash_log=8,
                                                              chain_log=6)
 
@@ -162,7 +164,9 @@ def decode(blob: bytes | memoryview, fingerprint: str | None,
     its output pages); they must have the stored dtype and shape."""
     header = verify(blob, fingerprint, key)
     mv = memoryview(blob)
-    dctx = zstandard.ZstdDecompressor()
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
     out = {}
     try:
         for e in header["tensors"]:
