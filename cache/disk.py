@@ -16,10 +16,7 @@ transaction of this process is open, which the parallel readers can't promise.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import mmap
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,8 +24,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import lmdb
-import numpy as np
 
+from cache import pagein
 from cache.entry import BLOCK, EntryMeta
 from cache.keys import FORMAT_VERSION
 from cache.probe import walk_fails
@@ -39,9 +36,6 @@ log = logging.getLogger(__name__)
 _DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
             lmdb.BadTxnError, lmdb.IncompatibleError)
 _MIN_MAP = 1 << 20
-_PAGE = mmap.PAGESIZE
-_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if _WILLNEED else None
 
 
 class DiskFull(RuntimeError):
@@ -176,26 +170,29 @@ class DiskTier:
     def read_many(self, items: Sequence[tuple[bytes, str]],
                   fn: Callable[[bytes, memoryview | None], T]) -> list[T]:
         """fn(key, value buffer or None) for each (key, kind), all in one read
-        transaction; the buffer is only valid inside fn (no copy is made)."""
+        transaction; the buffer is only valid inside fn (no copy is made). Each value
+        is paged in before fn sees it, with the GIL released: a cold read then waits
+        for the disk without stopping the other reader threads' Python work."""
+        out = []
         with self._read(buffers=True) as txn:
-            return [fn(key, txn.get(key, db=self._db(kind))) for key, kind in items]
+            for key, kind in items:
+                buf = txn.get(key, db=self._db(kind))
+                if buf is not None:
+                    pagein.read_now(buf)
+                out.append(fn(key, buf))
+        return out
 
     def prefetch(self, items: Sequence[tuple[bytes, str]]) -> None:
-        """Ask the kernel to start reading these values now (madvise WILLNEED on their
-        pages in the map). A cold restore then reads in large requests, ahead of the
-        decoders, instead of one page fault at a time."""
-        if _libc is None:
-            return
+        """Ask the kernel to start reading these values, in this order (madvise
+        WILLNEED on their pages in the map). Blocks about as long as the reads take,
+        so a restore runs it beside the decoders: the disk then reads in large
+        requests ahead of them instead of one page fault at a time."""
         try:
             with self._read(buffers=True) as txn:
                 for key, kind in items:
                     buf = txn.get(key, db=self._db(kind))
-                    if buf is None or len(buf) == 0:
-                        continue
-                    addr = np.frombuffer(buf, np.uint8).ctypes.data
-                    start = addr - addr % _PAGE
-                    _libc.madvise(ctypes.c_void_p(start),
-                                  ctypes.c_size_t(addr + len(buf) - start), _WILLNEED)
+                    if buf is not None:
+                        pagein.willneed(buf)
         except _DAMAGED:
             pass                # only a hint: the read that follows reports the damage
 

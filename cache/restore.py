@@ -1,22 +1,24 @@
-"""Loading a restore plan: RAM pieces are copied, disk pieces are prefetched, then read
-and decoded on the reader pool straight into the output pages, verified, and
-promoted into RAM. Mixed into CacheStore."""
+"""Loading a restore plan: RAM pieces are copied; disk pieces are read ahead by the
+prefetch thread while the reader pool reads and decodes them straight into the output
+pages, verified, and promoted into RAM. Mixed into CacheStore."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import lmdb
 import torch
 
-from cache import codec
+from cache import codec, pagein
 from cache.disk import DiskFull
 from cache.lookup import DEVICE, DISK, HOST, PieceRef, RestoredState, RestorePlan
 
 log = logging.getLogger(__name__)
 _MISSING, _CORRUPT = "missing", "corrupt"
 _MAX_REPLANS = 4
+_AHEAD = 8                   # values per read-ahead step
 
 
 class StoreRestore:
@@ -44,13 +46,18 @@ class StoreRestore:
             else:
                 values[i] = {k: t.clone() for k, t in v.items()}
         if from_disk:
-            self.disk.prefetch([(pieces[i].key, pieces[i].kind) for i in from_disk])
+            done = threading.Event()
+            self.prefetcher.submit(self._read_ahead, [(pieces[i], into[i]) for i in from_disk],
+                                   done)
             n = self.config.read_threads
             groups = [g for g in (from_disk[t::n] for t in range(n)) if g]
             jobs = [[(pieces[i], into[i]) for i in g] for g in groups]
-            for group, got in zip(groups, self.readers.map(self._read_group, jobs)):
-                for i, v in zip(group, got):
-                    values[i] = v
+            try:
+                for group, got in zip(groups, self.readers.map(self._read_group, jobs)):
+                    for i, v in zip(group, got):
+                        values[i] = v
+            finally:
+                done.set()
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
@@ -79,6 +86,18 @@ class StoreRestore:
         out = self.load(replan, _depth + 1)
         out.ok, out.dropped = False, out.dropped + len(corrupt)
         return out
+
+    def _read_ahead(self, job: list[tuple[PieceRef, dict | None]], done: threading.Event):
+        """Beside the readers, in the order they go: ask the disk for the next values
+        and fault in the output pages they decode into (see cache/pagein.py)."""
+        for s in range(0, len(job), _AHEAD):
+            if done.is_set():
+                return
+            step = job[s:s + _AHEAD]
+            self.disk.prefetch([(ref.key, ref.kind) for ref, _ in step])
+            for _, out in step:
+                if out is not None:
+                    pagein.write_ready(out["kv"])
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = {ref.key: out for ref, out in job}

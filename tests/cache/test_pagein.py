@@ -1,0 +1,69 @@
+"""Paging in ahead of use: a hint that never changes data, and restores that use it
+(pages of several 4 KiB memory pages, read back cold from disk) stay bit-exact."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+
+import pytest
+import torch
+
+from cache import pagein
+from cache.store import CacheStore
+from model.spec import AttentionSpec, StateSpec
+
+
+def test_write_ready_keeps_contents_on_any_alignment():
+    base = torch.randn(5 * mmap.PAGESIZE + 3)
+    want = base.clone()
+    for t in (base, base[1:], base[7:9000], base[:0], base[3:4]):
+        pagein.write_ready(t)
+    assert torch.equal(base, want)
+
+
+def test_read_hints_on_a_mapped_file_and_on_bytes(tmp_path):
+    data = bytes(range(256)) * 100
+    (tmp_path / "f").write_bytes(data)
+    with open(tmp_path / "f", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        with memoryview(m) as whole:
+            for buf in (whole, whole[5:7000], whole[:0]):
+                pagein.willneed(buf)
+                pagein.read_now(buf)
+            del buf
+        assert m[:] == data
+    pagein.read_now(memoryview(data)[1:])
+    pagein.willneed(memoryview(b""))
+
+
+def _big_spec() -> StateSpec:
+    # A page of 4 * 2 * 16 * 2 * 64 bf16 = 32 KiB: eight memory pages per value.
+    return StateSpec(16, AttentionSpec(4, 2, 64, torch.bfloat16), None)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_cold_restore_of_large_pages_is_bit_exact(tmp_path, threads):
+    spec = _big_spec()
+    g = torch.Generator().manual_seed(threads)
+    pages = (torch.randn((37, *spec.kv_shape()), generator=g) * 0.1).to(torch.bfloat16)
+    tokens = list(range(1000, 1000 + 37 * 16))
+    with CacheStore(tmp_path / "s", spec, "fp", host_budget=0) as s:
+        s.put_blocks(tokens, 0, pages)
+        s.flush()
+    with CacheStore(tmp_path / "s", spec, "fp", host_budget=0, read_threads=threads) as s:
+        plan = s.lookup(tokens)
+        assert plan.position == len(tokens) and plan.tier == "disk"
+        out = s.load(plan)
+        assert out.ok
+        assert torch.equal(out.pages.view(torch.uint16), pages.view(torch.uint16))
+
+
+def test_read_ahead_stops_once_the_readers_are_done(tmp_path, monkeypatch):
+    spec = _big_spec()
+    with CacheStore(tmp_path / "s", spec, "fp", host_budget=0) as s:
+        asked = []
+        monkeypatch.setattr(s.disk, "prefetch", asked.append)
+        done = threading.Event()
+        done.set()
+        s._read_ahead([(None, None)] * 20, done)
+        assert asked == []
