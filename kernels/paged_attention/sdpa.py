@@ -16,14 +16,18 @@ from kernels.paged_attention import layout, naive
 
 def _heads(q, k, v, ctx_len, scale):
     """q [T, Hq, D] at positions ctx_len..ctx_len+T-1; k, v [Hkv, ctx_len+T, D]."""
-    T, S = q.shape[0], k.shape[1]
-    qh = q.transpose(0, 1).unsqueeze(0)
+    T, Hq, D = q.shape
+    Hkv, S = k.shape[0], k.shape[1]
+    rep = Hq // Hkv
+    # the rep query heads that share a kv head become rows of one head, [rep * T] long:
+    # SDPA then streams each K/V once per kv head, not once per query head
+    qh = q.transpose(0, 1).reshape(1, Hkv, rep * T, D)
     kh, vh = k.to(q.dtype).unsqueeze(0), v.to(q.dtype).unsqueeze(0)
-    # query i sees keys 0 .. ctx_len + i: a causal mask aligned to the lower right
-    mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(ctx_len)
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
-                                       enable_gqa=q.shape[1] != k.shape[0])
-    return o[0].transpose(0, 1)
+    mask = None
+    if T > 1:  # query i sees keys 0 .. ctx_len + i: causal, aligned to the lower right
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(ctx_len).repeat(rep, 1)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return o.view(Hq, T, D).transpose(0, 1)
 
 
 def _sdpa(q, k, v, ctx_len, scale):
