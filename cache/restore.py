@@ -46,9 +46,14 @@ class StoreRestore:
             else:
                 values[i] = {k: t.clone() for k, t in v.items()}
         if from_disk:
+            # Two helpers run ahead of the readers, in the order they go: one asks the
+            # disk for the values (it mostly waits), one faults in the output pages the
+            # values decode into (CPU). See cache/pagein.py.
             done = threading.Event()
-            self.prefetcher.submit(self._read_ahead, [(pieces[i], into[i]) for i in from_disk],
-                                   done)
+            refs = [(pieces[i].key, pieces[i].kind) for i in from_disk]
+            outs = [into[i]["kv"] for i in from_disk if into[i] is not None]
+            self.prefetcher.submit(_ahead, refs, self.disk.prefetch, done)
+            self.prefetcher.submit(_ahead, outs, _write_ready, done)
             n = self.config.read_threads
             groups = [g for g in (from_disk[t::n] for t in range(n)) if g]
             jobs = [[(pieces[i], into[i]) for i in g] for g in groups]
@@ -86,18 +91,6 @@ class StoreRestore:
         out = self.load(replan, _depth + 1)
         out.ok, out.dropped = False, out.dropped + len(corrupt)
         return out
-
-    def _read_ahead(self, job: list[tuple[PieceRef, dict | None]], done: threading.Event):
-        """Beside the readers, in the order they go: ask the disk for the next values
-        and fault in the output pages they decode into (see cache/pagein.py)."""
-        for s in range(0, len(job), _AHEAD):
-            if done.is_set():
-                return
-            step = job[s:s + _AHEAD]
-            self.disk.prefetch([(ref.key, ref.kind) for ref, _ in step])
-            for _, out in step:
-                if out is not None:
-                    pagein.write_ready(out["kv"])
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = {ref.key: out for ref, out in job}
@@ -147,3 +140,16 @@ class StoreRestore:
                 self.disk.delete_many(keys)
             except DiskFull:        # out of the index now; after a restart, caught again on read
                 log.warning("cache: could not delete %d corrupt values: map full", len(keys))
+
+
+def _ahead(items: list, fn, done: threading.Event) -> None:
+    """fn over items, _AHEAD at a time, until the readers are done."""
+    for s in range(0, len(items), _AHEAD):
+        if done.is_set():
+            return
+        fn(items[s:s + _AHEAD])
+
+
+def _write_ready(pages: list[torch.Tensor]) -> None:
+    for t in pages:
+        pagein.write_ready(t)

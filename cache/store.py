@@ -84,8 +84,8 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         self.put_lock = threading.Lock()
         self.counters = Counters()
         self.readers = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="ckptd-read")
-        # Disk read-ahead for restores, beside the readers (a hint: loads don't wait on it).
-        self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="ckptd-prefetch")
+        # A restore's read-ahead helpers, beside the readers (hints: loads don't wait on them).
+        self.prefetcher = ThreadPoolExecutor(2, thread_name_prefix="ckptd-prefetch")
         self.writer = None if readonly else Writer(
             self._encode, self._commit, cfg.queue_bytes, cfg.write_threads, cfg.batch,
             cfg.block_when_full)
