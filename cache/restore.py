@@ -69,7 +69,7 @@ class StoreRestore:
             self._drop(corrupt)
         self._touch_and_promote(pieces, values, set(from_disk))
         snap = values[nb] if plan.snapshot is not None else None
-        if snap is not None and plan.snapshot.position != plan.position:
+        if isinstance(snap, dict) and plan.snapshot.position != plan.position:
             # Attention only: a later state's page, cut to the tokens the prompt shares
             # (its logits belong to that later state).
             snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
