@@ -80,8 +80,10 @@ class Engine:
         self.shared = DevicePrefixes(runner, store) if store is not None else None
 
     # ---- restore -----------------------------------------------------------------
-    def admit(self, tokens: list[int], salt: str | None, use_cache: bool) -> tuple[Sequence,
-                                                                                  RestoreInfo]:
+    def admit(self, tokens: list[int], salt: str | None, use_cache: bool,
+              keys: list[bytes] | None = None) -> tuple[Sequence, RestoreInfo]:
+        """A new sequence for a prompt, restored from the longest cached prefix (keys: the
+        prompt's block keys when the caller has them already)."""
         seq = self.runner.add(tokens)
         seq.salt, seq.stored_blocks, seq.use_cache = salt, 0, use_cache
         info = RestoreInfo()
@@ -89,7 +91,7 @@ class Engine:
             return seq, info
         t0 = time.perf_counter()
         try:
-            self._restore(seq, tokens, salt, info)
+            self._restore(seq, tokens, salt, info, keys)
         except BaseException:
             self.runner.release(seq)          # an OutOfPages requeues the request
             raise
@@ -97,8 +99,8 @@ class Engine:
         return seq, info
 
     def _restore(self, seq: Sequence, tokens: list[int], salt: str | None,
-                 info: RestoreInfo) -> None:
-        device, keys = self.shared.find(tokens, salt)
+                 info: RestoreInfo, keys: list[bytes] | None) -> None:
+        device, keys = self.shared.find(tokens, salt, keys)
         self.shared.start(seq, keys)
         dev = len(device)
         for _ in range(8):                  # each failed load drops a piece, so this ends

@@ -57,6 +57,7 @@ class Request:
     use_cache: bool = True
     timeout_s: float | None = None
     cancelled: bool = False
+    keys: list[bytes] | None = None       # the prompt's block keys, once computed
     created: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
 
@@ -155,20 +156,44 @@ class Scheduler:
 
     def _admit(self) -> None:
         while len(self.running) < self.max_running:
-            with self.cond:
-                if not self.waiting:
-                    return
-                req = self.waiting.popleft()
+            req = self._next_waiting()
+            if req is None:
+                return
             if req.cancelled:
                 req.emit(Finished("cancelled", req.stats))
                 continue
             try:
-                seq, info = self.engine.admit(req.tokens, req.salt, req.use_cache)
+                seq, info = self.engine.admit(req.tokens, req.salt, req.use_cache, req.keys)
             except OutOfPages:
                 with self.cond:
                     self.waiting.appendleft(req)
                 return
+            except Exception as e:   # off the queue and not running: answer it here
+                self.counters["errors"] += 1
+                req.emit(Finished("error", req.stats, f"internal error: {type(e).__name__}: {e}"))
+                continue
             self._start(req, seq, info)
+
+    def _next_waiting(self) -> Request | None:
+        """The oldest waiting request, taken off the queue, that is not waiting for a
+        running prefill computing its prefix (it adopts those pages once they exist)."""
+        shared = self.engine.shared
+        prefills = [live.seq for live in self.running
+                    if not live.t_decode and live.seq.use_cache] if shared else []
+        with self.cond:
+            queue = list(self.waiting)
+        for req in queue:
+            if prefills and req.use_cache and not req.cancelled:
+                if req.keys is None:
+                    req.keys = shared.keys(req.tokens, req.salt)
+                if shared.computing(req.keys, prefills):
+                    continue
+            with self.cond:
+                for i, queued in enumerate(self.waiting):
+                    if queued is req:          # identity: two equal prompts are two requests
+                        del self.waiting[i]
+                        return req
+        return None
 
     def _start(self, req: Request, seq: Sequence, info: RestoreInfo) -> None:
         st = req.stats

@@ -29,10 +29,15 @@ class DevicePrefixes:
         """Attach the sharing state to a new sequence (keys: its prompt's block keys)."""
         seq.block_keys, seq.published = keys, 0
 
-    def find(self, tokens: list[int], salt: str | None) -> tuple[list[int], list[bytes]]:
+    def keys(self, tokens: list[int], salt: str | None) -> list[bytes]:
+        """The block keys of a prompt's full blocks."""
+        return block_keys(self.store.root(salt), tokens, self.B)
+
+    def find(self, tokens: list[int], salt: str | None,
+             keys: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
         """(pages holding the prompt's leading full blocks, the prompt's block keys).
         The pages carry no reference: adopt them before the pool allocates again."""
-        keys = block_keys(self.store.root(salt), tokens, self.B)
+        keys = self.keys(tokens, salt) if keys is None else list(keys)
         found = []
         for i, page in enumerate(self.runner.pages.lookup(keys)):
             if self.tokens_of[page] != tuple(tokens[i * self.B:(i + 1) * self.B]):
@@ -62,3 +67,16 @@ class DevicePrefixes:
         for i in range(seq.published, n):
             self.tokens_of[seq.pages[i]] = tuple(seq.tokens[i * self.B:(i + 1) * self.B])
         seq.published = n
+
+    def computing(self, keys: list[bytes], prefills: list[Sequence]) -> bool:
+        """Whether one of these running prefills is computing a block that a prompt with
+        these keys starts with. That prompt then waits and adopts the pages once they are
+        computed, instead of computing the same prefix a second time beside it."""
+        for seq in prefills:
+            theirs = seq.block_keys
+            n = 0
+            while n < len(keys) and n < len(theirs) and keys[n] == theirs[n]:
+                n += 1
+            if n * self.B > seq.num_computed:
+                return True
+        return False

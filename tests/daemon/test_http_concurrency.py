@@ -108,3 +108,24 @@ def test_client_disconnect_cancels_its_sequence(busy):
     else:
         pytest.fail("the sequence of a disconnected client kept running")
     assert _counter(busy, "ckptd_generated_tokens_total") - generated < 1500   # stopped early
+
+
+def test_requests_sharing_an_uncached_prefix_compute_it_once(busy):
+    doc = [(13 * i) % 350 + 40 for i in range(700)]        # seen by no other test
+    prompts = [doc + [490 + i, 9, 500 + i] for i in range(4)]
+
+    async def together():
+        t0 = time.perf_counter()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            return await asyncio.gather(*[_stream(s, busy.url, _greedy(p, 4), t0)
+                                          for p in prompts])
+    streamed = asyncio.run(together())
+    computed = [ev[-1]["timings"]["prompt_n"] - ev[-1]["timings"]["cache_n"]
+                for _, ev, _ in streamed]
+    # one request computes the document; the others wait for its pages and compute at
+    # most a snapshot interval (64) plus their own suffix
+    assert sorted(computed)[-1] >= len(doc)
+    assert all(n <= 64 + 3 for n in sorted(computed)[:-1]), computed
+    one_by_one = [busy.post("/completion", _greedy(p, 4, cache_prompt=False)).json["tokens"]
+                  for p in prompts]
+    assert [s[0] for s in streamed] == one_by_one
