@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                  # 2: codec.plane32 (older builds cannot read it)
 KEY_BYTES = 16
 
 

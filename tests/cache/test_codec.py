@@ -49,20 +49,55 @@ def test_16bit_planes_compress_and_incompressible_data_stays_raw():
     assert len(codec.encode({"kv": kv}, "fp")) < 0.8 * kv.numel() * 2
     noise = torch.randint(0, 2 ** 31 - 1, (4096,), dtype=torch.int32)
     assert codec.verify(codec.encode({"n": noise}, "fp"), "fp")["tensors"][0]["codec"] == "raw"
-    zeros = torch.zeros(4096)
+    zeros = torch.zeros(4096, dtype=torch.int64)
     assert codec.verify(codec.encode({"z": zeros}, "fp"), "fp")["tensors"][0]["codec"] == "zstd"
 
 
-def test_high_plane_of_either_zstd_setting_decodes(monkeypatch):
-    # Values written before the literal-only high plane (plain zstd level 1) read the same.
-    kv = (torch.randn(32, 1024) * 0.05).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_planes_of_either_zstd_setting_decode(monkeypatch, dtype):
+    # Planes packed by plain zstd level 1 (matches and all) read the same.
+    kv = (torch.randn(32, 1024) * 0.05).to(dtype)
     kv[:4] = 0                                          # a long repeat, for the match finder
     new = codec.encode({"kv": kv}, "fp")
-    monkeypatch.setattr(codec, "_HIGH_PLANE", zstandard.ZstdCompressionParameters.from_level(1))
+    monkeypatch.setattr(codec, "_PLANE_ZSTD", zstandard.ZstdCompressionParameters.from_level(1))
     old = codec.encode({"kv": kv}, "fp")
     assert old != new
     for blob in (old, new):
         assert torch.equal(_bits(codec.decode(blob, "fp")["kv"]), _bits(kv))
+
+
+def test_plane32_packs_only_the_planes_that_shrink():
+    kv = torch.randn(64, 1024) * 0.05
+    head = codec.verify(codec.encode({"kv": kv}, "fp"), "fp")["tensors"][0]
+    count = kv.numel()
+    assert head["codec"] == "plane32" and head["parts"][:3] == [count] * 3   # mantissa: raw
+    assert head["parts"][3] < 0.5 * count                                  # sign, exponent
+    zeros = codec.verify(codec.encode({"z": torch.zeros(4096)}, "fp"), "fp")["tensors"][0]
+    assert zeros["codec"] == "plane32" and all(n < 100 for n in zeros["parts"])
+
+
+def test_damaged_plane_layouts_are_refused():
+    # Checksummed (so past verify) but inconsistent headers: never decoded into garbage.
+    t32, t16 = torch.randn(300), torch.randn(300).to(torch.bfloat16)
+    for t, edit in ((t32, lambda e: e.update(parts=e["parts"][:3])),       # a plane short
+                    (t32, lambda e: e.update(dtype="bfloat16", shape=[600])),
+                    (t16, lambda e: e.update(codec="plane32")),
+                    (t32, lambda e: e["parts"].__setitem__(0, e["parts"][0] - 1))):
+        blob = _rewrite_header(codec.encode({"x": t}, "fp"), edit)
+        with pytest.raises(codec.CorruptValue):
+            codec.decode(blob, "fp")
+
+
+def _rewrite_header(blob: bytes, edit) -> bytes:
+    import json
+
+    import xxhash
+    header = codec.read_header(blob)
+    payload = blob[header.pop("payload"):-16]
+    edit(header["tensors"][0])
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    body = codec._PREFIX.pack(codec.MAGIC, codec.VERSION, len(raw)) + raw + payload
+    return body + xxhash.xxh3_128_digest(body)
 
 
 def test_every_flipped_byte_is_detected():
