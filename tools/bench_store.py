@@ -2,11 +2,13 @@
 restore, cold and warm, against reading the same logical bytes from a plain file.
 
     python -m tools.bench_store [--tokens 1024] [--gb 1.0] [--block-size 16]
-                                [--synthetic] [--dir DIR] [--json OUT]
+                                [--kv-dtype bfloat16|float32] [--synthetic]
+                                [--dir DIR] [--json OUT]
 
 Pages come from SmolLM2-135M (the embedded GGUF, run by transformers) over English
-text, as the bf16 KV cache the daemon keeps (the model runs in fp32: bf16 matmuls
-are ~5x slower on this CPU); --synthetic uses random bf16 instead. They
+text, as the KV cache the daemon keeps: bf16 by default, fp32 (the CPU default)
+with --kv-dtype float32 (the model runs in fp32 either way: bf16 matmuls are ~5x
+slower on this CPU); --synthetic uses random values instead. They
 are repeated along one long prompt (each repeat gets its own tokens, so its own
 keys) until --gb of logical bytes. Cold figures drop the page cache first (root).
 MB/s are of logical (uncompressed) bytes throughout.
@@ -44,8 +46,9 @@ def english_text(min_chars: int) -> str:
     return "\n".join(parts)
 
 
-def smollm2_pages(n_tokens: int, B: int) -> tuple[StateSpec, torch.Tensor]:
-    """[n_pages, n_layers, 2, B, kv_heads, head_dim] bf16 KV of SmolLM2 over real text."""
+def smollm2_pages(n_tokens: int, B: int,
+                  dtype: torch.dtype = torch.bfloat16) -> tuple[StateSpec, torch.Tensor]:
+    """[n_pages, n_layers, 2, B, kv_heads, head_dim] KV of SmolLM2 over real text."""
     os.environ.setdefault("TQDM_DISABLE", "1")          # the GGUF loader's progress bars
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,19 +61,20 @@ def smollm2_pages(n_tokens: int, B: int) -> tuple[StateSpec, torch.Tensor]:
     n = ids.shape[1] // B * B
     with torch.no_grad():
         cache = model(ids[:, :n], use_cache=True).past_key_values
-    k = torch.stack([layer.keys[0] for layer in cache.layers]).bfloat16()   # [L, Hkv, T, D]
-    v = torch.stack([layer.values[0] for layer in cache.layers]).bfloat16()
+    k = torch.stack([layer.keys[0] for layer in cache.layers]).to(dtype)   # [L, Hkv, T, D]
+    v = torch.stack([layer.values[0] for layer in cache.layers]).to(dtype)
     kv = torch.stack([k, v], 1).permute(0, 1, 3, 2, 4)               # [L, 2, T, Hkv, D]
     L, _, T, H, D = kv.shape
     pages = kv.reshape(L, 2, T // B, B, H, D).permute(2, 0, 1, 3, 4, 5).contiguous()
-    return StateSpec(B, AttentionSpec(L, H, D, torch.bfloat16), None), pages
+    return StateSpec(B, AttentionSpec(L, H, D, dtype), None), pages
 
 
-def synthetic_pages(n_tokens: int, B: int) -> tuple[StateSpec, torch.Tensor]:
-    spec = StateSpec(B, AttentionSpec(30, 3, 64, torch.bfloat16), None)
+def synthetic_pages(n_tokens: int, B: int,
+                    dtype: torch.dtype = torch.bfloat16) -> tuple[StateSpec, torch.Tensor]:
+    spec = StateSpec(B, AttentionSpec(30, 3, 64, dtype), None)
     g = torch.Generator().manual_seed(0)
     pages = torch.randn((n_tokens // B, *spec.kv_shape()), generator=g) * 2
-    return spec, pages.to(torch.bfloat16)
+    return spec, pages.to(dtype)
 
 
 def drop_caches() -> bool:
@@ -132,13 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gb", type=float, default=1.0, help="logical GB to store and restore")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--synthetic", action="store_true", help="random bf16, no model")
+    ap.add_argument("--kv-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--synthetic", action="store_true", help="random values, no model")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     B = args.block_size
     t0 = time.perf_counter()
-    spec, real = (synthetic_pages if args.synthetic else smollm2_pages)(args.tokens, B)
+    dtype = getattr(torch, args.kv_dtype)
+    spec, real = (synthetic_pages if args.synthetic else smollm2_pages)(args.tokens, B, dtype)
     model_s = time.perf_counter() - t0
     page_bytes = spec.page_bytes()
     n_pages = max(1, int(args.gb * 1e9 // page_bytes))
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [i % 49152 for i in range(n_pages * B)]
     logical = n_pages * page_bytes
     MB = lambda s: round(logical / 1e6 / s, 1)  # noqa: E731
-    res: dict = {"source": "synthetic" if args.synthetic else "smollm2-135m bf16",
+    res: dict = {"source": f"{'synthetic' if args.synthetic else 'smollm2-135m'} {args.kv_dtype}",
                  "pages": n_pages, "page_bytes": page_bytes, "logical_bytes": logical,
                  "cpus": os.cpu_count(), "model_s": round(model_s, 1)}
 
