@@ -49,6 +49,7 @@ class ServeConfig:
     host_budget: int = 2 * 10**9           # bytes
     block_size: int = 16
     snapshot_interval: int = 1024          # tokens; a multiple of block_size
+    max_snapshots: int = 16                # kept per prefix; older ones are thinned
     max_context: int | None = None         # tokens per sequence; None: min(model's, 32768)
     parallel: int = 4                      # sequences computed together
     queue_size: int = 64                   # requests waiting beyond `parallel`
@@ -80,6 +81,8 @@ class ServeConfig:
         if self.snapshot_interval % self.block_size:
             raise ValueError(f"snapshot_interval ({self.snapshot_interval}) must be a multiple "
                              f"of block_size ({self.block_size})")
+        if self.max_snapshots < 2:
+            raise ValueError(f"max_snapshots must be >= 2, got {self.max_snapshots}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.max_context is not None and self.max_context < 2:
@@ -126,6 +129,8 @@ SETTINGS: dict[str, tuple] = {
     "host_budget": ("size", "host RAM tier budget, e.g. 2GB"),
     "block_size": (_INT, "tokens per KV page and stored block (default 16)"),
     "snapshot_interval": (_INT, "tokens between prefill snapshots (default 1024)"),
+    "max_snapshots": (_INT, "snapshots kept per prefix, older ones thinned out (default 16, "
+                            "at least 2)"),
     "max_context": (_INT, "most tokens per sequence (default: the model's limit, "
                           "at most 32768)"),
     "parallel": (_INT, "sequences computed together (default 4)"),

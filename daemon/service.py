@@ -74,7 +74,7 @@ class Service:
         runner = Runner(model, pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
-        self.engine = Engine(runner, store, cfg.snapshot_interval)
+        self.engine = Engine(runner, store, cfg.snapshot_interval, cfg.max_snapshots)
         self.scheduler = Scheduler(self.engine, tok, max_running=cfg.parallel,
                                    queue_size=cfg.queue_size, step_tokens=cfg.step_tokens)
         self.model, self.tokenizer, self.store = model, tok, store

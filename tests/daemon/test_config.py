@@ -49,10 +49,24 @@ def test_flags_win_over_environment_over_defaults(tmp_path):
     ({"queue_size": 0}, "queue_size"), ({"log_format": "xml"}, "log_format"),
     ({"dtype": "int8"}, "dtype"), ({"model": "/no/such/model"}, "model"),
     ({"max_context": 1}, "max_context"), ({"api_key": " "}, "api_key"),
-    ({"step_tokens": 10**6}, "step_tokens"), ({"threads": 0}, "threads")])
+    ({"step_tokens": 10**6}, "step_tokens"), ({"threads": 0}, "threads"),
+    ({"max_snapshots": 1}, "max_snapshots")])
 def test_invalid_settings_name_the_setting(kw, field):
     with pytest.raises(ValueError, match=field):
         ServeConfig(**kw)
+
+
+def test_max_snapshots_reaches_the_engine(tiny_dir, tmp_path):
+    from daemon.service import Service
+
+    cfg = from_args(_args("--max-snapshots", "5", "--cache-dir", str(tmp_path), "--model",
+                          str(tiny_dir)), {})
+    service = Service(cfg)
+    service.load()
+    try:
+        assert service.engine.max_snapshots == 5
+    finally:
+        service.close()
 
 
 def test_bad_flag_value_names_the_flag():
