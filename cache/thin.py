@@ -9,7 +9,9 @@ the gap is small relative to the distance. So when a snapshot is stored, the
 older ones on its path are dropped one at a time, always the one whose removal
 opens the smallest gap relative to its distance from the new end, until at most
 `keep` remain: survivors end up spaced about geometrically back from the end
-(1, 2, 4, ... intervals). Pinned snapshots are never dropped.
+(1, 2, 4, ... intervals). A snapshot that restores have used (a branch point: the
+end of a document that questions leave from) counts as that many times harder to
+drop. Pinned snapshots are never dropped.
 
 Snapshots are leaves (no entry names one as its parent), so dropping them keeps
 every prefix closed; blocks stay. Mixed into CacheStore.
@@ -18,7 +20,7 @@ every prefix closed; blocks stay. Mixed into CacheStore.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from cache.disk import DiskFull
@@ -36,10 +38,12 @@ class Forget:
 
 
 def thin_victims(positions: Sequence[int], end: int, keep: int,
-                 pinned: Collection[int] = ()) -> list[int]:
+                 pinned: Collection[int] = (), hits: Mapping[int, int] | None = None
+                 ) -> list[int]:
     """Which of `positions` (snapshot positions on one path, all below `end`) to drop
     so that at most `keep` remain together with the one at `end`. Fewer are dropped
-    when only pinned ones are left."""
+    when only pinned ones are left. hits: restores served per position."""
+    hits = hits or {}
     kept = sorted({p for p in positions if p < end} | {end})
     victims: list[int] = []
     while len(kept) > keep:
@@ -48,7 +52,7 @@ def thin_victims(positions: Sequence[int], end: int, keep: int,
             if p in pinned:
                 continue
             gap = kept[i + 1] - (kept[i - 1] if i else 0)
-            score = gap / (end - p)
+            score = gap / (end - p) * (1 + hits.get(p, 0))
             if best is None or score < best[0]:
                 best = (score, i)
         if best is None:
@@ -79,7 +83,9 @@ class StoreThin:
         if len(found) < keep:
             return 0
         pinned = {p for p, (_, m) in found.items() if m.pinned}
-        return self.forget([found[p][0] for p in thin_victims(list(found), end, keep, pinned)])
+        hits = {p: m.hits for p, (_, m) in found.items()}
+        victims = thin_victims(list(found), end, keep, pinned, hits)
+        return self.forget([found[p][0] for p in victims])
 
     def forget(self, keys: Sequence[bytes]) -> int:
         """Drop snapshots from every tier: RAM and the index now (no plan sees them),

@@ -32,6 +32,15 @@ def test_thin_victims_spaces_survivors_geometrically():
     assert set(range(1, 20)) - set(victims) == {2, 5, 7}        # pinned stay, even past 3
 
 
+def test_thin_victims_keeps_a_snapshot_restores_used():
+    kept = []
+    for end in range(1, 65):
+        kept = sorted(set(kept) - set(thin_victims(kept, end, 8, hits={5: 3}))) + [end]
+    assert 5 in kept and len(kept) == 8          # the branch point stays, the bound holds
+    plain = thin_victims(list(range(1, 20)), 20, 4)
+    assert 5 in plain and 5 not in thin_victims(list(range(1, 20)), 20, 4, hits={5: 100})
+
+
 def test_split_forgets_keeps_order():
     put = [(b"a", None, b""), (b"b", None, b"")]
     puts, gone = split_forgets([put[0], Forget((b"a", b"c")), put[1], Forget((b"b",)), put[1]])
@@ -76,6 +85,21 @@ def test_put_snapshot_thins_its_path_in_every_tier(open_store, tmp_path):
     check_restored(spec, s.load(plan), tokens)
     with pytest.raises(ValueError):
         s.put_snapshot(tokens[:B], fake_snapshot(spec, tokens[:B]), keep=0)
+
+
+def test_a_snapshot_restores_use_outlives_thinning(open_store):
+    spec = hybrid_spec()
+    tokens = list(range(100, 100 + 40 * B))
+    s = open_store(spec)
+    s.put_blocks(tokens, 0, fake_pages(spec, tokens, 0, 40))
+    for i in range(1, 41):
+        s.put_snapshot(tokens[:i * B], fake_snapshot(spec, tokens[:i * B]), keep=5)
+        if i == 12:                       # four questions leave the path here
+            s.flush()
+            for q in range(4):
+                plan = s.lookup(tokens[:12 * B] + [3 + q])
+                assert plan.position == 12 * B and s.load(plan).ok
+    assert 12 * B in _path(s, tokens) and len(_path(s, tokens)) == 5
 
 
 def test_forget_of_a_queued_snapshot_never_reaches_disk(open_store):
