@@ -1,6 +1,7 @@
-"""Loading a restore plan: RAM pieces are copied; disk pieces are read ahead by the
-prefetch thread while the reader pool reads and decodes them straight into the output
-pages, verified, and promoted into RAM. Mixed into CacheStore."""
+"""Loading a restore plan: RAM pieces are copied; disk pieces are read and decoded on
+the reader pool straight into the output pages (two helpers run ahead of it: disk
+read-ahead, output page faults), verified, and promoted into RAM. Mixed into
+CacheStore."""
 
 from __future__ import annotations
 
