@@ -14,6 +14,7 @@ mean equal contents, so a sequence may use a found page instead of computing it.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import OrderedDict
 
@@ -32,7 +33,9 @@ class PagePool:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         self.num_pages = num_pages
         self.refs = [0] * num_pages
-        self._free = list(range(num_pages - 1, -1, -1))   # pop() hands out low ids first
+        # a heap: the lowest free ids go first, so a sequence's pages mostly come in
+        # consecutive runs, which CPU attention reads in place (paged_attention/layout.py)
+        self._free = list(range(num_pages))
         self._by_key: OrderedDict[bytes, int] = OrderedDict()  # LRU first
         self._key_of: dict[int, bytes] = {}
         self._lock = threading.Lock()
@@ -68,7 +71,7 @@ class PagePool:
                 for p in victims:
                     self._unregister(p)
                     self._drop(p)
-            pages = [self._free.pop() for _ in range(n)]
+            pages = [heapq.heappop(self._free) for _ in range(n)]
             for p in pages:
                 self.refs[p] = 1
             return pages
@@ -136,7 +139,7 @@ class PagePool:
         self.refs[page] -= 1
         if self.refs[page] == 0:
             assert page not in self._key_of, f"page {page} freed while in the prefix table"
-            self._free.append(page)
+            heapq.heappush(self._free, page)
 
 
 class SlotPool:

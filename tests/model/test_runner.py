@@ -222,6 +222,15 @@ def test_page_pool_lru_reclaim():
         PagePool(-1)
 
 
+def test_page_pool_hands_out_the_lowest_free_ids():
+    pool = PagePool(12)
+    a, b = pool.alloc(5), pool.alloc(4)
+    assert a == [0, 1, 2, 3, 4] and b == [5, 6, 7, 8]
+    pool.decref(list(reversed(a)))                      # freed in any order
+    pool.decref([6, 8])
+    assert pool.alloc(7) == [0, 1, 2, 3, 4, 6, 8]       # consecutive runs, ascending
+
+
 def test_slot_pool():
     slots = SlotPool(2)
     a, b = slots.alloc(), slots.alloc()
