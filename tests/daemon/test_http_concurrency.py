@@ -46,20 +46,29 @@ def _greedy(prompt: list[int], n: int, **kw) -> dict:
     return {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, **kw}
 
 
-def test_sixteen_streams_equal_one_by_one(busy):
-    prompts = [PREFIX + [300 + i, 7, 301 + i] for i in range(16)]
-
-    async def together():
+def _together(busy, prompts: list[list[int]], n: int) -> list:
+    """Stream every prompt at once (n greedy tokens each): _stream's result per prompt."""
+    async def run():
         t0 = time.perf_counter()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-            return await asyncio.gather(*[_stream(s, busy.url, _greedy(p, 6), t0)
+            return await asyncio.gather(*[_stream(s, busy.url, _greedy(p, n), t0)
                                           for p in prompts])
-    streamed = asyncio.run(together())
+    return asyncio.run(run())
+
+
+def _uncached(busy, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Each prompt's n greedy tokens, one request at a time, cache off."""
+    return [busy.post("/completion", _greedy(p, n, cache_prompt=False)).json["tokens"]
+            for p in prompts]
+
+
+def test_sixteen_streams_equal_one_by_one(busy):
+    prompts = [PREFIX + [300 + i, 7, 301 + i] for i in range(16)]
+    streamed = _together(busy, prompts, 6)
     for tokens, events, _ in streamed:
         assert len(tokens) == 6                       # a complete stream
         assert events[-1]["stop"] is True and events[-1]["stop_type"] == "limit"
-    one_by_one = [busy.post("/completion", _greedy(p, 6, cache_prompt=False)).json["tokens"]
-                  for p in prompts]
+    one_by_one = _uncached(busy, prompts, 6)
     assert [s[0] for s in streamed] == one_by_one
     assert len({tuple(t) for t in one_by_one}) > 1    # the suffixes matter
 
@@ -113,19 +122,11 @@ def test_client_disconnect_cancels_its_sequence(busy):
 def test_requests_sharing_an_uncached_prefix_compute_it_once(busy):
     doc = [(13 * i) % 350 + 40 for i in range(700)]        # seen by no other test
     prompts = [doc + [490 + i, 9, 500 + i] for i in range(4)]
-
-    async def together():
-        t0 = time.perf_counter()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-            return await asyncio.gather(*[_stream(s, busy.url, _greedy(p, 4), t0)
-                                          for p in prompts])
-    streamed = asyncio.run(together())
+    streamed = _together(busy, prompts, 4)
     computed = [ev[-1]["timings"]["prompt_n"] - ev[-1]["timings"]["cache_n"]
                 for _, ev, _ in streamed]
     # one request computes the document; the others wait for its pages and compute at
     # most a snapshot interval (64) plus their own suffix
     assert sorted(computed)[-1] >= len(doc)
     assert all(n <= 64 + 3 for n in sorted(computed)[:-1]), computed
-    one_by_one = [busy.post("/completion", _greedy(p, 4, cache_prompt=False)).json["tokens"]
-                  for p in prompts]
-    assert [s[0] for s in streamed] == one_by_one
+    assert [s[0] for s in streamed] == _uncached(busy, prompts, 4)

@@ -20,6 +20,17 @@ def _prompts(seed: int, n: int, length: int) -> list[list[int]]:
     return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
 
 
+def _fill(model_dir, cache, prompts: list[list[int]]) -> None:
+    """Serve each prompt once from a daemon on `cache`, its writes committed, then stop."""
+    d = start(model_dir, cache, *ARGS, env=ENV)
+    try:
+        for p in prompts:
+            greedy(d, p, n=2)
+        wait_written(d)
+    finally:
+        assert d.stop() == 0, d.output()
+
+
 def _check_repeats(d, prompts: list[list[int]]) -> int:
     """Each prompt again, cached: the tokens of the cache-off run. Returns the hits."""
     hits = 0
@@ -119,12 +130,7 @@ def test_flipped_bytes_in_the_store_file(tiny_hybrid_dir, tmp_path):
     pages): the daemon starts, and every answer is the cache-off one."""
     clean = tmp_path / "clean"
     prompts = _prompts(3, 6, 90)
-    d = start(tiny_hybrid_dir, clean, *ARGS, env=ENV)
-    try:
-        for p in prompts:
-            greedy(d, p, n=2)
-    finally:
-        assert d.stop() == 0, d.output()
+    _fill(tiny_hybrid_dir, clean, prompts)
     for seed, flips in [(1, 3), (2, 30), (3, 300)]:
         cache = tmp_path / f"flipped-{seed}"
         shutil.copytree(clean, cache)
@@ -148,13 +154,7 @@ def test_a_store_shared_with_another_model_serves_each_its_own(tiny_hybrid_dir,
                                                                tiny_llama_dir, tmp_path):
     cache = tmp_path / "cache"
     prompts = _prompts(4, 2, 70)
-    d = start(tiny_hybrid_dir, cache, *ARGS, env=ENV)
-    try:
-        for p in prompts:
-            greedy(d, p, n=2)
-        wait_written(d)
-    finally:
-        assert d.stop() == 0, d.output()
+    _fill(tiny_hybrid_dir, cache, prompts)
     d = start(tiny_llama_dir, cache, *ARGS, env=ENV)
     try:
         for p in prompts:                   # keys are rooted in the model fingerprint
