@@ -4,9 +4,9 @@ Every part indexes a pool as [P, n_attn, 2, B, Hkv, D] (page, attention layer, K
 offset, kv head, head dim): that is the contract. On the GPU the memory is laid out
 that way too, so a page is one contiguous row (Triton copies whole rows). On the CPU
 the memory is laid out head-major, [n_attn, 2, Hkv, P * B, D], and the pool is a
-permuted view of it: one layer's keys for one head are then rows of one matrix, so a
-sequence whose pages are consecutive is attended in place, with no copy, and any
-other sequence with one gather of exactly its tokens.
+permuted view of it: one layer's keys for one head are then rows of one matrix, so each
+run of a sequence's consecutive pages is attended in place, with no copy, and a
+sequence split into many runs with one gather of exactly its tokens.
 """
 
 from __future__ import annotations
@@ -34,15 +34,25 @@ def head_major(kv_pool: torch.Tensor) -> torch.Tensor | None:
     return memory.view(n_attn, two, Hkv, P * B, D)
 
 
-def sequence_kv(memory: torch.Tensor, layer: int, page_table: torch.Tensor, n_tokens: int,
-                block_size: int) -> torch.Tensor:
-    """K and V [2, Hkv, n_tokens, D] of one sequence from head-major memory: a view
-    when its pages are consecutive, else a gather of its tokens."""
-    pages = page_table[:-(-n_tokens // block_size)].long()
-    first = int(pages[0])
-    if int(pages[-1]) - first == len(pages) - 1 and bool((pages.diff() == 1).all()):
-        start = first * block_size
-        return memory[layer, :, :, start:start + n_tokens]
-    offsets = torch.arange(block_size, device=pages.device)
-    slots = (pages[:, None] * block_size + offsets).reshape(-1)[:n_tokens]
-    return memory[layer].index_select(2, slots.to(memory.device))
+def key_spans(memory: torch.Tensor, layer: int, page_table: torch.Tensor, start: int,
+              end: int, block_size: int, max_spans: int = 4) -> list[torch.Tensor]:
+    """K and V of tokens start..end-1 of one sequence from head-major memory, as a list of
+    [2, Hkv, n, D] spans in token order: views of the runs of consecutive pages (no copy),
+    or, when the pages fall into more than max_spans runs, one gather of the tokens."""
+    if end <= start:
+        return []
+    first = start // block_size
+    pages = page_table[first:-(-end // block_size)].long()
+    cuts = ((pages[1:] - pages[:-1]) != 1).nonzero().flatten().add(1).tolist()
+    if len(cuts) >= max_spans:
+        tokens = torch.arange(start, end)
+        slots = pages[tokens // block_size - first] * block_size + tokens % block_size
+        return [memory[layer].index_select(2, slots.to(memory.device))]
+    spans = []
+    bounds = [0, *cuts, len(pages)]
+    for a, b in zip(bounds, bounds[1:]):
+        lo = max(start, (first + a) * block_size)
+        hi = min(end, (first + b) * block_size)
+        slot = int(pages[a]) * block_size + lo - (first + a) * block_size
+        spans.append(memory[layer, :, :, slot:slot + hi - lo])
+    return spans

@@ -54,10 +54,46 @@ def test_attention_on_head_major_pool_equals_reference(table, T):
     assert (one - want[-1:]).abs().max() <= 1e-5
 
 
-def test_consecutive_pages_are_read_in_place():
+def test_runs_of_consecutive_pages_are_read_in_place():
     _, head = _pools(8)
     memory = layout.head_major(head)
-    kv = layout.sequence_kv(memory, 0, torch.tensor([2, 3, 4], dtype=torch.int32), 40, 16)
-    assert kv.shape == (2, 3, 40, 8) and kv.data_ptr() == memory[0, :, :, 32:].data_ptr()
-    scattered = layout.sequence_kv(memory, 0, torch.tensor([4, 3], dtype=torch.int32), 20, 16)
-    assert scattered.data_ptr() != memory.data_ptr()
+    table = torch.tensor([2, 3, 4, 7, 0], dtype=torch.int32)
+    spans = layout.key_spans(memory, 0, table, 5, 70, 16)  # tokens 5..69: pages 2-4, 7, 0
+    assert [s.shape for s in spans] == [(2, 3, 43, 8), (2, 3, 16, 8), (2, 3, 6, 8)]
+    assert spans[0].data_ptr() == memory[0, :, :, 37:].data_ptr()
+    assert spans[1].data_ptr() == memory[0, :, :, 112:].data_ptr()
+    assert spans[2].data_ptr() == memory[0].data_ptr()
+    gathered = layout.key_spans(memory, 0, table, 5, 70, 16, max_spans=2)
+    assert len(gathered) == 1 and torch.equal(gathered[0], torch.cat(spans, dim=2))
+    assert layout.key_spans(memory, 0, table, 9, 9, 16) == []
+
+
+def _attention_case(table, n_tokens, T, dtype, seed):
+    """A head-major and a page-major pool holding the same sequence, and its queries."""
+    g = torch.Generator().manual_seed(seed)
+    flat, head = _pools(max(table) + 1)
+    flat, head = flat.to(dtype), head.to(dtype)
+    table = torch.tensor(table, dtype=torch.int32)
+    slots = table.long()[torch.arange(n_tokens) // 16] * 16 + torch.arange(n_tokens) % 16
+    k, v = torch.randn(n_tokens, 3, 8, generator=g), torch.randn(n_tokens, 3, 8, generator=g)
+    for pool in (flat, head):
+        naive.write_kv(pool, 1, slots, k, v)
+    return flat, head, table, torch.randn(T, 6, 8, generator=g).to(dtype)
+
+
+# spans: one run, three runs, more runs than are attended in place (one gather)
+@pytest.mark.parametrize("table", [[2, 3, 4, 5, 6], [6, 7, 0, 1, 3], [9, 1, 7, 3, 5, 0, 8]])
+@pytest.mark.parametrize("T, ctx", [(1, 0), (1, 60), (40, 0), (40, 30), (17, 47)])
+def test_spans_and_new_tokens_merge_to_the_reference(table, T, ctx):
+    flat, head, table, q = _attention_case(table, ctx + T, T, torch.float32, T * 100 + ctx)
+    want = naive.paged_attention(q, flat, 1, table, ctx, 8 ** -0.5)
+    got = sdpa.paged_attention(q, head, 1, table, ctx, 8 ** -0.5)
+    assert (got - want).abs().max() <= 1e-5
+
+
+def test_bf16_attention_is_close_to_the_fp32_reference():
+    flat, head, table, q = _attention_case([4, 5, 6, 0, 1, 2, 3], 100, 14, torch.bfloat16, 3)
+    want = naive.paged_attention(q.float(), flat.float(), 1, table, 86, 8 ** -0.5)
+    got = sdpa.paged_attention(q, head, 1, table, 86, 8 ** -0.5)
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max() <= 0.03
