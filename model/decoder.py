@@ -61,6 +61,12 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.fingerprint = ""  # set by the loader
 
+    def fuse(self) -> None:
+        """Fuse the projections that share an input into one matmul each (layers.py)."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "fuse"):
+                m.fuse()
+
     @property
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype

@@ -80,6 +80,7 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype
     model.load_state_dict(state, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    model.fuse()
     return model.eval()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.layers import MLP, Attention
 from model.pages import OutOfPages, OutOfSlots, PagePool, SlotPool
 from model.runner import Runner
 from model.testing import prompt_logits
@@ -241,3 +242,24 @@ def test_slot_pool():
     assert slots.alloc() == a
     with pytest.raises(ValueError):
         SlotPool(0)
+
+
+def test_fused_projections_equal_separate_ones(tiny_model):
+    tokens = _prompt(70, 3)
+    fused = prompt_logits(tiny_model, tokens)
+    mods = [m for m in tiny_model.modules() if isinstance(m, (Attention, MLP))]
+    saved = [(m, "qkv" if isinstance(m, Attention) else "gate_up") for m in mods]
+    assert mods and all(getattr(m, name) is not None for m, name in saved)  # the loader fused
+    attn = next(m for m in mods if isinstance(m, Attention))
+    weight = attn.qkv[0]                     # q, k, v weights are views of it: no copy
+    assert attn.k_proj.weight.data_ptr() == \
+        weight.data_ptr() + attn.q_proj.weight.numel() * weight.element_size()
+    values = [getattr(m, name) for m, name in saved]
+    try:
+        for m, name in saved:
+            setattr(m, name, None)
+        separate = prompt_logits(tiny_model, tokens)
+    finally:
+        for (m, name), v in zip(saved, values):
+            setattr(m, name, v)
+    assert _close(fused, separate)
