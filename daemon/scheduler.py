@@ -7,6 +7,7 @@ Events go back to the event loop through each request's `emit` callback.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -87,14 +88,30 @@ class Scheduler:
         self.running: list[_Live] = []
         self.cond = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._loop, name="ckptd-scheduler", daemon=True)
+        self.thread = threading.Thread(target=self.run, name="ckptd-scheduler", daemon=True)
+        self.worker: threading.Thread | None = None      # the thread in run()
+        self.done = threading.Event()                    # set when run() returns
         self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
                          "generated_tokens": 0, "rejected": 0, "cancelled": 0, "errors": 0}
         self.cached_by_tier: dict[str, int] = {}         # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []   # (histogram, seconds), drained by metrics
 
     def start(self) -> None:
+        """Run the worker on a thread of its own."""
+        self.worker = self.thread
         self.thread.start()
+
+    def run(self) -> None:
+        """Run the worker on the calling thread until stop(). The daemon calls this on the
+        process's main thread: there libgomp lets torch's thread team spin between
+        parallel regions. A team led by any other thread counts one thread more, and on
+        a machine with no core to spare each of the ~600 regions of a step then sleeps
+        and wakes (a 4K-context question: 130-150 ms instead of ~100)."""
+        self.worker = threading.current_thread()
+        try:
+            self._loop()
+        finally:
+            self.done.set()
 
     def submit(self, req: Request) -> None:
         with self.cond:
@@ -129,7 +146,8 @@ class Scheduler:
             for live in self.running:
                 live.req.cancelled = True
             self.cond.notify_all()
-        self.thread.join(timeout)
+        if self.worker is not None and self.worker is not threading.current_thread():
+            self.done.wait(timeout)
 
     @property
     def load(self) -> dict:
@@ -254,13 +272,16 @@ class Scheduler:
         t = time.perf_counter()
         for row, live in enumerate(lives):
             seq = live.seq
-            if not live.t_decode:
-                done = seq.num_computed == len(seq.tokens)
-                self.engine.after_prefill_step(seq, logits[row] if done else None)
-                if not done:
-                    continue
+            if live.t_decode:
+                self._sample(live, logits[row])
+            elif seq.num_computed < len(seq.tokens):
+                self.engine.after_prefill_step(seq, None)
+            else:
                 self._prompt_done(live, t)
-            self._sample(live, logits[row])
+                # the first token goes out before the prompt is checkpointed (3-8 ms):
+                # its client is waiting for it, the cache is not
+                self._sample(live, logits[row], functools.partial(
+                    self.engine.after_prefill_step, seq, logits[row]))
 
     def _prompt_done(self, live: _Live, t: float | None = None) -> None:
         t = t or time.perf_counter()
@@ -271,11 +292,13 @@ class Scheduler:
         self.observations.append(("prefill", st.prompt_ms / 1000))
         live.t_decode = t
 
-    def _sample(self, live: _Live, logits) -> None:
+    def _sample(self, live: _Live, logits, after_emit: Callable[[], None] | None = None) -> None:
         ev: TokenEvent = live.dec.accept(logits)
         live.req.stats.predicted_n += 1
         self.counters["generated_tokens"] += 1
         live.req.emit(ev)
+        if after_emit is not None:
+            after_emit()
         if ev.finish_reason:
             self._finish(live, ev.finish_reason)
         else:

@@ -1,9 +1,10 @@
 """`ckptd serve`: run the HTTP daemon.
 
-The port opens first and the model loads on a thread, so /health answers 503
-while loading. SIGTERM (or SIGINT) stops new work, lets running requests finish
-for --drain-timeout seconds, cancels the rest, flushes the cache writer and
-exits 0.
+The HTTP side runs its event loop on a thread of its own; the process's main
+thread runs the scheduler, which owns the model (Scheduler.run says why). The
+port opens first and the model loads on a thread, so /health answers 503 while
+loading. SIGTERM (or SIGINT) stops new work, lets running requests finish for
+--drain-timeout seconds, cancels the rest, flushes the cache writer and exits 0.
 """
 
 from __future__ import annotations
@@ -35,9 +36,50 @@ def run(args) -> int:
     lock = config.prepare_cache_dir(cfg.cache_dir)
     _setup_logging(cfg.log_format)
     try:
-        return asyncio.run(serve(cfg))
+        return _run(cfg)
     finally:
         lock.close()
+
+
+class _Http:
+    """The event loop's thread, and what the main thread needs of it."""
+
+    def __init__(self, cfg: config.ServeConfig, svc: Service) -> None:
+        self.cfg, self.svc = cfg, svc
+        self.code = 1
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop: asyncio.Event | None = None
+        self.stop_requested = False
+        self.settled = threading.Event()     # the model loaded or failed, or the loop ended
+        self.thread = threading.Thread(target=self._main, name="ckptd-http")
+
+    def _main(self) -> None:
+        try:
+            self.code = asyncio.run(serve(self.cfg, self.svc, self))
+        finally:
+            self.settled.set()
+
+    def request_stop(self, *_) -> None:      # a signal handler: runs on the main thread
+        self.stop_requested = True
+        loop = self.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self.stop.set)
+
+
+def _run(cfg: config.ServeConfig) -> int:
+    # Imported here, not at the top: a bad flag is reported without importing torch.
+    from daemon.service import READY, Service
+
+    svc = Service(cfg)
+    http = _Http(cfg, svc)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, http.request_stop)
+    http.thread.start()
+    http.settled.wait()
+    if svc.state == READY and not http.stop_requested:
+        svc.scheduler.run()                  # until the HTTP side's shutdown stops it
+    http.thread.join()
+    return http.code
 
 
 class _JsonFormatter(logging.Formatter):
@@ -59,13 +101,11 @@ def _setup_logging(fmt: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-async def serve(cfg: config.ServeConfig) -> int:
-    # Imported here, not at the top: a bad flag is reported without importing torch.
+async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
     from daemon.app import build_app
     from daemon.console import ConsoleProgress
-    from daemon.service import FAILED, Service
+    from daemon.service import FAILED
 
-    svc = Service(cfg)
     runner = web.AppRunner(build_app(svc), handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)
     await runner.setup()
@@ -83,17 +123,19 @@ async def serve(cfg: config.ServeConfig) -> int:
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    http.stop, http.loop = stop, loop
+    if http.stop_requested:
+        stop.set()
     loaded = asyncio.Event()
 
     def load() -> None:                      # a daemon thread: SIGTERM need not wait for it
         try:
-            svc.load()
+            svc.load(start=False)            # the main thread runs the scheduler
         except Exception as e:
             svc.state, svc.error = FAILED, f"{type(e).__name__}: {e}"
             log.error("model load failed: %s", svc.error)
         loop.call_soon_threadsafe(loaded.set)
+        http.settled.set()
 
     console = ConsoleProgress()
     threading.Thread(target=load, name="ckptd-load", daemon=True).start()

@@ -56,7 +56,8 @@ class Service:
         self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)
 
     # ---- lifecycle (blocking: call from a thread) ------------------------------------
-    def load(self) -> None:
+    def load(self, start: bool = True) -> None:
+        """start=False: the caller runs the scheduler itself (`self.scheduler.run()`)."""
         cfg = self.cfg
         t0 = time.perf_counter()
         if cfg.threads is not None:
@@ -78,7 +79,8 @@ class Service:
         self.scheduler = Scheduler(self.engine, tok, max_running=cfg.parallel,
                                    queue_size=cfg.queue_size, step_tokens=cfg.step_tokens)
         self.model, self.tokenizer, self.store = model, tok, store
-        self.scheduler.start()
+        if start:
+            self.scheduler.start()
         log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "
                  "context %d, %d parallel, %d torch threads", self.model_id,
                  time.perf_counter() - t0, model.config.arch, len(model.config.layer_types), B,

@@ -4,6 +4,7 @@ named contexts, OpenAPI document, Prometheus metrics."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import openai
 import pytest
@@ -237,3 +238,31 @@ def test_named_context(daemon, source):
     assert daemon.request("DELETE", f"/v1/contexts/{name}").status == 200
     assert daemon.get(f"/v1/contexts/{name}").status == 404
     assert daemon.post(path, req).status == 404
+
+
+def _cpu_ticks(pid: int) -> dict[int, int]:
+    """utime + stime of each thread of a process, in clock ticks."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:                         # the thread ended meanwhile
+            continue
+        out[int(task.name)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads Linux's /proc")
+def test_model_steps_run_on_the_main_thread(daemon):
+    # On a machine with no core to spare, libgomp lets only the main thread's team spin
+    # between torch's parallel regions; the daemon runs its scheduler there.
+    pid = daemon.proc.pid
+    before = _cpu_ticks(pid)
+    prompt = [(7 * i) % 500 + 3 for i in range(450)]
+    for _ in range(12):
+        r = daemon.post("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": False})
+        assert r.status == 200, r.text
+    after = _cpu_ticks(pid)
+    used = {t: n - before.get(t, 0) for t, n in after.items()}
+    main = used.pop(pid)
+    assert main >= 0.4 * (main + sum(used.values())), (main, used)
