@@ -10,28 +10,35 @@ import pytest
 from cache.writer import BACKGROUND_NICE, Writer
 
 
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+def _priority() -> tuple[int, int]:
+    tid = threading.get_native_id()
+    return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
 
 
-@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX priorities")
-def test_encode_and_commit_threads_are_niced_and_the_caller_is_not():
+def _background(priority: tuple[int, int]) -> bool:
+    policy, nice = priority
+    return policy == getattr(os, "SCHED_IDLE", None) or nice >= BACKGROUND_NICE
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="POSIX priorities")
+def test_encode_and_commit_threads_run_in_the_background_and_the_caller_does_not():
     seen = {}
 
     def encode(item):
-        seen["encode"] = _nice()
+        seen["encode"] = _priority()
         return item
 
     def commit(items):
-        seen["commit"] = _nice()
+        seen["commit"] = _priority()
         return 0
 
-    before = _nice()
+    before = _priority()
+    assert not _background(before)
     w = Writer(encode, commit, max_queue_bytes=1 << 20)
     try:
         assert w.put(b"x", 1)
         w.flush()
     finally:
         w.close()
-    assert seen["encode"] >= BACKGROUND_NICE and seen["commit"] >= BACKGROUND_NICE, seen
-    assert _nice() == before           # only the writer's own threads
+    assert _background(seen["encode"]) and _background(seen["commit"]), seen
+    assert _priority() == before           # only the writer's own threads
