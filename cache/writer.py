@@ -9,36 +9,12 @@ default: a decode loop never waits on disk) or, with block=True, waits for room.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
-
-BACKGROUND_NICE = 10     # where SCHED_IDLE is not available
-
-
-def lower_priority() -> None:
-    """Make the calling thread run only on CPU time the model leaves over (Linux
-    SCHED_IDLE; elsewhere nice 10, or nothing when not permitted). Writing a cache entry
-    is never urgent, but compressing one preempts torch's threads, and each of a step's
-    ~600 parallel regions waits for its slowest thread: at full priority the writer made
-    the next question's step on 2 cores ~1.5x slower, at nice 10 still ~1.3x. Under
-    sustained full load the queue then fills and later puts are dropped (counted); the
-    host tier keeps them, and an idle moment writes the queue out."""
-    tid = threading.get_native_id()
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        return
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, max(BACKGROUND_NICE,
-                                                 os.getpriority(os.PRIO_PROCESS, tid)))
-    except (AttributeError, OSError):
-        pass
 
 
 class Writer:
@@ -57,8 +33,7 @@ class Writer:
         self.dropped = self.committed = self.failed = 0
         self.closed = False
         self.cond = threading.Condition()
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ckptd-encode",
-                                       initializer=lower_priority)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ckptd-encode")
         self.thread = threading.Thread(target=self._loop, name="ckptd-writer", daemon=True)
         self.thread.start()
 
@@ -82,7 +57,6 @@ class Writer:
             return True
 
     def _loop(self) -> None:
-        lower_priority()
         while True:
             with self.cond:
                 self.cond.wait_for(lambda: self.queue or self.closed)
