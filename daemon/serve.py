@@ -63,7 +63,10 @@ class _Http:
         self.stop_requested = True
         loop = self.loop
         if loop is not None:
-            loop.call_soon_threadsafe(self.stop.set)
+            try:
+                loop.call_soon_threadsafe(self.stop.set)
+            except RuntimeError:                 # the loop has ended: nothing to stop
+                pass
 
 
 def _run(cfg: config.ServeConfig) -> int:
