@@ -97,3 +97,17 @@ def test_bf16_attention_is_close_to_the_fp32_reference():
     got = sdpa.paged_attention(q, head, 1, table, 86, 8 ** -0.5)
     assert got.dtype == torch.bfloat16
     assert (got.float() - want).abs().max() <= 0.03
+
+
+# long spans with few query rows: keys cut in halves, attended as a batch of two
+@pytest.mark.parametrize("T, ctx", [(14, 1200), (14, 1201), (1, 1499), (30, 1100)])
+@pytest.mark.parametrize("runs", [1, 2])
+def test_long_spans_split_in_halves_equal_the_reference(T, ctx, runs):
+    n_pages = -(-(ctx + T) // 16)
+    table = list(range(1, n_pages + 1))
+    if runs == 2:                                  # a long run, then a short one elsewhere
+        table = table[:-3] + [n_pages + 5, n_pages + 6, n_pages + 7]
+    flat, head, table, q = _attention_case(table, ctx + T, T, torch.float32, T + ctx + runs)
+    want = naive.paged_attention(q, flat, 1, table, ctx, 8 ** -0.5)
+    got = sdpa.paged_attention(q, head, 1, table, ctx, 8 ** -0.5)
+    assert (got - want).abs().max() <= 1e-5
