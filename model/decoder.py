@@ -62,10 +62,19 @@ class CausalLM(nn.Module):
         self.fingerprint = ""  # set by the loader
 
     def fuse(self) -> None:
-        """Fuse the projections that share an input into one matmul each (layers.py)."""
+        """Fuse the projections that share an input into one matmul each, column-major
+        for fp32 on the CPU (layers.py: relay)."""
+        column_major = self.device.type == "cpu" and self.dtype == torch.float32
         for m in self.modules():
             if m is not self and hasattr(m, "fuse"):
-                m.fuse()
+                m.fuse(column_major)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype / device) converts the parameters; the fused weights are plain
+        # attributes, so fuse again from the converted ones (and lay them out anew)
+        out = super()._apply(fn, recurse)
+        self.fuse()
+        return out
 
     @property
     def dtype(self) -> torch.dtype:

@@ -15,7 +15,7 @@ from torch import nn
 
 from kernels import ops
 from model.config import ModelConfig
-from model.layers import StepContext
+from model.layers import StepContext, fuse_linears, relay
 
 # CKPTD_GDN=recurrent forces the step-by-step reference in prefill (for tests).
 _FORCE_RECURRENT = os.environ.get("CKPTD_GDN") == "recurrent"
@@ -49,13 +49,24 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj: torch.Tensor | None = None     # fuse(): [qkv; z; b; a] weight
+
+    def fuse(self, column_major: bool = False) -> None:
+        self.in_proj, _ = fuse_linears([self.in_proj_qkv, self.in_proj_z, self.in_proj_b,
+                                        self.in_proj_a], column_major)
+        relay(self.out_proj, column_major)
+
+    def _project(self, x: torch.Tensor):
+        if self.in_proj is None:
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        return F.linear(x, self.in_proj).split(
+            [self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         N = x.shape[0]
-        qkv = self.in_proj_qkv(x)                                   # [N, conv_dim]
-        z = self.in_proj_z(x)                                       # [N, value_dim]
-        beta = self.in_proj_b(x).float().sigmoid()                  # [N, hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        qkv, z, b, a = self._project(x)          # [N, conv_dim], [N, value_dim], [N, hv] x 2
+        beta = b.float().sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         weight = self.conv1d.weight[:, 0, :]                        # [conv_dim, K]
         conv, ssm = ctx.state.conv, ctx.state.ssm
         r = self.rec_index

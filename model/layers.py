@@ -51,12 +51,16 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, self.offset)
 
 
-def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_linears(linears: list[nn.Linear], column_major: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for linears that read the same input: their outputs side by
     side. Each linear's parameters become views of it, so they keep their names (and
     state_dict) without a second copy. One matmul instead of several: the weights
-    stream once, in one call (a 14-token step: ~25% less matmul time on the CPU)."""
+    stream once, in one call (a 14-token step: ~25% less matmul time on the CPU).
+    column_major: see relay()."""
     weight = torch.cat([m.weight.detach() for m in linears])
+    if column_major:
+        weight = weight.t().contiguous().t()
     bias = None
     if linears[0].bias is not None:
         bias = torch.cat([m.bias.detach() for m in linears])
@@ -70,6 +74,16 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, bias
 
 
+def relay(linear: nn.Linear, column_major: bool) -> None:
+    """Store a linear's weight [out, in] column-major (the same values, as the transposed
+    view of an [in, out] matrix) when asked. On the CPU, fp32 matmuls of a few rows
+    against a column-major weight take MKL's fast path: 14 rows x [3072, 576] in 0.26 ms
+    where row-major takes 0.65 (the same from 64 rows up)."""
+    if column_major:
+        linear.weight = nn.Parameter(linear.weight.detach().t().contiguous().t(),
+                                     requires_grad=False)
+
+
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -78,8 +92,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up: torch.Tensor | None = None   # fuse(): [gate; up] weight
 
-    def fuse(self) -> None:
-        self.gate_up, _ = fuse_linears([self.gate_proj, self.up_proj])
+    def fuse(self, column_major: bool = False) -> None:
+        self.gate_up, _ = fuse_linears([self.gate_proj, self.up_proj], column_major)
+        relay(self.down_proj, column_major)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is None:
@@ -112,8 +127,9 @@ class Attention(nn.Module):
         self.scale = self.d ** -0.5
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fuse()
 
-    def fuse(self) -> None:
-        self.qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+    def fuse(self, column_major: bool = False) -> None:
+        self.qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj], column_major)
+        relay(self.o_proj, column_major)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv is None:

@@ -252,8 +252,10 @@ def test_fused_projections_equal_separate_ones(tiny_model):
     assert mods and all(getattr(m, name) is not None for m, name in saved)  # the loader fused
     attn = next(m for m in mods if isinstance(m, Attention))
     weight = attn.qkv[0]                     # q, k, v weights are views of it: no copy
-    assert attn.k_proj.weight.data_ptr() == \
-        weight.data_ptr() + attn.q_proj.weight.numel() * weight.element_size()
+    q_rows = attn.q_proj.out_features
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == \
+        weight.untyped_storage().data_ptr()
+    assert attn.k_proj.weight.data_ptr() == weight[q_rows:].data_ptr()
     values = [getattr(m, name) for m, name in saved]
     try:
         for m, name in saved:
@@ -263,3 +265,45 @@ def test_fused_projections_equal_separate_ones(tiny_model):
         for (m, name), v in zip(saved, values):
             setattr(m, name, v)
     assert _close(fused, separate)
+
+
+def test_fp32_cpu_weights_are_column_major_and_give_the_same_logits(tiny_model):
+    # layers.relay: fp32 linears on the CPU hold their weights column-major (MKL's fast
+    # path for steps of a few tokens); the values, and so the logits, are the same
+    tokens = _prompt(70, 5)
+    linears = [m for m in tiny_model.modules()
+               if isinstance(m, torch.nn.Linear) and m is not tiny_model.lm_head]
+    assert linears and all(m.weight.stride(0) == 1 for m in linears)
+    fused = [(m, "qkv" if isinstance(m, Attention) else "gate_up")
+             for m in tiny_model.modules() if isinstance(m, (Attention, MLP))]
+    column = prompt_logits(tiny_model, tokens)
+    saved = [(m, m.weight) for m in linears] + [(m, n, getattr(m, n)) for m, n in fused]
+    try:
+        for m in linears:
+            m.weight = torch.nn.Parameter(m.weight.contiguous(), requires_grad=False)
+        for m, name in fused:
+            value = getattr(m, name)
+            rows = value[0].contiguous() if isinstance(value, tuple) else value.contiguous()
+            setattr(m, name, (rows, value[1]) if isinstance(value, tuple) else rows)
+        row = prompt_logits(tiny_model, tokens)
+    finally:
+        for item in saved:
+            if len(item) == 2:
+                item[0].weight = item[1]
+            else:
+                setattr(item[0], item[1], item[2])
+    assert _close(column, row)
+
+
+def test_a_converted_model_fuses_its_converted_weights(tiny_dir):
+    from model.loader import load_model
+
+    model = load_model(tiny_dir)
+    tokens = _prompt(40, 6)
+    want = prompt_logits(model, tokens)
+    model.to(torch.bfloat16)
+    attn = next(m for m in model.modules() if isinstance(m, Attention))
+    assert attn.qkv[0].dtype == torch.bfloat16 and attn.qkv[0].is_contiguous()
+    assert (prompt_logits(model, tokens) - want).abs().max() < 0.5      # bf16 rounding
+    model.to(torch.float32)
+    assert attn.qkv[0].stride(0) == 1 and attn.o_proj.weight.stride(0) == 1
