@@ -41,18 +41,39 @@ def key_spans(memory: torch.Tensor, layer: int, page_table: torch.Tensor, start:
     or, when the pages fall into more than max_spans runs, one gather of the tokens."""
     if end <= start:
         return []
+    plan = _plan(page_table, start, end, block_size, max_spans, memory.device)
+    if isinstance(plan, torch.Tensor):
+        return [memory[layer].index_select(2, plan)]
+    return [memory[layer, :, :, a:b] for a, b in plan]
+
+
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(page_table, start, end, block_size, max_spans, device):
+    """The flat token rows key_spans reads: [(first, end)] of each run, or the slots to
+    gather. Every layer of a step asks the same of the same page table, so the last few
+    answers are kept (with the table itself: an id is not reused while it is held)."""
+    key = (id(page_table), start, end, block_size, max_spans)
+    hit = _plans.get(key)
+    if hit is not None and hit[0] is page_table:
+        return hit[1]
     first = start // block_size
     pages = page_table[first:-(-end // block_size)].long()
     cuts = ((pages[1:] - pages[:-1]) != 1).nonzero().flatten().add(1).tolist()
     if len(cuts) >= max_spans:
         tokens = torch.arange(start, end)
         slots = pages[tokens // block_size - first] * block_size + tokens % block_size
-        return [memory[layer].index_select(2, slots.to(memory.device))]
-    spans = []
-    bounds = [0, *cuts, len(pages)]
-    for a, b in zip(bounds, bounds[1:]):
-        lo = max(start, (first + a) * block_size)
-        hi = min(end, (first + b) * block_size)
-        slot = int(pages[a]) * block_size + lo - (first + a) * block_size
-        spans.append(memory[layer, :, :, slot:slot + hi - lo])
-    return spans
+        plan = slots.to(device)
+    else:
+        plan = []
+        bounds = [0, *cuts, len(pages)]
+        for a, b in zip(bounds, bounds[1:]):
+            lo = max(start, (first + a) * block_size)
+            hi = min(end, (first + b) * block_size)
+            slot = int(pages[a]) * block_size + lo - (first + a) * block_size
+            plan.append((slot, slot + hi - lo))
+    if len(_plans) >= 8:
+        _plans.clear()
+    _plans[key] = (page_table, plan)
+    return plan

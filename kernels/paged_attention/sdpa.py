@@ -52,9 +52,9 @@ def _merge(parts):
     """Attention over the union of the parts' keys from each part's (out, lse)."""
     if len(parts) == 1:
         return parts[0][0]
-    weights = torch.stack([lse for _, lse in parts]).softmax(0)
-    out = sum(o.float() * w[..., None] for (o, _), w in zip(parts, weights))
-    return out.to(parts[0][0].dtype)
+    outs = torch.stack([o for o, _ in parts])                    # [P, Hq, T, D]
+    weights = torch.stack([lse for _, lse in parts]).softmax(0)   # [P, Hq, T] fp32
+    return (outs.float() * weights[..., None]).sum(0).to(outs.dtype)
 
 
 def _paged(q, memory, layer, page_table, ctx_len, scale, block_size):

@@ -23,4 +23,6 @@ def apply_rotary(x, cos, sin):
     c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     half = R // 2
     rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    if R == x.shape[-1]:
+        return rot * c + rotated * s
     return torch.cat([rot * c + rotated * s, rest], dim=-1)
