@@ -119,6 +119,11 @@ def run_server(name: str, client: Client, maker, args, scenarios: list[str],
                                        args.max_tokens, tag)
     for r in rows:
         r["server"] = name
+    if "memory" in scenarios and name == "ckptd":
+        log(f"{name}: memory store as a named context")
+        got = bench_scenarios.memory_context(client, maker, args.memory_tokens,
+                                             args.questions, args.max_tokens, tag)
+        rows += [{**r, "server": f"{name} (named context)"} for r in got]
     return rows, prompts
 
 

@@ -104,8 +104,25 @@ def markdown(results: dict) -> str:
                          "TTFT ms"],
                         [[r["server"], r["request"], _n(r["prompt_n"]), _n(r["cache_n"]),
                           _n(r["computed_n"]), _ms(r["ttft_ms"])] for r in mem])
+        lines += [""] + memory_summary(mem)
     lines += ["", "## Client vs server", ""] + consistency_lines(rows)
     return "\n".join(lines) + "\n"
+
+
+def memory_summary(mem: list[dict]) -> list[str]:
+    """Mean TTFT per question by server, and each server's against the last one (the
+    peer, when there is one)."""
+    means = {}
+    for server in servers(mem):
+        ttfts = [r["ttft_ms"] for r in mem if r["server"] == server and r["index"] > 0]
+        if ttfts:
+            means[server] = sum(ttfts) / len(ttfts)
+    if not means:
+        return []
+    last = list(means)[-1]
+    return [f"- {server}: mean TTFT per question {_ms(mean)} ms" +
+            (f", {means[last] / mean:.1f}x faster than {last}" if server != last and mean
+             else "") for server, mean in means.items()]
 
 
 def consistency_lines(rows: list[dict]) -> list[str]:

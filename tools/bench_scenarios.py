@@ -8,7 +8,9 @@
 - chat: a multi-turn conversation; each turn sends the whole history, so the
   share of the prompt served from cache should grow turn by turn.
 - memory: one long document stored once (a request with max_tokens 1), then N
-  different questions about it, each prompt = document + question.
+  different questions about it, each prompt = document + question. On ckptd also
+  `memory_context`: another document registered once as a named context, then the
+  same questions each sending only its own text.
 
 Every server gets the same texts. Token counts are the server's own (usage or
 timings); a server that reports none gets them from its /tokenize.
@@ -19,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import random
 import statistics
+import time
 
-from tools.bench_http import Client, Measured
+from tools.bench_http import Client, Measured, ServerError
 
 WORDS = (
     "the cache keeps state of every prompt so that a later request with the same "
@@ -175,6 +178,34 @@ def memory(client: Client, maker: PromptMaker, context_tokens: int, questions: i
                  "\nAnswer:"
         m = _fill_counts(client.complete(prompt, max_tokens), client, maker, prompt)
         rows.append(row(m, "memory", request=f"question {i}", index=i))
+    return rows
+
+
+def memory_context(client: Client, maker: PromptMaker, context_tokens: int, questions: int,
+                   max_tokens: int, tag: str) -> list[dict]:
+    """ckptd's own way to serve a memory store: the document registered once as a named
+    context (POST /v1/contexts), then each question sends only its own text and names
+    the context, so the document is neither sent nor tokenized again. Another document
+    than memory()'s, so that its store is cold too; the context is deleted at the end."""
+    doc = maker.text(f"{tag}-memory-context", context_tokens, seed=8) + "\n"
+    name = f"bench-{tag}"
+    t0 = time.perf_counter()
+    status, out = client.request("POST", "/v1/contexts", {"name": name, "text": doc})
+    ms = (time.perf_counter() - t0) * 1000
+    if status not in (200, 201) or not isinstance(out, dict):
+        raise ServerError(f"POST /v1/contexts answered {status}: {out}")
+    stored = Measured(ms, ms, "", out.get("tokens"), out.get("cached_tokens"),
+                      timings=out.get("timings"))
+    rows = [row(stored, "memory", request="store", index=0)]
+    rng = random.Random(11)
+    try:
+        for i in range(1, questions + 1):
+            question = f"Question {i}: what does the document say about " \
+                       f"{rng.choice(WORDS)}?\nAnswer:"
+            m = client.complete(question, max_tokens, context=name)
+            rows.append(row(m, "memory", request=f"question {i}", index=i))
+    finally:
+        client.request("DELETE", f"/v1/contexts/{name}")
     return rows
 
 

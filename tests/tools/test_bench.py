@@ -36,8 +36,10 @@ def test_bench_hybrid_cold_warm_restart(tiny_hybrid_dir, tmp_path):
                            "--turn-tokens", "24", "--memory-tokens", "120", "--questions", "2"))
     assert code == 0
     rows = _load(out)
-    for r in rows:
-        assert r["server"] == "ckptd"
+    named = [r for r in rows if r["server"] == "ckptd (named context)"]
+    rows = [r for r in rows if r not in named]
+    for r in rows + named:
+        assert r["server"] == "ckptd" or r in named
         assert r["computed_n"] == r["prompt_n"] - r["cache_n"]
         assert r["timings"]["prompt_n"] == r["prompt_n"]
         # The client waits at least as long as the daemon's queue + restore + prefill.
@@ -71,8 +73,16 @@ def test_bench_hybrid_cold_warm_restart(tiny_hybrid_dir, tmp_path):
         assert q["cache_n"] == store["prompt_n"]
         assert q["computed_n"] == q["prompt_n"] - store["prompt_n"]
 
+    # the same questions, each sending only its own text and naming the stored context
+    assert [r["request"] for r in named] == ["store", "question 1", "question 2"]
+    assert named[0]["cache_n"] == 0 and abs(named[0]["prompt_n"] - 120) <= 8  # another text
+    for q, plain in zip(named[1:], questions):
+        assert q["cache_n"] == named[0]["prompt_n"]
+        assert 0 < q["computed_n"] <= plain["computed_n"] + 1
+
     report = (out / "report.md").read_text()
     assert "| ckptd | 150 |" in report and "after restart" in report and "disk" in report
+    assert "ckptd (named context): mean TTFT per question" in report
     for png in ("ttft_by_context.png", "chat_turns.png", "memory_questions.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "listening on" in (out / "daemon.log").read_text()
@@ -109,6 +119,7 @@ def test_bench_against_a_peer_agrees_with_its_counters(tiny_llama_dir, tmp_path)
     assert sched["prompt_tokens"] > sum(r["prompt_n"] for r in other)
     report = (out / "report.md").read_text()
     assert "| other | question 2 |" in report and "| ckptd | question 2 |" in report
+    assert "- ckptd: mean TTFT per question" in report and "faster than other" in report
     assert not list(out.glob("*.png"))
 
 
