@@ -13,6 +13,7 @@ queued, counters); LMDB I/O and compression always run outside it.
 from __future__ import annotations
 
 import threading
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,8 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         self.readers = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="ckptd-read")
         # A restore's read-ahead helpers, beside the readers (hints: loads don't wait on them).
         self.prefetcher = ThreadPoolExecutor(2, thread_name_prefix="ckptd-prefetch")
+        # Copies of restored blocks into RAM, made after the restore returns (restore.py).
+        self.promoter = ThreadPoolExecutor(1, thread_name_prefix="ckptd-promote")
         self.writer = None if readonly else Writer(
             self._encode, self._commit, cfg.queue_bytes, cfg.write_threads, cfg.batch,
             cfg.block_when_full)
@@ -259,7 +262,14 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
 
     # ---- lifecycle ----------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every put so far is on disk (or dropped); True unless timed out."""
+        """Wait until every put so far is on disk (or dropped), and every restored block
+        so far is promoted into RAM; True unless timed out."""
+        try:
+            self.promoter.submit(lambda: None).result(timeout)
+        except futures.TimeoutError:
+            return False
+        except RuntimeError:                 # closed: nothing is pending
+            pass
         return True if self.writer is None else self.writer.flush(timeout)
 
     def close(self) -> None:
@@ -275,6 +285,7 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
                 self.disk.update_meta(touched)
         self.readers.shutdown()
         self.prefetcher.shutdown()
+        self.promoter.shutdown()
         self.disk.close()
 
     def __enter__(self) -> CacheStore:

@@ -99,3 +99,27 @@ def test_threads_put_lookup_and_load_under_a_tight_budget(open_store):
     assert report.bad == [] and report.orphans == []
     assert s.index.stored_bytes == sum(m.stored_bytes for _, m in s.disk.scan())
     assert FP in s.stats()["disk"]["by_fingerprint"]
+
+
+def test_a_block_dropped_before_its_promotion_stays_dropped(open_store):
+    # Restored blocks are copied into RAM after the restore returns: a removal that
+    # lands in between (here the corrupt-value path, which does not wait for pending
+    # promotions the way delete() and clear() do) must not see them come back.
+    spec = attention_spec()
+    toks = list(range(5 * B))
+    s = open_store(spec)
+    s.put_blocks(toks, 0, fake_pages(spec, toks, 0, 5))
+    s.close()
+    s = open_store(spec)                                # a restart: the blocks are on disk
+    gate = threading.Event()
+    s.promoter.submit(gate.wait)                        # hold the promoter
+    plan = s.lookup(toks)
+    assert plan.tier == "disk"
+    check_restored(spec, s.load(plan), toks)
+    gone = [b.key for b in plan.blocks[2:]]
+    s._drop(gone)
+    gate.set()
+    s.flush()
+    assert all(s.host.get(b.key) is not None for b in plan.blocks[:2])   # promoted
+    assert all(s.host.get(k) is None for k in gone)
+    assert s.lookup(toks).position == 2 * B

@@ -33,6 +33,7 @@ def test_round_trip_host_disk_and_restart(open_store, spec, tmp_path):
     restored = s.load(plan)
     assert restored.ok and restored.tier == "disk"
     check_restored(spec, restored, tokens)
+    s.flush()                                           # blocks are promoted after it
     assert s.lookup(tokens + [1, 2, 3]).tier == "host"  # promoted by the load
     assert s.stats()["read_bytes"]["disk"] == plan.total_bytes
 
