@@ -12,7 +12,7 @@ from torch import nn
 from model.batch import StepBatch
 from model.config import ModelConfig
 from model.gdn import GatedDeltaNet
-from model.layers import MLP, Attention, RMSNorm, StepContext
+from model.layers import MLP, Attention, Matmul, RMSNorm, StepContext, matmul_of
 from model.spec import StateSpec
 from model.state import DeviceState
 
@@ -60,14 +60,15 @@ class CausalLM(nn.Module):
         self.model = Model(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.fingerprint = ""  # set by the loader
+        self.head: Matmul | None = None
 
     def fuse(self) -> None:
-        """Fuse the projections that share an input into one matmul each, column-major
-        for fp32 on the CPU (layers.py: relay)."""
-        column_major = self.device.type == "cpu" and self.dtype == torch.float32
+        """Fuse the projections that share an input into one matmul each; on an fp32 CPU
+        each matmul also packs its weight for steps of a few tokens (layers.py: Matmul)."""
         for m in self.modules():
             if m is not self and hasattr(m, "fuse"):
-                m.fuse(column_major)
+                m.fuse()
+        self.head = matmul_of(self.lm_head)
 
     def _apply(self, fn, recurse=True):
         # .to(dtype / device) converts the parameters; the fused weights are plain
@@ -94,4 +95,4 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, ctx)
         x = self.model.norm(x[batch.logits_index.to(self.device)])
-        return self.lm_head(x).float()
+        return (self.lm_head(x) if self.head is None else self.head(x)).float()

@@ -15,7 +15,7 @@ from torch import nn
 
 from kernels import ops
 from model.config import ModelConfig
-from model.layers import StepContext, fuse_linears, relay
+from model.layers import Matmul, StepContext, fuse_linears, matmul_of
 
 # CKPTD_GDN=recurrent forces the step-by-step reference in prefill (for tests).
 _FORCE_RECURRENT = os.environ.get("CKPTD_GDN") == "recurrent"
@@ -49,17 +49,18 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
-        self.in_proj: torch.Tensor | None = None     # fuse(): [qkv; z; b; a] weight
+        self.in_proj: Matmul | None = None     # fuse(): [qkv; z; b; a]
+        self.out: Matmul | None = None
 
-    def fuse(self, column_major: bool = False) -> None:
-        self.in_proj, _ = fuse_linears([self.in_proj_qkv, self.in_proj_z, self.in_proj_b,
-                                        self.in_proj_a], column_major)
-        relay(self.out_proj, column_major)
+    def fuse(self) -> None:
+        self.in_proj = fuse_linears([self.in_proj_qkv, self.in_proj_z, self.in_proj_b,
+                                     self.in_proj_a])
+        self.out = matmul_of(self.out_proj)
 
     def _project(self, x: torch.Tensor):
         if self.in_proj is None:
             return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
-        return F.linear(x, self.in_proj).split(
+        return self.in_proj(x).split(
             [self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -95,7 +96,8 @@ class GatedDeltaNet(nn.Module):
                 o, ssm[s.slot, r] = rule(q, k, v, g[sl], beta[sl], ssm[s.slot, r])
                 out[sl] = o
         out = self.norm(out.reshape(N * self.hv, self.dv), z.reshape(N * self.hv, self.dv))
-        return self.out_proj(out.reshape(N, self.value_dim))
+        out = out.reshape(N, self.value_dim)
+        return self.out_proj(out) if self.out is None else self.out(out)
 
     def _split(self, y: torch.Tensor):
         """Conv output [T, conv_dim] -> l2-normalized q, k [T, hv, dk] (key heads repeated

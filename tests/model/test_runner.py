@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.layers import MLP, Attention
+from model.layers import _FEW_ROWS, MLP, Attention, Matmul, _pack
 from model.pages import OutOfPages, OutOfSlots, PagePool, SlotPool
 from model.runner import Runner
 from model.testing import prompt_logits
@@ -251,7 +251,7 @@ def test_fused_projections_equal_separate_ones(tiny_model):
     saved = [(m, "qkv" if isinstance(m, Attention) else "gate_up") for m in mods]
     assert mods and all(getattr(m, name) is not None for m, name in saved)  # the loader fused
     attn = next(m for m in mods if isinstance(m, Attention))
-    weight = attn.qkv[0]                     # q, k, v weights are views of it: no copy
+    weight = attn.qkv.weight                 # q, k, v weights are views of it: no copy
     q_rows = attn.q_proj.out_features
     assert attn.k_proj.weight.untyped_storage().data_ptr() == \
         weight.untyped_storage().data_ptr()
@@ -267,32 +267,36 @@ def test_fused_projections_equal_separate_ones(tiny_model):
     assert _close(fused, separate)
 
 
-def test_fp32_cpu_weights_are_column_major_and_give_the_same_logits(tiny_model):
-    # layers.relay: fp32 linears on the CPU hold their weights column-major (MKL's fast
-    # path for steps of a few tokens); the values, and so the logits, are the same
-    tokens = _prompt(70, 5)
-    linears = [m for m in tiny_model.modules()
-               if isinstance(m, torch.nn.Linear) and m is not tiny_model.lm_head]
-    assert linears and all(m.weight.stride(0) == 1 for m in linears)
-    fused = [(m, "qkv" if isinstance(m, Attention) else "gate_up")
-             for m in tiny_model.modules() if isinstance(m, (Attention, MLP))]
-    column = prompt_logits(tiny_model, tokens)
-    saved = [(m, m.weight) for m in linears] + [(m, n, getattr(m, n)) for m, n in fused]
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                  reason="this torch has no oneDNN")
+
+
+def _matmuls(model):
+    return [v for m in model.modules() for v in vars(m).values() if isinstance(v, Matmul)]
+
+
+@needs_onednn
+def test_fp32_cpu_matmuls_use_packed_weights_for_few_tokens_only(tiny_model):
+    # layers.Matmul: a step of up to _FEW_ROWS tokens multiplies by oneDNN's packed copy
+    # of each weight, a longer one by the plain weight; both give the same logits
+    mms = _matmuls(tiny_model)
+    assert len(mms) == 1 + 4 * len(tiny_model.model.layers)   # head; in (qkv), out, gate_up, down
+    assert all(m.packed is not None for m in mms)
+    few, many = _prompt(70, 7), _prompt(_FEW_ROWS + 40, 8)
+    packed = [prompt_logits(tiny_model, t) for t in (few, many)]
+    saved = [m.packed for m in mms]
     try:
-        for m in linears:
-            m.weight = torch.nn.Parameter(m.weight.contiguous(), requires_grad=False)
-        for m, name in fused:
-            value = getattr(m, name)
-            rows = value[0].contiguous() if isinstance(value, tuple) else value.contiguous()
-            setattr(m, name, (rows, value[1]) if isinstance(value, tuple) else rows)
-        row = prompt_logits(tiny_model, tokens)
+        for m in mms:
+            m.packed = None
+        plain = [prompt_logits(tiny_model, t) for t in (few, many)]
+        for m in mms:                        # packed zeros: only the few-token step sees them
+            m.packed = _pack(torch.zeros_like(m.weight))
+        zeroed = [prompt_logits(tiny_model, t) for t in (few, many)]
     finally:
-        for item in saved:
-            if len(item) == 2:
-                item[0].weight = item[1]
-            else:
-                setattr(item[0], item[1], item[2])
-    assert _close(column, row)
+        for m, p in zip(mms, saved):
+            m.packed = p
+    assert _close(packed[0], plain[0]) and torch.equal(packed[1], plain[1])
+    assert zeroed[0].abs().max() == 0 and torch.equal(zeroed[1], plain[1])
 
 
 def test_a_converted_model_fuses_its_converted_weights(tiny_dir):
@@ -303,7 +307,8 @@ def test_a_converted_model_fuses_its_converted_weights(tiny_dir):
     want = prompt_logits(model, tokens)
     model.to(torch.bfloat16)
     attn = next(m for m in model.modules() if isinstance(m, Attention))
-    assert attn.qkv[0].dtype == torch.bfloat16 and attn.qkv[0].is_contiguous()
+    assert attn.qkv.weight.dtype == torch.bfloat16 and attn.qkv.packed is None
     assert (prompt_logits(model, tokens) - want).abs().max() < 0.5      # bf16 rounding
     model.to(torch.float32)
-    assert attn.qkv[0].stride(0) == 1 and attn.o_proj.weight.stride(0) == 1
+    assert attn.qkv.weight.dtype == torch.float32
+    assert (attn.qkv.packed is not None) == torch.backends.mkldnn.is_available()
