@@ -51,22 +51,24 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, self.offset)
 
 
-_FEW_ROWS = 256   # steps of up to this many tokens multiply by the packed weight
+_FEW_ROWS = 256        # steps of up to this many tokens multiply by the packed weight
+_PACK_MIN = 1 << 18    # weights of fewer elements stay plain (oneDNN costs ~25 us a call)
 
 
 class Matmul:
     """x @ weight.T (+ bias) for a weight [out, in].
 
-    On an fp32 CPU it also keeps oneDNN's packed (blocked) copy of the weight for steps
-    of a few tokens, where MKL on the plain weight is slow: SmolLM2's 30 layers at 14
-    tokens 59 -> 37 ms, at one token 30 -> 20 ms, its lm_head's one row 10.5 -> 6.7 ms
-    (AMD EPYC, 2 threads). From ~512 tokens MKL is as fast or faster (a 1K prefill was
-    8% slower on the packed weight alone), so long steps keep it. The copy costs the
-    weight's memory once more."""
+    On an fp32 CPU it also keeps oneDNN's packed (blocked) copy of a large weight for
+    steps of a few tokens, where MKL on the plain weight is slow: SmolLM2's 30 layers at
+    14 tokens 59 -> 37 ms, at one token 30 -> 20 ms, its lm_head's one row 10.5 -> 6.7
+    ms (AMD EPYC, 2 threads). From ~512 tokens MKL is as fast or faster (a 1K prefill
+    was 8% slower on the packed weight alone), so long steps keep it; and a small
+    weight stays plain, since each oneDNN call costs ~25 us where MKL takes 3-30 (64 x
+    64 to 512 x 512, one row). The copy costs the weight's memory once more."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
-        self.packed = _pack(weight)
+        self.packed = _pack(weight) if weight.numel() >= _PACK_MIN else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.dim() == 2 and x.shape[0] <= _FEW_ROWS:
@@ -76,6 +78,7 @@ class Matmul:
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed copy of an fp32 CPU weight; None where it does not apply."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 \
             or not torch.backends.mkldnn.is_available():
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model import layers
 from model.layers import _FEW_ROWS, MLP, Attention, Matmul, _pack
 from model.pages import OutOfPages, OutOfSlots, PagePool, SlotPool
 from model.runner import Runner
@@ -276,16 +277,24 @@ def _matmuls(model):
 
 
 @needs_onednn
-def test_fp32_cpu_matmuls_use_packed_weights_for_few_tokens_only(tiny_model):
+def test_fp32_cpu_matmuls_pack_large_weights_only():
+    assert Matmul(torch.zeros(576, 576)).packed is not None
+    assert Matmul(torch.zeros(64, 64)).packed is None            # a oneDNN call costs more
+    assert Matmul(torch.zeros(576, 576, dtype=torch.bfloat16)).packed is None
+
+
+@needs_onednn
+def test_fp32_cpu_matmuls_use_packed_weights_for_few_tokens_only(tiny_model, monkeypatch):
     # layers.Matmul: a step of up to _FEW_ROWS tokens multiplies by oneDNN's packed copy
     # of each weight, a longer one by the plain weight; both give the same logits
+    monkeypatch.setattr(layers, "_PACK_MIN", 0)        # the tiny model's weights are small
+    tiny_model.fuse()
     mms = _matmuls(tiny_model)
     assert len(mms) == 1 + 4 * len(tiny_model.model.layers)   # head; in (qkv), out, gate_up, down
     assert all(m.packed is not None for m in mms)
     few, many = _prompt(70, 7), _prompt(_FEW_ROWS + 40, 8)
-    packed = [prompt_logits(tiny_model, t) for t in (few, many)]
-    saved = [m.packed for m in mms]
     try:
+        packed = [prompt_logits(tiny_model, t) for t in (few, many)]
         for m in mms:
             m.packed = None
         plain = [prompt_logits(tiny_model, t) for t in (few, many)]
@@ -293,8 +302,9 @@ def test_fp32_cpu_matmuls_use_packed_weights_for_few_tokens_only(tiny_model):
             m.packed = _pack(torch.zeros_like(m.weight))
         zeroed = [prompt_logits(tiny_model, t) for t in (few, many)]
     finally:
-        for m, p in zip(mms, saved):
-            m.packed = p
+        monkeypatch.undo()
+        tiny_model.fuse()
+    assert all(m.packed is None for m in _matmuls(tiny_model))
     assert _close(packed[0], plain[0]) and torch.equal(packed[1], plain[1])
     assert zeroed[0].abs().max() == 0 and torch.equal(zeroed[1], plain[1])
 
@@ -310,5 +320,4 @@ def test_a_converted_model_fuses_its_converted_weights(tiny_dir):
     assert attn.qkv.weight.dtype == torch.bfloat16 and attn.qkv.packed is None
     assert (prompt_logits(model, tokens) - want).abs().max() < 0.5      # bf16 rounding
     model.to(torch.float32)
-    assert attn.qkv.weight.dtype == torch.float32
-    assert (attn.qkv.packed is not None) == torch.backends.mkldnn.is_available()
+    assert attn.qkv.weight.dtype == torch.float32 and attn.qkv.weight.is_contiguous()
