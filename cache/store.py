@@ -87,8 +87,10 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         self.readers = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="ckptd-read")
         # A restore's read-ahead helpers, beside the readers (hints: loads don't wait on them).
         self.prefetcher = ThreadPoolExecutor(2, thread_name_prefix="ckptd-prefetch")
-        # Copies of restored blocks into RAM, made after the restore returns (restore.py).
+        # Copies of restored blocks into RAM, made after the restore returns (restore.py),
+        # of blocks read from disk once before in this process (`read_once`).
         self.promoter = ThreadPoolExecutor(1, thread_name_prefix="ckptd-promote")
+        self.read_once: set[bytes] = set()
         self.writer = None if readonly else Writer(
             self._encode, self._commit, cfg.queue_bytes, cfg.write_threads, cfg.batch,
             cfg.block_when_full)

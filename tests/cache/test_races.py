@@ -111,6 +111,8 @@ def test_a_block_dropped_before_its_promotion_stays_dropped(open_store):
     s.put_blocks(toks, 0, fake_pages(spec, toks, 0, 5))
     s.close()
     s = open_store(spec)                                # a restart: the blocks are on disk
+    check_restored(spec, s.load(s.lookup(toks)), toks)  # a first read: not promoted
+    s.flush()
     gate = threading.Event()
     s.promoter.submit(gate.wait)                        # hold the promoter
     plan = s.lookup(toks)

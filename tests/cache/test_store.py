@@ -33,9 +33,15 @@ def test_round_trip_host_disk_and_restart(open_store, spec, tmp_path):
     restored = s.load(plan)
     assert restored.ok and restored.tier == "disk"
     check_restored(spec, restored, tokens)
+    s.flush()
+    # a block goes into RAM on its second read from disk (the first one's pages stay on
+    # the device in the daemon); the snapshot at once
+    again = s.lookup(tokens + [1, 2, 3])
+    assert again.tier == "disk" and again.snapshot.tier == "host"
+    check_restored(spec, s.load(again), tokens)
     s.flush()                                           # blocks are promoted after it
-    assert s.lookup(tokens + [1, 2, 3]).tier == "host"  # promoted by the load
-    assert s.stats()["read_bytes"]["disk"] == plan.total_bytes
+    assert s.lookup(tokens + [1, 2, 3]).tier == "host"  # promoted by the second load
+    assert s.stats()["read_bytes"]["disk"] == plan.total_bytes + again.bytes_by_tier()["disk"]
 
 
 @pytest.mark.parametrize("kv_dtype,conv_dtype", [(torch.float32, torch.float32),
