@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 _MISSING, _CORRUPT = "missing", "corrupt"
 _MAX_REPLANS = 4
 _AHEAD = 8                   # values per read-ahead step
-_READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~60 MB at most)
+_READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at most)
 
 
 class StoreRestore:
@@ -126,7 +126,7 @@ class StoreRestore:
                 meta.last_used, meta.hits = now, meta.hits + 1
                 self.touched[p.key] = meta
                 if i in from_disk and self.host.accepts(meta.logical_bytes) \
-                        and self._second_read(p.key, meta):
+                        and self._into_ram(p.key, meta):
                     promote.append((p.key, meta, values[i]))
         # The caller owns what it gets back: RAM keeps its own copy. A snapshot (small;
         # the caller may sample from its logits in place) is copied now; blocks after the
@@ -137,7 +137,7 @@ class StoreRestore:
         if blocks:
             self.promoter.submit(self._promote, blocks)
 
-    def _second_read(self, key: bytes, meta) -> bool:
+    def _into_ram(self, key: bytes, meta) -> bool:
         """Whether a value read from disk goes into RAM: a snapshot at once, a block on its
         second read in this process. The daemon keeps a restored block's page on the
         device, where the next prompts find it; copying it into RAM as well cost the
