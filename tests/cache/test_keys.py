@@ -96,3 +96,32 @@ def test_hex_round_trip_and_bad_keys():
     for bad in ("xyz", "00", k.hex() + "00", ""):
         with pytest.raises(ValueError, match="key"):
             key_from_hex(bad)
+
+
+def _chain(root, tokens, B, ctx=None):
+    """Block keys hashed one by one from the documented bytes, bypassing any reuse."""
+    ctx = ctx or KeyContext()
+    data, keys, k = encode_tokens(tokens), [], root
+    for i in range(len(tokens) // B):
+        k = hashlib.blake2b(b"\x01" + k + data[4 * i * B:4 * (i + 1) * B]
+                            + ctx.positions_part(i * B, (i + 1) * B) + ctx.extra(i),
+                            digest_size=16).digest()
+        keys.append(k)
+    return keys
+
+
+def test_reused_keys_equal_fresh_ones():
+    # block_keys reuses the keys of recent runs sharing a prefix; every answer must be
+    # the chain hashed afresh, whatever was asked before it
+    r, r2 = root_key("fp", 4), root_key("fp", 4, "tenant")
+    base = list(range(100, 180))
+    asks = [(r, base, 4), (r, base + [1, 2, 3, 4, 5], 4), (r, base[:37], 4),
+            (r, base[:40] + [9] * 12, 4), (r, base[:41] + [9] * 12, 4), (r2, base, 4),
+            (r, base, 8), (r, [7] * 3, 4), (r, base[:20] + [1] + base[21:], 4)]
+    for root, toks, B in asks + asks[::-1]:
+        got = block_keys(root, toks, B)
+        assert got == _chain(root, toks, B)
+        got.append(b"caller's own")                 # the caller may change its list
+        assert block_keys(root, toks, B) == _chain(root, toks, B)
+    shifted = KeyContext(positions=list(range(5, 85)))   # not reused: positions differ
+    assert block_keys(r, base, 4, shifted) == _chain(r, base, 4, shifted) != _chain(r, base, 4)
