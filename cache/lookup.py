@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -40,8 +40,7 @@ class IndexView(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class PieceRef:
+class PieceRef(NamedTuple):   # a tuple: a long plan makes ~1,000 of them per request
     key: bytes
     kind: str          # BLOCK or SNAPSHOT
     tier: str          # DEVICE, HOST or DISK

@@ -126,7 +126,7 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         first blocks the caller holds on its device (tokens checked): planned as
         blocks of the "device" tier, whether the store has them or not."""
         self._need_model()
-        tokens = list(map(int, tokens))
+        tokens = _ints(tokens)
         limit = len(tokens) if max_tokens is None else max(0, min(max_tokens, len(tokens)))
         self._sync()
         plan = self._plan(tokens, limit, KeyContext(salt, extras, positions), device_blocks)
@@ -203,14 +203,14 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         self._need_model()
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        tokens = list(map(int, tokens))
+        tokens = _ints(tokens)
         self._check_snapshot(len(tokens), tensors)
         d = len(tokens) // self.B
         ctx = KeyContext(salt, extras, positions)
         root = self.root(salt)
         parents = [root, *block_keys(root, tokens[:d * self.B], self.B, ctx)]
         parent = parents[-1]
-        tail = tokens[d * self.B:]
+        tail = [int(t) for t in tokens[d * self.B:]]
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self._known(key):
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
@@ -295,3 +295,9 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _ints(tokens) -> list[int]:
+    """tokens as a list of ints. The daemon's lists pass as they are: converting a
+    long prompt again costs ~1 ms per call (16K tokens), and it makes several calls."""
+    return tokens if type(tokens) is list else list(map(int, tokens))

@@ -23,7 +23,7 @@ class DevicePrefixes:
         # The block tokens each published page holds: a hit compares tokens, not just
         # keys (as the store does). A page is re-published before anyone can find it
         # under a new key, so the entry of a findable page is always its own.
-        self.tokens_of: list[tuple[int, ...] | None] = [None] * runner.pages.num_pages
+        self.tokens_of: list[list[int] | None] = [None] * runner.pages.num_pages
 
     def start(self, seq: Sequence, keys: list[bytes]) -> None:
         """Attach the sharing state to a new sequence (keys: its prompt's block keys)."""
@@ -38,9 +38,10 @@ class DevicePrefixes:
         """(pages holding the prompt's leading full blocks, the prompt's block keys).
         The pages carry no reference: adopt them before the pool allocates again."""
         keys = self.keys(tokens, salt) if keys is None else list(keys)
+        tokens = tokens if isinstance(tokens, list) else list(tokens)   # compared as lists
         found = []
         for i, page in enumerate(self.runner.pages.lookup(keys)):
-            if self.tokens_of[page] != tuple(tokens[i * self.B:(i + 1) * self.B]):
+            if self.tokens_of[page] != tokens[i * self.B:(i + 1) * self.B]:
                 break
             found.append(page)
         return found, keys
@@ -65,7 +66,7 @@ class DevicePrefixes:
             keys += block_keys(prev, seq.tokens[len(keys) * self.B:n * self.B], self.B)
         self.runner.publish(seq, keys[:n], first=seq.published)
         for i in range(seq.published, n):
-            self.tokens_of[seq.pages[i]] = tuple(seq.tokens[i * self.B:(i + 1) * self.B])
+            self.tokens_of[seq.pages[i]] = seq.tokens[i * self.B:(i + 1) * self.B]
         seq.published = n
 
     def computing(self, keys: list[bytes], prefills: list[Sequence]) -> bool:

@@ -54,9 +54,9 @@ class Runner:
     def add(self, tokens: list[int]) -> Sequence:
         """A new sequence with zero state; raises OutOfSlots when all slots are in use."""
         vocab = self.model.config.vocab_size
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):   # C loops, not Python's
+            bad = next(t for t in tokens if not 0 <= t < vocab)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         slot = self.slots.alloc()
         self.state.reset_slot(slot)
         return Sequence(list(tokens), slot)
