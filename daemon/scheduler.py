@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from daemon.engine import Engine, RestoreInfo
+from daemon.heap import Heap
 from model.generate import Decoding, TokenEvent
 from model.pages import OutOfPages
 from model.runner import Sequence
@@ -95,6 +96,7 @@ class Scheduler:
                          "generated_tokens": 0, "rejected": 0, "cancelled": 0, "errors": 0}
         self.cached_by_tier: dict[str, int] = {}         # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []   # (histogram, seconds), drained by metrics
+        self.heap = Heap()                                # collects while idle (daemon/heap.py)
 
     def start(self) -> None:
         """Run the worker on a thread of its own."""
@@ -160,9 +162,13 @@ class Scheduler:
             with self.cond:
                 if self.stopping and not self.waiting and not self.running:
                     return
-                if not self.waiting and not self.running:
+                idle = not self.waiting and not self.running
+                if idle and not self.heap.due():
                     self.cond.wait(0.1)
                     continue
+            if idle:
+                self.heap.settle()            # outside the lock: submit() is not held up
+                continue
             try:
                 self._reap()
                 self._admit()
@@ -317,4 +323,5 @@ class Scheduler:
             self.counters["errors"] += 1
         self.engine.runner.release(live.seq)
         self.running.remove(live)
+        self.heap.worked()
         live.req.emit(Finished(reason, st, error))

@@ -79,6 +79,7 @@ class Service:
         self.scheduler = Scheduler(self.engine, tok, max_running=cfg.parallel,
                                    queue_size=cfg.queue_size, step_tokens=cfg.step_tokens)
         self.model, self.tokenizer, self.store = model, tok, store
+        self.scheduler.heap.freeze()   # the loaded objects leave the collector's walks
         if start:
             self.scheduler.start()
         log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "

@@ -1,0 +1,76 @@
+"""The collector's full passes kept out of requests (daemon/heap.py): the idle scheduler
+collects what its work left and freezes the survivors, and cycles are still freed."""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+
+import pytest
+
+from daemon import heap
+from daemon.heap import Heap
+from model.loader import load_model
+from model.tokenizer import Tokenizer
+from tests.daemon.test_engine_sharing import Client, _prompt, make_engine
+
+
+class Node:
+    def __init__(self) -> None:
+        self.me = self               # a cycle: only the collector frees it
+
+
+@pytest.fixture
+def thawed():
+    """Tests here freeze this process's objects: leave none frozen for the next tests."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_settle_frees_new_cycles_and_freezes_the_rest(thawed):
+    h = Heap()
+    dead, alive = Node(), Node()
+    gone = weakref.ref(dead)
+    del dead
+    before = gc.get_freeze_count()
+    h.worked()
+    h.settle()
+    assert gone() is None                           # collected, not frozen
+    assert gc.get_freeze_count() > before
+    assert alive.me is alive                        # frozen objects are alive as ever
+    assert not h.due()                              # nothing new since
+
+
+def test_long_idle_frees_cycles_that_died_frozen(thawed, monkeypatch):
+    h = Heap()
+    node = Node()
+    gone = weakref.ref(node)
+    h.worked()
+    h.settle()                                      # node is frozen now
+    del node
+    gc.collect()
+    assert gone() is not None                       # the collector no longer looks at it
+    monkeypatch.setattr(heap, "FULL_AFTER_S", 0.0)
+    assert h.due()
+    h.settle()                                      # idle long enough: a full pass
+    assert gone() is None
+    assert not h.due()
+
+
+def test_idle_scheduler_settles_after_work(thawed, tiny_hybrid_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(heap, "SETTLE_AFTER_S", 0.0)
+    model = load_model(tiny_hybrid_dir)
+    client = Client(make_engine(model, tmp_path), Tokenizer.from_dir(tiny_hybrid_dir))
+    try:
+        client.run([_prompt(40, 1)])
+        sched = client.sched
+        deadline = time.monotonic() + 10
+        while sched.heap.dirty and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not sched.heap.dirty                  # settled once the queue was empty
+        assert gc.get_freeze_count() > 0
+        assert client.run([_prompt(40, 2)])[0].tokens   # and it serves on after it
+    finally:
+        client.close()
