@@ -12,7 +12,8 @@ from pathlib import Path
 from tools.bench_scenarios import median
 
 PHASES = ("cold", "warm", "restart")
-PHASE_LABEL = {"cold": "cold", "warm": "warm (RAM)", "restart": "after restart (disk)"}
+PHASE_LABEL = {"cold": "cold", "warm": "warm", "restart": "after restart"}
+TIER_LABEL = {"warm": " (RAM)", "restart": " (disk)"}    # where ckptd serves them from
 
 
 def _ms(v: float | None) -> str:
@@ -156,7 +157,8 @@ def plots(results: dict, out: Path) -> list[Path]:
             for phase, style in zip(PHASES, ("o-", "s--", "^:")):
                 pts = [(e["length"], e[phase]["ttft_ms"]) for e in mine if phase in e]
                 if pts:
-                    ax.plot(*zip(*pts), style, label=f"{server}: {PHASE_LABEL[phase]}")
+                    tier = TIER_LABEL.get(phase, "") if server.startswith("ckptd") else ""
+                    ax.plot(*zip(*pts), style, label=f"{server}: {PHASE_LABEL[phase]}{tier}")
         ax.set(xlabel="context length (tokens)", ylabel="time to first token (ms)",
                yscale="log", title="TTFT by context length")
         ax.grid(True, which="both", alpha=0.3)
