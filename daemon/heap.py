@@ -19,22 +19,20 @@ import gc
 import time
 
 SETTLE_AFTER_S = 1.0      # idle collect + freeze at most this often
-FULL_AFTER_S = 60.0       # idle this long since the last full pass: one more
+FULL_AFTER_S = 60.0       # idle this long after a settle: one full pass
 
 
 class Heap:
     def __init__(self) -> None:
-        now = time.monotonic()
         self.dirty = False                # work was done since the last settle
-        self.settled = now
-        self.full = now
+        self.settled = time.monotonic()
         self.full_due = False             # a settle happened since the last full pass
 
     def freeze(self) -> None:
         """Collect in full, then freeze every object alive (after loading)."""
         gc.collect()
         gc.freeze()
-        self.settled = self.full = time.monotonic()
+        self.settled = time.monotonic()
         self.dirty = self.full_due = False
 
     def worked(self) -> None:
