@@ -111,19 +111,24 @@ def markdown(results: dict) -> str:
 
 
 def memory_summary(mem: list[dict]) -> list[str]:
-    """Mean TTFT per question by server, and each server's against the last one (the
-    peer, when there is one)."""
+    """Mean TTFT per question by server, and ckptd's rows against the peer's, when a
+    peer ran (ckptd's two ways of asking are not compared with each other)."""
     means = {}
     for server in servers(mem):
         ttfts = [r["ttft_ms"] for r in mem if r["server"] == server and r["index"] > 0]
         if ttfts:
             means[server] = sum(ttfts) / len(ttfts)
-    if not means:
-        return []
-    last = list(means)[-1]
-    return [f"- {server}: mean TTFT per question {_ms(mean)} ms" +
-            (f", {means[last] / mean:.1f}x faster than {last}" if server != last and mean
-             else "") for server, mean in means.items()]
+    peers = [s for s in means if not s.startswith("ckptd")]
+    peer = peers[-1] if peers else None
+    out = []
+    for server, mean in means.items():
+        line = f"- {server}: mean TTFT per question {_ms(mean)} ms"
+        if peer is not None and server != peer and mean and means[peer]:
+            ratio = means[peer] / mean
+            line += (f", {ratio:.1f}x faster than {peer}" if ratio >= 1
+                     else f", {1 / ratio:.1f}x slower than {peer}")
+        out.append(line)
+    return out
 
 
 def consistency_lines(rows: list[dict]) -> list[str]:
