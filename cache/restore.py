@@ -25,18 +25,33 @@ _READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at
 
 
 class StoreRestore:
-    def load(self, plan: RestorePlan, _depth: int = 0) -> RestoredState:
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None,
+             _depth: int = 0) -> RestoredState:
         """The tensors of a plan: pages [n_blocks, *kv_shape()] and the snapshot. A piece
         that is gone or fails verification ends the restore there: the result is then
         the longest good prefix (ok=False), never wrong data. The plan's device blocks
-        are the caller's: they are neither read nor part of `pages`."""
+        are the caller's: they are neither read nor part of `pages`.
+
+        into_pages: where the blocks go, one [*kv_shape()] CPU tensor each (views of the
+        caller's KV pool pages; any strides): they are written in place and `pages` is
+        None. Memory the pool already holds is not faulted in anew, as a fresh output
+        buffer is on every restore (the kernel zeroing its pages was half a restarted
+        daemon's first disk restore)."""
         self._need_model()
         first = plan.device_blocks
         pieces, nb = plan.to_read(), len(plan.blocks) - first
         pages = None
-        if nb:
+        if into_pages is not None:
+            if len(into_pages) < nb:
+                raise ValueError(f"the plan reads {nb} blocks, into_pages holds "
+                                 f"{len(into_pages)}")
+            outs = into_pages[:nb]
+        elif nb:
             pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype)
-        into = [{"kv": pages[i]} if i < nb else None for i in range(len(pieces))]
+            outs = list(pages)
+        else:
+            outs = []
+        into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
         from_disk = []
         for i, p in enumerate(pieces):
@@ -45,7 +60,7 @@ class StoreRestore:
                 from_disk.append(i)
             elif i < nb:
                 values[i] = into[i]
-                pages[i].copy_(v["kv"])
+                outs[i].copy_(v["kv"])
             else:
                 values[i] = {k: t.clone() for k, t in v.items()}
         if from_disk:
@@ -54,9 +69,10 @@ class StoreRestore:
             # values decode into (CPU). See cache/pagein.py.
             done = threading.Event()
             refs = [(pieces[i].key, pieces[i].kind) for i in from_disk]
-            outs = [into[i]["kv"] for i in from_disk if into[i] is not None]
             self.prefetcher.submit(_ahead, refs, self.disk.prefetch, done)
-            self.prefetcher.submit(_ahead, outs, _write_ready, done)
+            if pages is not None:                 # fresh memory: fault it in ahead
+                fresh = [into[i]["kv"] for i in from_disk if into[i] is not None]
+                self.prefetcher.submit(_ahead, fresh, _write_ready, done)
             n = self.config.read_threads
             groups = [g for g in (from_disk[t::n] for t in range(n)) if g]
             jobs = [[(pieces[i], into[i]) for i in g] for g in groups]
@@ -70,7 +86,8 @@ class StoreRestore:
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
             self._drop(corrupt)
-        self._touch_and_promote(pieces, values, set(from_disk))
+        self._touch_and_promote(pieces, values, set(from_disk),
+                                at_once=into_pages is not None)
         snap = values[nb] if plan.snapshot is not None else None
         if isinstance(snap, dict) and plan.snapshot.position != plan.position:
             # Attention only: a later state's page, cut to the tokens the prompt shares
@@ -85,13 +102,14 @@ class StoreRestore:
         good = min(bad[0], nb)
         if not self.spec.is_hybrid:
             tier = plan.tier if good else DEVICE if first else None
-            return RestoredState((first + good) * self.B, pages[:good] if good else None, None,
+            kept = pages[:good] if good and pages is not None else None
+            return RestoredState((first + good) * self.B, kept, None,
                                  ok=False, dropped=len(corrupt), tier=tier, first_block=first)
         # A hybrid needs a snapshot at the restore point: plan again below the failure.
         replan = self._plan(plan.tokens, (first + good) * self.B, plan.ctx, first)
         if replan.position == 0 or _depth >= _MAX_REPLANS:
             return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
-        out = self.load(replan, _depth + 1)
+        out = self.load(replan, into_pages, _depth + 1)
         out.ok, out.dropped = False, out.dropped + len(corrupt)
         return out
 
@@ -101,8 +119,14 @@ class StoreRestore:
         def decode(key: bytes, buf: memoryview | None):
             if buf is None:
                 return _MISSING
+            dest = into[key]
             try:
-                return codec.decode(buf, self.fp, into[key], key)
+                if dest is None or dest["kv"].is_contiguous():
+                    return codec.decode(buf, self.fp, dest, key)
+                # a strided page of the caller's pool: decode beside it, then copy in
+                got = codec.decode(buf, self.fp, {"kv": _scratch(dest["kv"])}, key)
+                dest["kv"].copy_(got["kv"])
+                return dest
             except codec.CorruptValue:
                 return _CORRUPT
         try:
@@ -113,7 +137,10 @@ class StoreRestore:
             log.warning("cache: disk read failed: %s", e)
             return [_MISSING] * len(job)
 
-    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: set[int]):
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: set[int],
+                           at_once: bool = False):
+        """at_once: copy blocks into RAM before returning (they are the caller's pool pages,
+        which may be reused once the restore has returned)."""
         now, promote = time.time(), []
         with self.lock:
             for i, p in enumerate(pieces):
@@ -133,8 +160,8 @@ class StoreRestore:
         # restore has returned: their fresh memory faults in at ~0.3-0.5 s per GB, which
         # made a daemon's first restores after a restart wait ~4x their read time.
         blocks = [item for item in promote if item[1].kind == BLOCK]
-        self._promote([item for item in promote if item[1].kind != BLOCK])
-        if blocks:
+        self._promote([item for item in promote if item[1].kind != BLOCK or at_once])
+        if blocks and not at_once:
             self.promoter.submit(self._promote, blocks)
 
     def _into_ram(self, key: bytes, meta) -> bool:
@@ -179,6 +206,18 @@ def _ahead(items: list, fn, done: threading.Event) -> None:
         if done.is_set():
             return
         fn(items[s:s + _AHEAD])
+
+
+_scratches = threading.local()
+
+
+def _scratch(like: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of like's shape and dtype, kept per reader thread: decoded
+    into again and again, its memory stays resident."""
+    t = getattr(_scratches, "t", None)
+    if t is None or t.shape != like.shape or t.dtype != like.dtype:
+        t = _scratches.t = torch.empty(like.shape, dtype=like.dtype)
+    return t
 
 
 def _write_ready(pages: list[torch.Tensor]) -> None:

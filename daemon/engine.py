@@ -110,21 +110,21 @@ class Engine:
             if plan.position == 0:
                 return
             t_read = time.perf_counter()
-            restored = self.store.load(plan)
-            if not restored.ok:
-                info.fallbacks += 1
-                continue
-            if plan.position == len(tokens) and "logits" not in (restored.snapshot or {}):
+            restored, held = self._load(plan, device)
+            if restored.ok and plan.position == len(tokens) \
+                    and "logits" not in (restored.snapshot or {}):
+                self.runner.pages.decref(held)
                 plan = self._plan(tokens, salt, len(tokens) - 1, dev)
                 if plan.position == 0:
                     return
-                restored = self.store.load(plan)
-                if not restored.ok:
-                    info.fallbacks += 1
-                    continue
+                restored, held = self._load(plan, device)
+            if not restored.ok:
+                self.runner.pages.decref(held)
+                info.fallbacks += 1
+                continue
             for tier, n in plan.bytes_by_tier().items():
                 self.rates.update_read(tier, n, time.perf_counter() - t_read)
-            self._install(seq, restored, device)
+            self._install(seq, restored, device, held)
             info.cached_tokens, info.tier = restored.position, restored.tier
             info.device_tokens = restored.first_block * self.B
             if restored.position == len(tokens):
@@ -133,6 +133,28 @@ class Engine:
             # again by the next checkpoint, so that its snapshot has a parent on disk.
             seq.stored_blocks = self._stored_run(keys[:restored.position // self.B])
             return
+
+    def _load(self, plan: RestorePlan, device: list[int]) -> tuple[RestoredState, list[int]]:
+        """The store's load of a plan. On a CPU pool its blocks decode straight into
+        pool pages taken for them here, which the caller then owns (the second value):
+        no fresh output buffer to fault in and no copy into the pool after it."""
+        kv, pool = self.runner.state.kv, self.runner.pages
+        n = len(plan.blocks) - plan.device_blocks
+        if kv is None or kv.device.type != "cpu" or n <= 0:
+            return self.store.load(plan), []
+        # The device pages found carry no reference until _install adopts them: hold
+        # them while allocating, or the pool could reclaim one of them for these.
+        found = device[:plan.device_blocks]
+        pool.incref(found)
+        try:
+            held = pool.alloc(n)
+        finally:
+            pool.decref(found)
+        try:
+            return self.store.load(plan, [kv[p] for p in held]), held
+        except BaseException:
+            pool.decref(held)
+            raise
 
     def _stored_run(self, keys: list[bytes]) -> int:
         """How many of these leading block keys the store holds."""
@@ -157,15 +179,21 @@ class Engine:
         read_s = sum(n / self.rates.bytes_per_s[t] for t, n in plan.bytes_by_tier().items())
         return read_s <= plan.position / self.rates.prefill_tps
 
-    def _install(self, seq: Sequence, restored: RestoredState, device: list[int]) -> None:
+    def _install(self, seq: Sequence, restored: RestoredState, device: list[int],
+                 held: list[int]) -> None:
+        """held: pool pages the store decoded blocks first.. into (see _load)."""
         P, first = restored.position, restored.first_block
         r = self.runner
         if first:
             self.shared.adopt(seq, device[:first])
-        r.reserve(seq, P)
         n_full = P // self.B
+        if held:
+            used = max(0, n_full - first)
+            seq.pages += held[:used]
+            r.pages.decref(held[used:])
+        r.reserve(seq, P)
         state = r.state
-        if n_full > first and state.kv is not None:
+        if n_full > first and state.kv is not None and restored.pages is not None:
             ops.scatter_pages(state.kv, seq.pages[first:n_full], restored.pages)
         snap = restored.snapshot or {}
         if P % self.B and state.kv is not None:

@@ -44,6 +44,43 @@ def test_round_trip_host_disk_and_restart(open_store, spec, tmp_path):
     assert s.stats()["read_bytes"]["disk"] == plan.total_bytes + again.bytes_by_tier()["disk"]
 
 
+def test_load_into_strided_pool_pages(open_store, spec):
+    """into_pages: blocks decode straight into the caller's pool pages (a head-major CPU
+    pool's pages are strided views), and a damaged value stops the restore there with
+    the good blocks in place. (RAM hits into pool pages: tests/daemon/test_engine.py.)"""
+    from kernels.paged_attention import layout
+    tokens = list(range(200, 243))                      # 10 full blocks + 3
+    s = open_store(spec, host_budget=0)
+    fill(s, spec, tokens)
+    s.flush()
+    plan = s.lookup(tokens + [7])
+    n = len(plan.blocks)
+    assert plan.position == 43 and n == 10 and plan.tier == "disk"
+    pool = layout.new_pool(n + 2, spec.kv_shape(), spec.attention.dtype,
+                           torch.device("cpu"), head_major=True)
+    views = [pool[i + 2] for i in range(n)]            # not the first pages: offsets too
+    assert not views[0].is_contiguous()
+    restored = s.load(plan, views)
+    assert restored.ok and restored.pages is None and restored.position == plan.position
+    assert torch.equal(pool[2:2 + n], s.load(plan).pages)   # the same as a plain load
+    check_restored(spec, s.load(plan), tokens)
+    # a block damaged on disk: the restore ends before it, its good blocks written
+    bad = plan.blocks[4].key
+    _overwrite(s, bad)
+    pool.zero_()
+    again = s.load(s.lookup(tokens + [7]), views)
+    assert not again.ok and again.pages is None
+    good = again.position // B
+    assert good <= 4
+    if good:
+        assert torch.equal(pool[2:2 + good], fake_pages(spec, tokens, 0, good))
+
+
+def _overwrite(s, key: bytes) -> None:
+    with s.disk.env.begin(write=True, db=s.disk.blocks) as txn:
+        txn.put(key, b"not a value")
+
+
 @pytest.mark.parametrize("kv_dtype,conv_dtype", [(torch.float32, torch.float32),
                                                  (torch.float16, torch.float16),
                                                  (torch.bfloat16, torch.float32)])

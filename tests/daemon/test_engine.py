@@ -8,6 +8,7 @@ import lmdb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cache.keys import block_keys
 from cache.store import CacheStore
 from daemon.engine import Engine
 from daemon.scheduler import Finished, Request, Scheduler
@@ -123,6 +124,51 @@ def test_corrupt_store_falls_back_to_correct_output(tiny_dir, tiny_model, tmp_pa
     got = run(eng, tok, prompts)
     assert [g[0] for g in got] == [w[0] for w in want]
     assert eng.store.stats()["corrupt_dropped"] > 0
+    eng.store.close()
+
+
+def test_restores_decode_into_pool_pages_and_leak_none(tiny_dir, tiny_model, tmp_path):
+    """The engine's restores decode straight into pool pages taken for them (_load):
+    from RAM, from disk, and from disk past a damaged block, the logits are the
+    uncached ones, and once the sequences are gone every page is free again."""
+    prompt = list(range(30, 30 + 70))
+    longer = prompt + [5, 6, 7]
+    want = prompt_logits(tiny_model, longer)[-1]
+    eng = make_engine(tiny_model, tmp_path)
+    run(eng, _tok(tiny_dir), [prompt], max_tokens=1)
+    eng.store.flush()
+    pool = eng.runner.pages
+
+    def restore_and_check(tier):
+        pool.evict_cached()                        # no device pages: read the store
+        into = []
+        real = eng.store.load
+        eng.store.load = lambda plan, into_pages=None, *more: \
+            into.append(into_pages is not None) or real(plan, into_pages, *more)
+        seq, info = eng.admit(longer, None, True)
+        eng.store.load = real
+        assert info.tier == tier and info.cached_tokens > 0 and all(into) and into
+        got = eng.runner.step([(seq, len(longer) - seq.num_computed)])[0]
+        assert (got - want).abs().max() <= 1e-5
+        eng.runner.release(seq)
+        pool.evict_cached()
+        assert pool.num_free == pool.num_pages     # nothing leaked
+        return info
+
+    restore_and_check("host")
+    damaged = block_keys(eng.store.root(None), prompt, B)[6]   # tokens 48..55
+    eng.store.close()
+    env = lmdb.open(str(tmp_path), max_dbs=4)
+    db = env.open_db(b"blocks", create=False)
+    with env.begin(write=True, db=db) as txn:
+        txn.put(damaged, txn.get(damaged)[:100])
+    env.close()
+    eng = make_engine(tiny_model, tmp_path, host_budget=0)
+    pool = eng.runner.pages
+    info = restore_and_check("disk")
+    assert eng.store.stats()["corrupt_dropped"] == 1
+    assert info.fallbacks == 1 and 0 < info.cached_tokens <= 48
+    restore_and_check("disk")                          # and again, from what is left
     eng.store.close()
 
 
