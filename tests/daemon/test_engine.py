@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import lmdb
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from cache.keys import block_keys
 from cache.store import CacheStore
 from daemon.engine import Engine
 from daemon.scheduler import Finished, Request, Scheduler
+from model.pages import OutOfPages
 from model.runner import Runner
 from model.sampling import SamplingParams
 from model.testing import prompt_logits
@@ -169,6 +171,38 @@ def test_restores_decode_into_pool_pages_and_leak_none(tiny_dir, tiny_model, tmp
     assert eng.store.stats()["corrupt_dropped"] == 1
     assert info.fallbacks == 1 and 0 < info.cached_tokens <= 48
     restore_and_check("disk")                          # and again, from what is left
+    eng.store.close()
+
+
+def test_pages_for_a_restore_never_reclaim_the_device_pages_it_uses(tiny_dir, tiny_model,
+                                                                    tmp_path):
+    """A restore takes pool pages for the blocks it reads from the store; when the pool
+    is short, it must not reclaim the cached device pages the same restore adopts: it
+    is refused (OutOfPages, the scheduler retries later) and those pages stay cached."""
+    tok = _tok(tiny_dir)
+    doc = list(range(40, 40 + 80))                     # 10 blocks
+    runner = Runner(tiny_model, num_pages=16, num_slots=4, block_size=B)
+    eng = Engine(runner, CacheStore(tmp_path, runner.spec, tiny_model.fingerprint),
+                 snapshot_interval=INTERVAL)
+    run(eng, tok, [doc[:40], doc], max_tokens=1)       # the store holds all 10 blocks
+    eng.store.flush()
+    pool = runner.pages
+    pool.evict_cached()
+    run(eng, tok, [doc[:40]], max_tokens=1)            # back on the device: 5 blocks
+    found, _ = eng.shared.find(doc + [7], None)
+    assert len(found) == 5
+    filler = runner.add([1] * (pool.num_free - 2) * B)  # leave 2 pages free
+    runner.reserve(filler, len(filler.tokens))
+    question = doc + [7]
+    with pytest.raises(OutOfPages):
+        eng.admit(question, None, True)
+    assert eng.shared.find(question, None)[0] == found  # still cached, untouched
+    runner.release(filler)
+    seq, info = eng.admit(question, None, True)
+    assert info.device_tokens == 40 and info.cached_tokens >= 64
+    got = runner.step([(seq, len(question) - seq.num_computed)])[0]
+    assert (got - prompt_logits(tiny_model, question)[-1]).abs().max() <= 1e-5
+    runner.release(seq)
     eng.store.close()
 
 
