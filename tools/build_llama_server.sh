@@ -3,8 +3,8 @@
 # from the llama.cpp sources vendored in llama-cpp-python's PyPI sdist (PyPI has no
 # llama.cpp of its own). Benchmark setup only; CI never needs it. ~10 min on 2 cores.
 #
-# The CPU flags are build_peer.sh's (AVX-512 where the CPU has it, AMX off: a native
-# build segfaults in the AMX matmul here); no web UI, no curl (nothing to download).
+# The CPU flags are build_peer.sh's (tools/ggml_cpu_flags.sh); no web UI, no curl
+# (nothing to download).
 #
 # Usage: tools/build_llama_server.sh, then
 #   ckptd bench --peer-name llama-server --peer-command ".peer-server/llama-server \
@@ -20,20 +20,12 @@ trap 'rm -rf "$WORK"' EXIT
     -d "$WORK" "llama-cpp-python==${VERSION}"
 tar xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK"
 SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
-avx512="-DGGML_AVX512=OFF"
-if grep -qw avx512f /proc/cpuinfo; then
-    avx512="-DGGML_AVX512=ON"
-    for f in vbmi vnni bf16; do
-        grep -qw "avx512_$f\|avx512$f" /proc/cpuinfo && avx512="$avx512 -DGGML_AVX512_${f^^}=ON"
-    done
-fi
-# shellcheck disable=SC2086  # $avx512 is a list of flags
+CPU_FLAGS=$(tools/ggml_cpu_flags.sh)
+# shellcheck disable=SC2086  # $CPU_FLAGS is a list of flags
 cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_BMI2=ON $avx512 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    > "$WORK/cmake.log" || { cat "$WORK/cmake.log"; exit 1; }
+    $CPU_FLAGS > "$WORK/cmake.log" || { cat "$WORK/cmake.log"; exit 1; }
 cmake --build "$WORK/build" --target llama-server -j "$(nproc)"
 mkdir -p "$OUT"
 echo '*' > "$OUT/.gitignore"    # keep the build out of git without editing .gitignore

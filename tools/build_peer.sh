@@ -3,8 +3,9 @@
 # from its PyPI sdist (PyPI has no wheel for it) into .peer-venv, apart from .venv so
 # its numpy/pydantic pins never touch ckptd's. Benchmark setup only; CI never needs it.
 #
-# The CMake flags pin AVX2/FMA (AVX-512 where the CPU has it) and turn AMX off: a -DGGML_NATIVE=ON build segfaults in
-# the AMX matmul on these machines (see shared ENVIRONMENT.md). ~7 min on 2 cores.
+# The CMake flags (tools/ggml_cpu_flags.sh) pin AVX2/FMA, AVX-512 where the CPU has it,
+# and turn AMX off: a -DGGML_NATIVE=ON build segfaults in the AMX matmul on these
+# machines (see shared ENVIRONMENT.md). ~7 min on 2 cores.
 #
 # Usage: tools/build_peer.sh, then start the peer and point `ckptd bench --peer` at it:
 #   .peer-venv/bin/python -m llama_cpp.server --model M.gguf --port 8090 --n_ctx 8192 \
@@ -21,17 +22,8 @@ VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 echo '*' > .peer-venv/.gitignore
 PIP=".peer-venv/bin/python -m pip --disable-pip-version-check"
 $PIP install -q --upgrade pip
-# AVX-512 where the CPU has it (a peer built without it would be slower than it can be).
-avx512="-DGGML_AVX512=OFF"
-if grep -qw avx512f /proc/cpuinfo; then
-    avx512="-DGGML_AVX512=ON"
-    for f in vbmi vnni bf16; do
-        grep -qw "avx512_$f\|avx512$f" /proc/cpuinfo && avx512="$avx512 -DGGML_AVX512_${f^^}=ON"
-    done
-fi
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
--DGGML_F16C=ON -DGGML_BMI2=ON $avx512 -DGGML_AMX_TILE=OFF \
--DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+CMAKE_ARGS=$(tools/ggml_cpu_flags.sh)
+export CMAKE_ARGS
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 $PIP install --no-binary llama-cpp-python "llama-cpp-python[server]==${VERSION}"
 .peer-venv/bin/python -c "import llama_cpp; print('peer built: llama-cpp-python', llama_cpp.__version__)"
