@@ -3,7 +3,8 @@
 Built on the `tokenizers` library. Special tokens written in the text (the chat
 template's `<|im_start|>`, ...) always encode to their ids, as in llama.cpp's
 server and transformers. `encode(add_special_tokens=True)` adds what the model's
-own post-processor adds (a BOS for llama-3, nothing for ChatML models).
+own post-processor adds (a BOS for llama-3, nothing for ChatML models). A long text
+that starts like a recent one re-encodes only its end (`model/prefix_encode.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as _Tok
+
+from model.prefix_encode import PrefixEncoder
 
 # End-of-turn tokens of chat models whose config names only the base eos.
 _TURN_ENDS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
@@ -25,6 +28,7 @@ class Tokenizer:
     def __init__(self, tok: _Tok, chat_template: str | None = None, bos_id: int | None = None,
                  eos_ids: tuple[int, ...] = (), add_bos: bool = False) -> None:
         self.tok = tok
+        self.prefix = PrefixEncoder(tok)   # long texts re-encode only what is new
         self.chat_template = chat_template
         self.bos_id = bos_id
         self.add_bos = add_bos
@@ -83,7 +87,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise ValueError(f"encode needs a str, got {type(text).__name__}")
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens:
+            return self.tok.encode(text, add_special_tokens=True).ids
+        return self.prefix.encode(text)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
