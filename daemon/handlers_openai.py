@@ -154,7 +154,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
-    req = ChatRequest.parse(await read_json(request))
+    req = ChatRequest.parse(await read_json(request), svc.vocab_size)
     svc.check_model(req.model)
     tokens, salt = await blocking(svc.chat_tokens, req.messages, req.cache)
     params = svc.settle(tokens, req.max_tokens, req.params)

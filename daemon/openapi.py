@@ -18,9 +18,18 @@ _SAMPLING = {
     "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number"},
     "seed": {"type": "integer"}, "stop": _STOP, "ignore_eos": {"type": "boolean"},
     "stream": {"type": "boolean"},
+    "presence_penalty": {"type": "number"}, "frequency_penalty": {"type": "number"},
     "cache_salt": {"type": "string", "description": "entries are shared only within a salt"},
     "context": {"type": "string", "description": "a named context to put before the prompt"},
 }
+_OPENAI_BIAS = {"logit_bias": {"type": "object", "additionalProperties": {"type": "number"},
+                               "description": "token id (as a string): bias in [-100, 100]"},
+                "repetition_penalty": {"type": "number", "exclusiveMinimum": 0}}
+_LLAMA_PENALTIES = {
+    "repeat_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "repeat_last_n": {"type": "integer", "minimum": -1},
+    "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}],
+                   "description": "[[token id, bias or false], ...] or {token id: bias}"}}
 _CACHE_FLAG = {"cache": {"type": "boolean", "default": True,
                          "description": "false: no restore and no checkpoints"}}
 _STREAM_OPTIONS = {"stream_options": {"type": "object", "properties": {
@@ -80,16 +89,18 @@ def document(model_id: str) -> dict:
     completion = _body({"model": {"type": "string", "enum": [model_id]}, "prompt": _PROMPT,
                         "max_tokens": {"type": "integer", "minimum": 0},
                         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                        **_SAMPLING, **_CACHE_FLAG, **_STREAM_OPTIONS}, ("prompt",))
+                        **_SAMPLING, **_OPENAI_BIAS, **_CACHE_FLAG, **_STREAM_OPTIONS},
+                       ("prompt",))
     chat = _body({"model": {"type": "string", "enum": [model_id]}, "messages": _MESSAGES,
                   "max_tokens": {"type": "integer", "minimum": 0},
                   "max_completion_tokens": {"type": "integer", "minimum": 0},
                   "logprobs": {"type": "boolean"},
                   "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                  **_SAMPLING, **_CACHE_FLAG, **_STREAM_OPTIONS}, ("messages",))
+                  **_SAMPLING, **_OPENAI_BIAS, **_CACHE_FLAG, **_STREAM_OPTIONS},
+                 ("messages",))
     llama = _body({"prompt": _PROMPT, "n_predict": {"type": "integer", "minimum": -1},
                    "n_probs": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
-                   **_SAMPLING}, ("prompt",))
+                   **_SAMPLING, **_LLAMA_PENALTIES}, ("prompt",))
     context = _body({"name": {"type": "string"}, "text": {"type": "string"},
                      "messages": _MESSAGES, "pin": {"type": "boolean", "default": True},
                      "cache_salt": {"type": "string"}}, ("name",))

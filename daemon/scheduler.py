@@ -230,7 +230,8 @@ class Scheduler:
             for tier, n in info.tokens_by_tier().items():
                 self.cached_by_tier[tier] = self.cached_by_tier.get(tier, 0) + n
             self.observations.append(("restore", info.restore_ms / 1000))
-        live = _Live(req, seq, Decoding(self.tokenizer, req.params), time.perf_counter())
+        live = _Live(req, seq, Decoding(self.tokenizer, req.params, req.tokens),
+                     time.perf_counter())
         self.running.append(live)
         if info.logits is not None:          # exact repeat: the snapshot carried the logits
             self._prompt_done(live)

@@ -8,12 +8,14 @@ prompt length is known (`max_tokens` None: as many as the context allows).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from daemon.errors import bad_request
 from model.sampling import SamplingParams
 
 MAX_STOPS = 16
+MAX_LOGIT_BIAS = 1024
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -123,14 +125,84 @@ def _cache_options(f: Fields, use_cache_field: str = "cache") -> CacheOptions:
 
 
 def _sampling(f: Fields, temperature: float, top_k: int, top_p: float, min_p: float,
-              logprobs: int | None) -> SamplingParams:
+              logprobs: int | None, penalties: dict) -> SamplingParams:
     seed = f.int("seed")
     return SamplingParams(
         max_tokens=0, temperature=f.float("temperature", temperature, 0.0, 100.0),
         top_k=f.int("top_k", top_k, 0), top_p=_top_p(f.float("top_p", top_p, 0.0, 1.0)),
         min_p=f.float("min_p", min_p, 0.0, 1.0),
         seed=None if seed is None or seed < 0 else seed, stop=f.stop(),
-        ignore_eos=f.bool("ignore_eos"), logprobs=logprobs)
+        ignore_eos=f.bool("ignore_eos"), logprobs=logprobs, **penalties)
+
+
+def _openai_penalties(f: Fields, vocab_size: int) -> dict:
+    """OpenAI's presence/frequency penalties and logit_bias ({"token id": bias}), and
+    vLLM's repetition_penalty; counted as OpenAI counts them (model/penalties.py)."""
+    return {"presence_penalty": f.float("presence_penalty", 0.0, -2.0, 2.0),
+            "frequency_penalty": f.float("frequency_penalty", 0.0, -2.0, 2.0),
+            "repetition_penalty": _positive(f, "repetition_penalty", 1.0),
+            "logit_bias": _logit_bias(f, vocab_size, allow_false=False)}
+
+
+def _llama_penalties(f: Fields, vocab_size: int) -> dict:
+    """llama.cpp's repeat_penalty, presence/frequency penalties over the last
+    repeat_last_n tokens, and logit_bias ([[id, bias | false], ...] or {"id": bias})."""
+    return {"presence_penalty": f.float("presence_penalty", 0.0, -100.0, 100.0),
+            "frequency_penalty": f.float("frequency_penalty", 0.0, -100.0, 100.0),
+            "repetition_penalty": _positive(f, "repeat_penalty", 1.0),
+            "penalty_last_n": f.int("repeat_last_n", 64, -1),
+            "logit_bias": _logit_bias(f, vocab_size, allow_false=True)}
+
+
+def _positive(f: Fields, name: str, default: float) -> float:
+    v = f.float(name, default, 0.0, 100.0)
+    if v == 0.0:
+        raise bad_request(f"{name} must be > 0", name)
+    return v
+
+
+def _logit_bias(f: Fields, vocab_size: int, allow_false: bool,
+                name: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """(token, bias) pairs from {"id": bias} or, for llama.cpp, [[id, bias], ...], where a
+    bias of false bans the token (-inf)."""
+    v = f.data.get(name)
+    if v is None:
+        return ()
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif allow_false and isinstance(v, list) and all(
+            isinstance(p, list) and len(p) == 2 for p in v):
+        pairs = [tuple(p) for p in v]
+    else:
+        want = "an object of token id: bias" + (" or a list of [id, bias] pairs"
+                                                  if allow_false else "")
+        raise _type(name, want, v)
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise bad_request(f"{name} holds at most {MAX_LOGIT_BIAS} tokens", name)
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        token = _bias_token(key, name)
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"{name}: token id {token} is outside the vocabulary "
+                              f"(0..{vocab_size - 1})", name)
+        if allow_false and bias is False:
+            bias = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100.0 <= bias <= 100.0:
+            raise bad_request(f"{name}: the bias of token {token} must be a number in "
+                              f"[-100, 100]{' or false' if allow_false else ''}, got {bias!r}",
+                              name)
+        out[token] = float(bias)
+    return tuple(out.items())
+
+
+def _bias_token(key: object, name: str) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and re.fullmatch(r"-?[0-9]{1,12}", key):
+        return int(key)
+    raise bad_request(f"{name}: {key!r} is not a token id (token strings are not supported)",
+                      name)
 
 
 def _top_p(v: float) -> float:
@@ -165,7 +237,8 @@ class CompletionRequest:
         f = Fields(data)
         _common(f)
         return cls(f.str("model"), _prompt(f, vocab_size), f.int("max_tokens", 16, 0),
-                   _sampling(f, 1.0, 0, 1.0, 0.0, f.int("logprobs", None, 0, 20)),
+                   _sampling(f, 1.0, 0, 1.0, 0.0, f.int("logprobs", None, 0, 20),
+                             _openai_penalties(f, vocab_size)),
                    _cache_options(f), f.bool("stream"), _include_usage(f))
 
 
@@ -182,7 +255,7 @@ class ChatRequest:
     include_usage: bool = False
 
     @classmethod
-    def parse(cls, data: object) -> ChatRequest:
+    def parse(cls, data: object, vocab_size: int) -> ChatRequest:
         f = Fields(data)
         _common(f)
         max_tokens = f.int("max_completion_tokens", None, 0)
@@ -191,7 +264,8 @@ class ChatRequest:
         top = f.int("top_logprobs", None, 0, 20)
         logprobs = (top or 0) if f.bool("logprobs") else None
         return cls(f.str("model"), parse_messages(f.data.get("messages")), max_tokens,
-                   _sampling(f, 1.0, 0, 1.0, 0.0, logprobs), _cache_options(f),
+                   _sampling(f, 1.0, 0, 1.0, 0.0, logprobs, _openai_penalties(f, vocab_size)),
+                   _cache_options(f),
                    f.bool("stream"), _include_usage(f))
 
 
@@ -211,7 +285,8 @@ class LlamaCompletionRequest:
         n_predict = f.int("n_predict", -1, -1)
         n_probs = f.int("n_probs", 0, 0, 20)
         return cls(_prompt(f, vocab_size), None if n_predict == -1 else n_predict,
-                   _sampling(f, 0.8, 40, 0.95, 0.05, n_probs or None),
+                   _sampling(f, 0.8, 40, 0.95, 0.05, n_probs or None,
+                             _llama_penalties(f, vocab_size)),
                    _cache_options(f, "cache_prompt"), f.bool("stream"))
 
 

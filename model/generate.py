@@ -53,9 +53,10 @@ class StopMatcher:
 class Decoding:
     """One sequence's sampling state: sampler, detokenizer, stop rules, token count."""
 
-    def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams,
+                 prompt: list[int] = ()) -> None:
         self.params = params
-        self.sampler = Sampler(params)
+        self.sampler = Sampler(params, prompt)   # the prompt, for repetition penalties
         self.detok = StreamDecoder(tokenizer)
         self.stops = StopMatcher(params.stop)
         eos = set() if params.ignore_eos else set(tokenizer.eos_ids)
@@ -131,7 +132,8 @@ def _run(runner: Runner, tokenizer: Tokenizer, prompts: list[list[int]],
             while waiting and arrivals[waiting[0]] <= it:
                 i = waiting.pop(0)
                 if params[i].max_tokens > 0:
-                    live.append((i, runner.add(prompts[i]), Decoding(tokenizer, params[i])))
+                    live.append((i, runner.add(prompts[i]),
+                                 Decoding(tokenizer, params[i], prompts[i])))
             if not live:
                 if waiting:
                     it = arrivals[waiting[0]]

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from model.penalties import Penalties
+
 MAX_LOGPROBS = 20
 
 
@@ -27,6 +29,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None    # None: off; n: the chosen token's logprob and the top n
+    presence_penalty: float = 0.0  # model/penalties.py: what they count and how
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0     # 1: off
+    penalty_last_n: int | None = None   # None: OpenAI's convention; n: llama.cpp's window
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token, added to its logit; -inf: never)
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -48,6 +55,19 @@ class SamplingParams:
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, lo=0)
+        _real("presence_penalty", self.presence_penalty, lo=-math.inf)
+        _real("frequency_penalty", self.frequency_penalty, lo=-math.inf)
+        _real("repetition_penalty", self.repetition_penalty, lo=0.0)
+        if self.repetition_penalty == 0.0:
+            raise ValueError("repetition_penalty must be > 0, got 0")
+        if self.penalty_last_n is not None:
+            _int("penalty_last_n", self.penalty_last_n, lo=-1)
+        bias = tuple((t, b) for t, b in self.logit_bias)
+        object.__setattr__(self, "logit_bias", bias)
+        for t, b in bias:
+            _int("logit_bias token", t, lo=0)
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b == math.inf:
+                raise ValueError(f"logit_bias of token {t} must be a number or -inf, got {b!r}")
 
     @property
     def greedy(self) -> bool:
@@ -80,8 +100,9 @@ class Sampled:
 class Sampler:
     """Per-request sampler: its own generator, seeded from params.seed."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt: list[int] = ()) -> None:
         self.params = params
+        self.penalties = Penalties(params, prompt)
         self.gen = torch.Generator()
         if params.seed is not None:
             self.gen.manual_seed(params.seed)
@@ -89,11 +110,14 @@ class Sampler:
             self.gen.seed()
 
     def __call__(self, logits: torch.Tensor) -> Sampled:
-        """One token from logits [vocab]. Logprobs are those of the model's distribution
-        (before temperature and filters), as the OpenAI API reports them."""
+        """One token from logits [vocab], after logit bias and penalties. Logprobs are
+        those of the model's distribution (before bias, penalties, temperature and
+        filters), as the OpenAI API reports them."""
         p = self.params
         logits = logits.detach().float().cpu()
-        token = int(logits.argmax()) if p.greedy else self._draw(logits)
+        adjusted = self.penalties.adjust(logits)
+        token = int(adjusted.argmax()) if p.greedy else self._draw(adjusted)
+        self.penalties.seen(token)
         if p.logprobs is None:
             return Sampled(token)
         lp = logits.log_softmax(-1)

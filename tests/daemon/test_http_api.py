@@ -12,6 +12,7 @@ import pytest
 from daemon.app import build_app
 from daemon.config import ServeConfig
 from daemon.service import Service
+from model.sampling import SamplingParams
 
 PROMPT = list(range(40, 40 + 37))           # token ids: 2 full blocks + a tail
 
@@ -108,6 +109,54 @@ def test_llama_completion(daemon):
                                         "seed": 5, "temperature": 1.0}).json
     assert text["tokens"] == again["tokens"]      # a seed fixes sampled tokens
     assert text["prompt"] == "The quick brown"
+
+
+def _local_text(model_dir, params: SamplingParams) -> str:
+    """The same greedy run in process, for what the daemon must give."""
+    from model.generate import generate
+    from model.loader import load_model
+    from model.runner import Runner
+    from model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    runner = Runner(load_model(model_dir), num_pages=16, num_slots=1, block_size=16)
+    return tok.decode([ev.token for ev in generate(runner, tok, PROMPT, params)])
+
+
+def test_logit_bias_and_penalties(daemon, tiny_hybrid_dir):
+    """OpenAI's fields give what the sampler gives in process; llama.cpp's count the
+    prompt's tokens too, and `false` bans a token. Two tokens held far above the rest by
+    their biases (7: +100, 9: +90) alternate under a frequency penalty of 20: 7 (100),
+    9 (90 > 80), 7 (80 > 70), ... The prompt restored from cache with no penalties
+    gives the plain answer again (sampling never touches the cache)."""
+    base = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    plain = daemon.post("/v1/completions", base).json["choices"][0]["text"]
+    forced = daemon.post("/v1/completions", {**base, "logit_bias": {"77": 100}, "logprobs": 1})
+    assert forced.status == 200, forced.text
+    lp = forced.json["choices"][0]["logprobs"]["tokens"]
+    assert lp == [lp[0]] * 8
+    openai_fields = {"presence_penalty": 1.5, "frequency_penalty": -0.5,
+                     "repetition_penalty": 1.3, "logit_bias": {"9": 2.5, "12": -3}}
+    got = daemon.post("/v1/completions", {**base, **openai_fields}).json["choices"][0]["text"]
+    want = _local_text(tiny_hybrid_dir, SamplingParams(
+        max_tokens=8, ignore_eos=True, presence_penalty=1.5, frequency_penalty=-0.5,
+        repetition_penalty=1.3, logit_bias=((9, 2.5), (12, -3.0))))
+    assert got == want and got != plain
+
+    llama = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    alternating = daemon.post("/completion", {
+        **llama, "logit_bias": [[7, 100], [9, 90]], "frequency_penalty": 20,
+        "repeat_last_n": -1}).json["tokens"]
+    assert alternating == [7, 9, 7, 9, 7, 9]
+    first = daemon.post("/completion", llama).json["tokens"]
+    banned = daemon.post("/completion", {**llama, "logit_bias": {str(first[0]): False}}).json
+    assert first[0] not in banned["tokens"]
+    in_prompt = daemon.post("/completion", {**llama, "logit_bias": [[PROMPT[0], 100]],
+                                            "presence_penalty": 100, "repeat_last_n": -1})
+    assert PROMPT[0] not in in_prompt.json["tokens"]   # the window holds the prompt
+    again = daemon.post("/v1/completions", base).json
+    assert again["choices"][0]["text"] == plain
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def test_tokenize_detokenize_and_models(daemon):
