@@ -20,8 +20,10 @@ shares its keys with a text-only prompt. Keys are bytes; `hex()` and
 
 from __future__ import annotations
 
+import array
 import hashlib
 import struct
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,10 +48,20 @@ def _lp(data: bytes) -> bytes:
 
 
 def encode_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
+    if isinstance(tokens, list) and _NATIVE_U32:
+        # array.array reads a list of ints ~2.5x faster than numpy (65K tokens: 0.7 ms
+        # against 1.9), and a request encodes its whole prompt a few times
+        try:
+            return array.array("I", tokens).tobytes()
+        except (OverflowError, TypeError):
+            pass                            # negative, too large or not ints: numpy says
     arr = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if arr.size and (arr.min() < 0 or arr.max() >= 2 ** 32):
         raise ValueError("token ids must fit in uint32")
     return arr.astype("<u4").tobytes()
+
+
+_NATIVE_U32 = array.array("I").itemsize == 4 and sys.byteorder == "little"
 
 
 def decode_tokens(data: bytes) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
+import numpy as np
 import pytest
 
 from cache.keys import (
@@ -23,9 +24,12 @@ from cache.keys import (
 def test_token_encoding_is_little_endian_uint32():
     assert encode_tokens([1, 256]) == b"\x01\x00\x00\x00\x00\x01\x00\x00"
     assert decode_tokens(encode_tokens([5, 2 ** 32 - 1])) == [5, 2 ** 32 - 1]
-    for bad in ([-1], [2 ** 32]):
+    for bad in ([-1], [2 ** 32], [3, -5]):
         with pytest.raises(ValueError, match="uint32"):
             encode_tokens(bad)
+    # lists take array.array's path, arrays and tuples numpy's: the same bytes
+    ids = [0, 1, 255, 256, 65535, 65536, 49151, 2 ** 31, 2 ** 32 - 1] * 50
+    assert encode_tokens(ids) == encode_tokens(tuple(ids)) == encode_tokens(np.array(ids))
 
 
 def test_keys_follow_the_documented_bytes():
