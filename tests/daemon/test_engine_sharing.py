@@ -184,6 +184,24 @@ def test_published_keys_are_the_stores(tiny_model, tmp_path):
     eng.store.close()
 
 
+def test_a_found_page_with_other_tokens_is_not_adopted(tiny_model, tmp_path):
+    """Keys find pages, tokens decide: a page whose recorded tokens differ from the
+    prompt's (what a key collision would look like) ends the run of found pages there."""
+    eng = make_engine(tiny_model, tmp_path)
+    tokens = _prompt(5 * B + 3, 6)
+    seq, _ = eng.admit(tokens, None, True)
+    eng.runner.step([(seq, len(tokens))])
+    eng.checkpoint(seq, None)
+    pages = seq.pages[:5]
+    assert eng.shared.find(tokens, None)[0] == pages
+    eng.shared.tokens_of[pages[3]] = eng.shared.tokens_of[pages[2]]
+    assert eng.shared.find(tokens, None)[0] == pages[:3]
+    eng.shared.tokens_of[pages[0]] = None
+    assert eng.shared.find(tokens, None)[0] == []
+    eng.runner.release(seq)
+    eng.store.close()
+
+
 def _path_snapshots(store: CacheStore, upto: int) -> list[int]:
     return sorted(e.position for e in store.entries(limit=100_000, kind="snapshot")
                   if e.position <= upto)
