@@ -19,6 +19,7 @@ and is encoded whole: a splice never returns other ids than a whole encoding.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from dataclasses import dataclass
 
 MIN_CHARS = 2048     # shorter texts are encoded whole (a splice saves nothing)
@@ -72,7 +73,7 @@ class PrefixEncoder:
             return None
         if shared == len(best.text) == len(text):
             return best
-        j = _clean_boundary(best, _tokens_before(best.ends, shared - MARGIN))
+        j = _clean_boundary(best, bisect_right(best.ends, shared - MARGIN))
         j0 = _clean_boundary(best, j - OVERLAP)
         if j0 <= 0 or j - j0 < OVERLAP // 2:
             return None
@@ -110,18 +111,6 @@ def _common_prefix(a: str, b: str) -> int:
             lo = mid
         else:
             hi = mid - 1
-    return lo
-
-
-def _tokens_before(ends: list[int], limit: int) -> int:
-    """How many leading tokens end at or before character `limit` (ends is non-decreasing)."""
-    lo, hi = 0, len(ends)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ends[mid] <= limit:
-            lo = mid + 1
-        else:
-            hi = mid
     return lo
 
 
