@@ -183,7 +183,7 @@ def _common_blocks(a: bytes, b: bytes, w: int) -> int:
     lo, hi = 0, min(len(a), len(b)) // w       # a[:lo*w] == b[:lo*w] holds
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid * w] == b[:mid * w]:
+        if a[lo * w:mid * w] == b[lo * w:mid * w]:   # only what is not known equal
             lo = mid
         else:
             hi = mid - 1
