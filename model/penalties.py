@@ -30,7 +30,10 @@ class Penalties:
         self.penalize = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
                          or params.repetition_penalty != 1.0) and self.window != 0
         self.active = self.penalize or bool(params.logit_bias)
-        self.prompt = prompt if self.penalize else ()
+        # OpenAI's presence/frequency count only the output: the prompt is read for
+        # llama.cpp's window or a repetition penalty, else not at all
+        reads_prompt = self.window is not None or params.repetition_penalty != 1.0
+        self.prompt = prompt if self.penalize and reads_prompt else ()
         self.counts: torch.Tensor | None = None     # [vocab] int32: the counted tokens
         self.repeated: torch.Tensor | None = None   # [vocab] bool: what the repetition hits
         self.recent: deque[int] = deque()           # llama.cpp's window, oldest first
