@@ -37,6 +37,7 @@ class Penalties:
         self.counts: torch.Tensor | None = None     # [vocab] int32: the counted tokens
         self.repeated: torch.Tensor | None = None   # [vocab] bool: what the repetition hits
         self.recent: deque[int] = deque()           # llama.cpp's window, oldest first
+        self.bias: tuple[torch.Tensor, torch.Tensor] | None = None   # (ids, values)
 
     def _start(self, vocab: int) -> None:
         ids = torch.tensor(self.prompt, dtype=torch.long)
@@ -57,10 +58,12 @@ class Penalties:
         if not self.active:
             return logits
         out = logits.float().clone()
-        bias = [(i, b) for i, b in self.p.logit_bias if i < out.numel()]
-        if bias:
-            ids, values = zip(*bias)
-            out[list(ids)] += torch.tensor(values, dtype=out.dtype)
+        if self.bias is None:                # built at the first token, when vocab is known
+            pairs = [(i, b) for i, b in self.p.logit_bias if i < out.numel()]
+            self.bias = (torch.tensor([i for i, _ in pairs], dtype=torch.long),
+                         torch.tensor([b for _, b in pairs], dtype=out.dtype))
+        if self.bias[0].numel():
+            out[self.bias[0]] += self.bias[1]
         if not self.penalize:
             return out
         if self.counts is None:
