@@ -22,7 +22,7 @@ _SAMPLING = {
     "cache_salt": {"type": "string", "description": "entries are shared only within a salt"},
     "context": {"type": "string", "description": "a named context to put before the prompt"},
 }
-_OPENAI_BIAS = {"logit_bias": {"type": "object", "additionalProperties": {"type": "number"},
+_OPENAI_PENALTIES = {"logit_bias": {"type": "object", "additionalProperties": {"type": "number"},
                                "description": "token id (as a string): bias in [-100, 100]"},
                 "repetition_penalty": {"type": "number", "exclusiveMinimum": 0}}
 _LLAMA_PENALTIES = {
@@ -89,14 +89,14 @@ def document(model_id: str) -> dict:
     completion = _body({"model": {"type": "string", "enum": [model_id]}, "prompt": _PROMPT,
                         "max_tokens": {"type": "integer", "minimum": 0},
                         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                        **_SAMPLING, **_OPENAI_BIAS, **_CACHE_FLAG, **_STREAM_OPTIONS},
+                        **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS},
                        ("prompt",))
     chat = _body({"model": {"type": "string", "enum": [model_id]}, "messages": _MESSAGES,
                   "max_tokens": {"type": "integer", "minimum": 0},
                   "max_completion_tokens": {"type": "integer", "minimum": 0},
                   "logprobs": {"type": "boolean"},
                   "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                  **_SAMPLING, **_OPENAI_BIAS, **_CACHE_FLAG, **_STREAM_OPTIONS},
+                  **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS},
                  ("messages",))
     llama = _body({"prompt": _PROMPT, "n_predict": {"type": "integer", "minimum": -1},
                    "n_probs": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
