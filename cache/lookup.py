@@ -21,8 +21,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from cache.entry import BLOCK, SNAPSHOT, EntryMeta
-from cache.keys import KeyContext, block_keys, snapshot_key
+from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
+from ckptd.cache.keys import KeyContext, block_keys, snapshot_key
 
 DEVICE, HOST, DISK = "device", "host", "disk"
 _SLOWEST_FIRST = (DISK, HOST, DEVICE)

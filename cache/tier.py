@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from cache.entry import EntryMeta
+from ckptd.cache.entry import EntryMeta
 
 V = TypeVar("V")
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cache.lookup import DEVICE, RestoredState, RestorePlan
-from cache.store import CacheStore
-from daemon.sharing import DevicePrefixes
-from kernels import ops
-from model.runner import Runner, Sequence
+from ckptd.cache.lookup import DEVICE, RestoredState, RestorePlan
+from ckptd.cache.store.store import CacheStore
+from ckptd.daemon.sharing import DevicePrefixes
+from ckptd.kernels import ops
+from ckptd.model.runner import Runner, Sequence
 
 
 @dataclass

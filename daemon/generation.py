@@ -13,10 +13,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from daemon.errors import ApiError
-from daemon.scheduler import Finished, QueueFull, Request, Scheduler
-from model.generate import TokenEvent
-from model.sampling import SamplingParams
+from ckptd.daemon.http.errors import ApiError
+from ckptd.daemon.scheduler import Finished, QueueFull, Request, Scheduler
+from ckptd.model.generate import TokenEvent
+from ckptd.model.sampling.sampler import SamplingParams
 
 GRACE_S = 5.0
 

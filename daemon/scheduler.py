@@ -14,12 +14,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from daemon.engine import Engine, RestoreInfo
-from daemon.heap import Heap
-from model.generate import Decoding, TokenEvent
-from model.pages import OutOfPages
-from model.runner import Sequence
-from model.sampling import SamplingParams
+from ckptd.daemon.engine import Engine, RestoreInfo
+from ckptd.daemon.heap import Heap
+from ckptd.model.generate import Decoding, TokenEvent
+from ckptd.model.pages import OutOfPages
+from ckptd.model.runner import Sequence
+from ckptd.model.sampling.sampler import SamplingParams
 
 
 class QueueFull(RuntimeError):

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from daemon import config
+from ckptd.daemon import config
 
 if TYPE_CHECKING:
-    from daemon.service import Service
+    from ckptd.daemon.service import Service
 
 log = logging.getLogger("ckptd")
 
@@ -71,7 +71,7 @@ class _Http:
 
 def _run(cfg: config.ServeConfig) -> int:
     # Imported here, not at the top: a bad flag is reported without importing torch.
-    from daemon.service import READY, Service
+    from ckptd.daemon.service import READY, Service
 
     svc = Service(cfg)
     http = _Http(cfg, svc)
@@ -105,9 +105,9 @@ def _setup_logging(fmt: str) -> None:
 
 
 async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
-    from daemon.app import build_app
-    from daemon.console import ConsoleProgress
-    from daemon.service import FAILED
+    from ckptd.daemon.console import ConsoleProgress
+    from ckptd.daemon.http.app import build_app
+    from ckptd.daemon.service import FAILED
 
     runner = web.AppRunner(build_app(svc), handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)
@@ -172,7 +172,7 @@ async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
 
 
 async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
-    from daemon.service import DRAINING, FAILED
+    from ckptd.daemon.service import DRAINING, FAILED
 
     loaded = loaded and svc.state != FAILED
     svc.state = DRAINING                   # new generation requests now get 503

@@ -15,19 +15,19 @@ from pathlib import Path
 import torch
 from jinja2.exceptions import TemplateError
 
-from cache.store import CacheStore
-from daemon.config import ServeConfig
-from daemon.contexts import Context, ContextRegistry
-from daemon.engine import Engine
-from daemon.errors import ApiError, bad_request
-from daemon.generation import Generation
-from daemon.metrics import Metrics
-from daemon.scheduler import Scheduler
-from daemon.schemas import CacheOptions
-from model.default import default_model_path
-from model.loader import load
-from model.runner import Runner
-from model.sampling import SamplingParams
+from ckptd.cache.store.store import CacheStore
+from ckptd.daemon.config import ServeConfig
+from ckptd.daemon.contexts import Context, ContextRegistry
+from ckptd.daemon.engine import Engine
+from ckptd.daemon.generation import Generation
+from ckptd.daemon.http.errors import ApiError, bad_request
+from ckptd.daemon.http.schemas import CacheOptions
+from ckptd.daemon.metrics import Metrics
+from ckptd.daemon.scheduler import Scheduler
+from ckptd.model.default import default_model_path
+from ckptd.model.loader import load
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
 
 log = logging.getLogger("ckptd")
 

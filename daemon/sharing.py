@@ -11,9 +11,9 @@ first, when it runs short), so they are the fastest tier of the cache.
 
 from __future__ import annotations
 
-from cache.keys import block_keys
-from cache.store import CacheStore
-from model.runner import Runner, Sequence
+from ckptd.cache.keys import block_keys
+from ckptd.cache.store.store import CacheStore
+from ckptd.model.runner import Runner, Sequence
 
 
 class DevicePrefixes:

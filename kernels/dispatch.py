@@ -16,16 +16,16 @@ from importlib.util import find_spec
 
 import torch
 
-from kernels.conv1d import naive as conv_ref
-from kernels.conv1d import reference_varlen as conv_varlen_ref
-from kernels.gated_delta import naive as gdn_ref
-from kernels.gated_delta import reference_varlen as gdn_varlen_ref
-from kernels.norm import naive as norm_ref
-from kernels.paged_attention import naive as attn_ref
-from kernels.paged_attention import reference_varlen as attn_varlen_ref
-from kernels.paged_attention import sdpa as attn_sdpa
-from kernels.rotary import naive as rotary_ref
-from kernels.swiglu import naive as swiglu_ref
+from ckptd.kernels.conv1d import naive as conv_ref
+from ckptd.kernels.conv1d import reference_varlen as conv_varlen_ref
+from ckptd.kernels.gated_delta import naive as gdn_ref
+from ckptd.kernels.gated_delta import reference_varlen as gdn_varlen_ref
+from ckptd.kernels.norm import naive as norm_ref
+from ckptd.kernels.paged_attention import naive as attn_ref
+from ckptd.kernels.paged_attention import reference_varlen as attn_varlen_ref
+from ckptd.kernels.paged_attention import sdpa as attn_sdpa
+from ckptd.kernels.rotary import naive as rotary_ref
+from ckptd.kernels.swiglu import naive as swiglu_ref
 
 _HAVE_TRITON = find_spec("triton") is not None
 _MODES = ("auto", "triton", "torch")

@@ -8,7 +8,7 @@ kernels/<op>/naive.py otherwise, or when CKPTD_KERNELS=torch. The *_varlen,
 
 from __future__ import annotations
 
-from kernels.dispatch import (
+from ckptd.kernels.dispatch import (
     apply_rotary,
     causal_conv1d,
     causal_conv1d_update,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.spec import AttentionSpec, RecurrentSpec, StateSpec
+from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
 ARCHS = ("llama", "qwen3_5_text")
 LAYER_KINDS = ("full_attention", "linear_attention")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from model.config import ModelConfig
+from ckptd.model.config import ModelConfig
 
 _EDGE = 1 << 20  # bytes hashed at each end of a weight file
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from model.runner import Runner, Sequence
-from model.sampling import Sampled, Sampler, SamplingParams
-from model.tokenizer import StreamDecoder, Tokenizer
+from ckptd.model.runner import Runner, Sequence
+from ckptd.model.sampling.sampler import Sampled, Sampler, SamplingParams
+from ckptd.model.text.tokenizer import StreamDecoder, Tokenizer
 
 
 @dataclass

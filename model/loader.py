@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from model.config import ModelConfig
-from model.decoder import CausalLM
-from model.fingerprint import model_fingerprint
+from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.config import ModelConfig
+from ckptd.model.fingerprint import model_fingerprint
 
 # Prefixes real checkpoints put around the text model's tensors.
 _RENAMES = (("model.language_model.", "model."),)
@@ -25,10 +25,10 @@ _SKIP = ("mtp.", "model.visual.", "visual.")
 def load(path: str | Path, dtype: torch.dtype | None = None,
          device: str | torch.device = "cpu"):
     """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once."""
-    from model.tokenizer import Tokenizer
+    from ckptd.model.text.tokenizer import Tokenizer
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
-        from model.gguf import open_gguf
+        from ckptd.model.gguf.load import open_gguf
         reader = open_gguf(path)
         return load_model(path, dtype, device, reader), Tokenizer.from_gguf(reader)
     model = load_model(path, dtype, device)
@@ -42,7 +42,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
     if path.is_file() and path.suffix == ".gguf":
-        from model.gguf import load_gguf
+        from ckptd.model.gguf.load import load_gguf
         hf_config, tensors = load_gguf(path, gguf_reader)
         files = [path]
     elif path.is_dir():

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.batch import SeqChunk, StepBatch
-from model.pages import PagePool, SlotPool
-from model.state import DeviceState
+from ckptd.model.batch import SeqChunk, StepBatch
+from ckptd.model.pages import PagePool, SlotPool
+from ckptd.model.state import DeviceState
 
 _ids = itertools.count()
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention import layout
-from model.spec import StateSpec
+from ckptd.kernels.paged_attention import layout
+from ckptd.model.spec import StateSpec
 
 
 class DeviceState:

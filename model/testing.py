@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from model.batch import SeqChunk, StepBatch
-from model.state import DeviceState
+from ckptd.model.batch import SeqChunk, StepBatch
+from ckptd.model.state import DeviceState
 
 
 class Scratch:

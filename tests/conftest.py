@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.make_tiny import make_tiny
+from ckptd.tools.make_tiny import make_tiny
 
 
 @pytest.fixture(scope="session")
@@ -24,5 +24,5 @@ def tiny_dir(request, tiny_hybrid_dir, tiny_llama_dir):
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
-    from model.loader import load_model
+    from ckptd.model.loader import load_model
     return load_model(tiny_dir)

@@ -12,11 +12,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "serve": ("daemon.serve", "run the HTTP daemon"),
-    "generate": ("tools.generate", "generate text from a prompt (no daemon)"),
-    "make-tiny": ("tools.make_tiny", "write a tiny random-weight model in HF format"),
-    "inspect": ("tools.inspect", "inspect a cache store or a running daemon's cache"),
-    "bench": ("tools.bench", "benchmark a daemon (and a peer server)"),
+    "serve": ("ckptd.daemon.serve", "run the HTTP daemon"),
+    "generate": ("ckptd.tools.generate", "generate text from a prompt (no daemon)"),
+    "make-tiny": ("ckptd.tools.make_tiny", "write a tiny random-weight model in HF format"),
+    "inspect": ("ckptd.tools.inspect_store.command",
+                "inspect a cache store or a running daemon's cache"),
+    "bench": ("ckptd.tools.bench.command", "benchmark a daemon (and a peer server)"),
 }
 
 

@@ -6,7 +6,7 @@ and `conversion/`) are extracted; nothing is built. The result lives in
 third_party/llamacpp/ (gitignored) and is used by tests that convert tiny HF
 models to GGUF with llama.cpp's own code, the independent writer.
 
-    python -m tools.fetch_llamacpp [--dest third_party]
+    python -m ckptd.tools.fetch_llamacpp [--dest third_party]
 """
 
 from __future__ import annotations

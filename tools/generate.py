@@ -30,11 +30,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
-    from model.default import default_model_path
-    from model.generate import generate
-    from model.loader import load
-    from model.runner import Runner
-    from model.sampling import SamplingParams
+    from ckptd.model.default import default_model_path
+    from ckptd.model.generate import generate
+    from ckptd.model.loader import load
+    from ckptd.model.runner import Runner
+    from ckptd.model.sampling.sampler import SamplingParams
 
     # Check everything the user typed before the model is loaded.
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,

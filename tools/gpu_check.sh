@@ -3,7 +3,7 @@
 # torch, triton, ckptd with its test extras, fla-core for the benchmark's
 # comparison, each only if missing), runs the whole test suite with the Triton
 # kernels compiled for the GPU (the bf16 and large-shape kernel tests run only
-# there), then tools/bench_kernels.py. Everything goes to one report file:
+# there), then tools/bench/kernels.py. Everything goes to one report file:
 # $OUT/gpu-report.txt, or ./gpu-report/gpu-report.txt without $OUT.
 # Usage: tools/gpu_check.sh   (PYTHON=... picks the interpreter; PEAK_TFLOPS and
 # PEAK_GBPS override the peaks guessed from the device name)
@@ -73,7 +73,7 @@ esac
 tflops=${PEAK_TFLOPS:-$tflops}
 gbps=${PEAK_GBPS:-$gbps}
 log "peaks used: ${tflops} TFLOP/s (bf16 dense), ${gbps} GB/s"
-$PY tools/bench_kernels.py --peak-tflops "$tflops" --peak-gbps "$gbps" 2>&1 | tee -a "$REPORT"
+$PY tools/bench/kernels.py --peak-tflops "$tflops" --peak-gbps "$gbps" 2>&1 | tee -a "$REPORT"
 bench_rc=${PIPESTATUS[0]}
 
 section "summary"

@@ -54,8 +54,8 @@ def _config(arch: str) -> dict:
 
 
 def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    from model.config import ModelConfig
-    from model.decoder import CausalLM
+    from ckptd.model.arch.decoder import CausalLM
+    from ckptd.model.config import ModelConfig
 
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.conv1d import naive
+from ckptd.kernels.conv1d import naive
 
 
 def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gated_delta.chunk import check_varlen
+from ckptd.kernels.gated_delta.chunk import check_varlen
 
 
 @triton.jit

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.gated_delta import naive
+from ckptd.kernels.gated_delta import naive
 
 
 def _loop(rule, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, scale):

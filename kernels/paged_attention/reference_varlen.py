@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention import naive
+from ckptd.kernels.paged_attention import naive
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,

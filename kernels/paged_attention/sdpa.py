@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import layout, naive
+from ckptd.kernels.paged_attention import layout, naive
 
 _fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _SPLIT_ROWS = 64       # query rows per kv head up to which keys are split in two

@@ -9,9 +9,9 @@ import zlib
 import pytest
 import torch
 
-from cache.keys import encode_tokens
-from cache.store import CacheStore
-from model.spec import AttentionSpec, RecurrentSpec, StateSpec
+from ckptd.cache.keys import encode_tokens
+from ckptd.cache.store.store import CacheStore
+from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
 B = 4
 FP = "fp-test"

@@ -118,7 +118,7 @@ def test_export_then_import_into_another_store(open_store, tmp_path, spec):
 def test_readonly_store_lists_but_never_writes(open_store, tmp_path):
     # (LMDB opens an environment once per process: following a live writer is
     # tested with a real second process in test_processes.py.)
-    from cache.store import CacheStore
+    from ckptd.cache.store.store import CacheStore
     spec = attention_spec()
     s = open_store(spec)
     fill(s, spec, list(range(9)))

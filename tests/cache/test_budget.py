@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from cache import codec
-from cache.admin import VerifyReport
-from model.spec import AttentionSpec, StateSpec
+from ckptd.cache import codec
+from ckptd.cache.store.admin import VerifyReport
+from ckptd.model.spec import AttentionSpec, StateSpec
 from tests.cache.conftest import FP, B, attention_spec, fake_pages, fill, hybrid_spec
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import zstandard
 
-from cache import codec
+from ckptd.cache import codec
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool]

@@ -9,8 +9,8 @@ import json
 import lmdb
 import pytest
 
-from cache.disk import DiskFull, DiskTier
-from cache.entry import EntryMeta
+from ckptd.cache.entry import EntryMeta
+from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from tests.cache.conftest import check_restored, fill, hybrid_spec
 
 
@@ -155,7 +155,7 @@ def test_a_store_of_another_format_starts_over(open_store, tmp_path, found):
 
 
 def test_the_index_walk_in_a_child_tells_a_good_file_from_a_broken_one(open_store, tmp_path):
-    from cache.probe import walk_fails
+    from ckptd.cache.tiers.probe import walk_fails
 
     spec = hybrid_spec()
     s = open_store(spec)

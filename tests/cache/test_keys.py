@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from cache.keys import (
+from ckptd.cache.keys import (
     FORMAT_VERSION,
     KEY_BYTES,
     KeyContext,

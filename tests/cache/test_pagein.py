@@ -9,9 +9,10 @@ import threading
 import pytest
 import torch
 
-from cache import pagein, restore
-from cache.store import CacheStore
-from model.spec import AttentionSpec, StateSpec
+from ckptd.cache.store import restore
+from ckptd.cache.store.store import CacheStore
+from ckptd.cache.tiers import pagein
+from ckptd.model.spec import AttentionSpec, StateSpec
 
 
 def test_write_ready_keeps_contents_on_any_alignment():

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from cache.store import CacheStore
+from ckptd.cache.store.store import CacheStore
 from tests.cache.conftest import FP, check_restored, hybrid_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_sigkill_during_writes_leaves_only_whole_entries(tmp_path):
 
 READER = """
 import sys, time
-from cache.store import CacheStore
+from ckptd.cache.store.store import CacheStore
 deadline = time.time() + 60
 while True:            # the writer may be creating the store right now
     try:

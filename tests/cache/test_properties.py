@@ -8,7 +8,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cache.store import CacheStore
+from ckptd.cache.store.store import CacheStore
 from tests.cache.conftest import FP, B, attention_spec, check_restored, fill, hybrid_spec
 
 prompts = st.lists(st.integers(0, 2), min_size=1, max_size=22)    # small alphabet: shared prefixes

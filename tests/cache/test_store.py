@@ -6,7 +6,7 @@ import lmdb
 import pytest
 import torch
 
-from model.spec import AttentionSpec, RecurrentSpec, StateSpec
+from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 from tests.cache.conftest import (
     B,
     attention_spec,
@@ -48,7 +48,7 @@ def test_load_into_strided_pool_pages(open_store, spec):
     """into_pages: blocks decode straight into the caller's pool pages (a head-major CPU
     pool's pages are strided views), and a damaged value stops the restore there with
     the good blocks in place. (RAM hits into pool pages: tests/daemon/test_engine.py.)"""
-    from kernels.paged_attention import layout
+    from ckptd.kernels.paged_attention import layout
     tokens = list(range(200, 243))                      # 10 full blocks + 3
     s = open_store(spec, host_budget=0)
     fill(s, spec, tokens)

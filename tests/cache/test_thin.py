@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cache.keys import block_keys
-from cache.lookup import DEVICE
-from cache.thin import Forget, split_forgets, thin_victims
+from ckptd.cache.keys import block_keys
+from ckptd.cache.lookup import DEVICE
+from ckptd.cache.store.thin import Forget, split_forgets, thin_victims
 from tests.cache.conftest import (
     B,
     attention_spec,

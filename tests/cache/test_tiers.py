@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cache import codec
-from cache.disk import DiskFull, DiskTier
-from cache.entry import BLOCK, SNAPSHOT, EntryMeta
-from cache.host import HostTier, tensors_nbytes
-from cache.keys import root_key
+from ckptd.cache import codec
+from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
+from ckptd.cache.keys import root_key
+from ckptd.cache.tiers.disk import DiskFull, DiskTier
+from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from tests.cache.test_codec import DTYPES
 
 

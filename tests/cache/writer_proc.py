@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from cache.store import CacheStore
+from ckptd.cache.store.store import CacheStore
 from tests.cache.conftest import FP, fill, hybrid_spec
 
 

@@ -51,7 +51,7 @@ class Daemon:
         self.log_path = cache_dir.parent / f"daemon-{self.port}.log"
         # `wrap` runs the daemon inside another command (a private mount namespace with
         # a tiny or read-only filesystem): it must exec the daemon, keeping the pid.
-        cmd = [*wrap, sys.executable, "-m", "tools.cli", "serve", "--port", str(self.port),
+        cmd = [*wrap, sys.executable, "-m", "ckptd.tools.cli", "serve", "--port", str(self.port),
                "--cache-dir", str(cache_dir), *args]
         if model is not None:
             cmd += ["--model", str(model)]

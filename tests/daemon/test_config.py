@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import ServeConfig, add_arguments, from_args, parse_size
+from ckptd.daemon.config import ServeConfig, add_arguments, from_args, parse_size
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -57,7 +57,7 @@ def test_invalid_settings_name_the_setting(kw, field):
 
 
 def test_max_snapshots_reaches_the_engine(tiny_dir, tmp_path):
-    from daemon.service import Service
+    from ckptd.daemon.service import Service
 
     cfg = from_args(_args("--max-snapshots", "5", "--cache-dir", str(tmp_path), "--model",
                           str(tiny_dir)), {})

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cache.keys import block_keys
-from cache.store import CacheStore
-from daemon.engine import Engine
-from daemon.scheduler import Finished, Request, Scheduler
-from model.pages import OutOfPages
-from model.runner import Runner
-from model.sampling import SamplingParams
-from model.testing import prompt_logits
-from model.tokenizer import Tokenizer
+from ckptd.cache.keys import block_keys
+from ckptd.cache.store.store import CacheStore
+from ckptd.daemon.engine import Engine
+from ckptd.daemon.scheduler import Finished, Request, Scheduler
+from ckptd.model.pages import OutOfPages
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.testing import prompt_logits
+from ckptd.model.text.tokenizer import Tokenizer
 
 B, INTERVAL = 8, 32
 

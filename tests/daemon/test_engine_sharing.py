@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from cache.keys import block_keys
-from cache.store import CacheStore
-from daemon.engine import Engine
-from daemon.scheduler import Finished, Request, Scheduler
-from model.loader import load_model
-from model.runner import Runner
-from model.sampling import SamplingParams
-from model.tokenizer import Tokenizer
+from ckptd.cache.keys import block_keys
+from ckptd.cache.store.store import CacheStore
+from ckptd.daemon.engine import Engine
+from ckptd.daemon.scheduler import Finished, Request, Scheduler
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.text.tokenizer import Tokenizer
 
 B = 16
 LONG_PREFIX = 8192      # the size; a tiny model prefills it in a few seconds

@@ -9,10 +9,10 @@ import weakref
 
 import pytest
 
-from daemon import heap
-from daemon.heap import Heap
-from model.loader import load_model
-from model.tokenizer import Tokenizer
+from ckptd.daemon import heap
+from ckptd.daemon.heap import Heap
+from ckptd.model.loader import load_model
+from ckptd.model.text.tokenizer import Tokenizer
 from tests.daemon.test_engine_sharing import Client, _prompt, make_engine
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from daemon.app import build_app
-from daemon.config import ServeConfig
-from daemon.service import Service
-from model.sampling import SamplingParams
+from ckptd.daemon.config import ServeConfig
+from ckptd.daemon.http.app import build_app
+from ckptd.daemon.service import Service
+from ckptd.model.sampling.sampler import SamplingParams
 
 PROMPT = list(range(40, 40 + 37))           # token ids: 2 full blocks + a tail
 
@@ -113,10 +113,10 @@ def test_llama_completion(daemon):
 
 def _local_text(model_dir, params: SamplingParams) -> str:
     """The same greedy run in process, for what the daemon must give."""
-    from model.generate import generate
-    from model.loader import load_model
-    from model.runner import Runner
-    from model.tokenizer import load_tokenizer
+    from ckptd.model.generate import generate
+    from ckptd.model.loader import load_model
+    from ckptd.model.runner import Runner
+    from ckptd.model.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir)
     runner = Runner(load_model(model_dir), num_pages=16, num_slots=1, block_size=16)

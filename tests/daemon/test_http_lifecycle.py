@@ -119,7 +119,7 @@ def test_api_key_restart_keeps_contexts_and_sigterm_exits_zero(tiny_hybrid_dir, 
 
 
 def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", "serve", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "serve", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 

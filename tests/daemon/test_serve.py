@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from daemon.serve import _Http
+from ckptd.daemon.serve import _Http
 
 
 def test_a_signal_after_the_loop_ended_is_ignored():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import layout, naive, sdpa
+from ckptd.kernels.paged_attention import layout, naive, sdpa
 
 SHAPE = (2, 2, 16, 3, 8)  # n_attn, K/V, B, Hkv, D
 

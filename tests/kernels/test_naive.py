@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import ops
+from ckptd.kernels import ops
 
 
 def _gdn_inputs(T, H=3, K=24, V=40, seed=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import naive, sdpa
+from ckptd.kernels.paged_attention import naive, sdpa
 
 
 def _paged(n_tokens: int, Hkv: int, D: int, B: int, g: torch.Generator):
@@ -51,7 +51,7 @@ def test_decode_batch_of_unequal_lengths_equals_reference():
 
 
 def test_dispatch_takes_sdpa_on_cpu_and_the_reference_when_asked(monkeypatch):
-    from kernels import dispatch
+    from ckptd.kernels import dispatch
 
     q = torch.zeros(1, 2, 4)
     monkeypatch.setenv("CKPTD_KERNELS", "auto")

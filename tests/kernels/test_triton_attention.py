@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.paged_attention import naive
-from kernels.paged_attention import reference_varlen as ref_varlen
+from ckptd.kernels import dispatch
+from ckptd.kernels.paged_attention import naive
+from ckptd.kernels.paged_attention import reference_varlen as ref_varlen
 
 pytestmark = pytest.mark.usefixtures("triton_env")
 
@@ -61,7 +61,7 @@ def test_decode_batch_of_unequal_lengths(device, close):
 @pytest.mark.parametrize("splits", [2, 5])
 def test_key_range_splits_merge_to_the_same_result(splits, device, close):
     # flash-decoding: the form a GPU picks for a few long sequences, forced here
-    from kernels.paged_attention.triton_attention import (
+    from ckptd.kernels.paged_attention.triton_attention import (
         paged_attention_varlen,
         paged_decode_attention,
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.conv1d import naive
-from kernels.conv1d import reference_varlen as ref_varlen
+from ckptd.kernels import dispatch
+from ckptd.kernels.conv1d import naive
+from ckptd.kernels.conv1d import reference_varlen as ref_varlen
 
 pytestmark = pytest.mark.usefixtures("triton_env")
 

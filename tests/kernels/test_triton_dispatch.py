@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from kernels import dispatch, ops
-from tools import bench_kernels
+from ckptd.kernels import dispatch, ops
+from ckptd.tools.bench import kernels as bench_kernels
 
 
 def test_modes(monkeypatch):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.gated_delta import naive
-from kernels.gated_delta import reference_varlen as ref_varlen
-from kernels.gated_delta.fused_recurrent import recurrent_gated_delta_rule_varlen
+from ckptd.kernels import dispatch
+from ckptd.kernels.gated_delta import naive
+from ckptd.kernels.gated_delta import reference_varlen as ref_varlen
+from ckptd.kernels.gated_delta.fused_recurrent import recurrent_gated_delta_rule_varlen
 
 pytestmark = pytest.mark.usefixtures("triton_env")
 

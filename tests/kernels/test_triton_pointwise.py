@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.gated_delta.naive import l2norm
-from kernels.norm import naive as norm_ref
-from kernels.rotary import naive as rotary_ref
-from kernels.swiglu import naive as swiglu_ref
+from ckptd.kernels import dispatch
+from ckptd.kernels.gated_delta.naive import l2norm
+from ckptd.kernels.norm import naive as norm_ref
+from ckptd.kernels.rotary import naive as rotary_ref
+from ckptd.kernels.swiglu import naive as swiglu_ref
 
 pytestmark = pytest.mark.usefixtures("triton_env")
 

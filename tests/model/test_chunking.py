@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.testing import Scratch, prompt_logits
+from ckptd.model.testing import Scratch, prompt_logits
 
 TOL = 1e-5
 

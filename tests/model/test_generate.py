@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.generate import Decoding, StopMatcher, generate, generate_batch
-from model.runner import Runner
-from model.sampling import SamplingParams
-from model.tokenizer import load_tokenizer
+from ckptd.model.generate import Decoding, StopMatcher, generate, generate_batch
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.text.tokenizer import load_tokenizer
 
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 

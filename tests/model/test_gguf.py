@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from model.default import default_model_path
-from model.gguf import load_gguf, open_gguf
-from model.loader import load_model
-from model.testing import Scratch, prompt_logits
-from model.tokenizer import Tokenizer
+from ckptd.model.default import default_model_path
+from ckptd.model.gguf.load import load_gguf, open_gguf
+from ckptd.model.loader import load_model
+from ckptd.model.testing import Scratch, prompt_logits
+from ckptd.model.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

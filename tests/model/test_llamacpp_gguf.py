@@ -14,11 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.config import ModelConfig
-from model.loader import build, load_model
-from model.testing import prompt_logits
-from model.tokenizer import load_tokenizer
-from tools.fetch_llamacpp import Conversion, convert, fetch_converter
+from ckptd.model.config import ModelConfig
+from ckptd.model.loader import build, load_model
+from ckptd.model.testing import prompt_logits
+from ckptd.model.text.tokenizer import load_tokenizer
+from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France; "
@@ -100,7 +100,7 @@ def test_converted_gguf_config_matches_folder(converted, model):
 
 
 def test_tied_hybrid_gguf_has_no_lm_head(converted):
-    from model.gguf import load_gguf
+    from ckptd.model.gguf.load import load_gguf
     cfg, tensors = load_gguf(converted["hybrid", "f32", "tied"][1])
     assert cfg["tie_word_embeddings"] is True and "lm_head.weight" not in tensors
     model = load_model(converted["hybrid", "f32", "tied"][1])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.loader import load_model
+from ckptd.model.loader import load_model
 
 
 def _copy(src, dst):

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from model.penalties import Penalties
-from model.sampling import Sampler, SamplingParams
+from ckptd.model.sampling.penalties import Penalties
+from ckptd.model.sampling.sampler import Sampler, SamplingParams
 
 V = 50
 

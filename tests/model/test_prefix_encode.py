@@ -10,10 +10,10 @@ import random
 import pytest
 from tokenizers import Tokenizer as _Tok
 
-from model.default import default_model_path
-from model.prefix_encode import MIN_CHARS, PrefixEncoder, _common_prefix
-from model.tokenizer import load_tokenizer
-from tools.bench_scenarios import filler
+from ckptd.model.default import default_model_path
+from ckptd.model.text.prefix_encode import MIN_CHARS, PrefixEncoder, _common_prefix
+from ckptd.model.text.tokenizer import load_tokenizer
+from ckptd.tools.bench.scenarios import filler
 
 EDITS = ["", " ", "  ", "\n", "\n\n", "é", "e\u0301", "🤖", "👨‍👩‍👧", "<|im_end|>", "<|im_start|>",
          "'s", "123", "4567", "\r\n", "日本語", "\t", "\u00a0", "Question 1: ", "?!", "ﬁ"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from model.testing import prompt_logits
+from ckptd.model.testing import prompt_logits
 
 
 def test_logits_match_transformers(tiny_dir, tiny_model):

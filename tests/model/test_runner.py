@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import layers
-from model.layers import _FEW_ROWS, MLP, Attention, Matmul, _pack
-from model.pages import OutOfPages, OutOfSlots, PagePool, SlotPool
-from model.runner import Runner
-from model.testing import prompt_logits
+from ckptd.model.arch import layers
+from ckptd.model.arch.layers import _FEW_ROWS, MLP, Attention, Matmul, _pack
+from ckptd.model.pages import OutOfPages, OutOfSlots, PagePool, SlotPool
+from ckptd.model.runner import Runner
+from ckptd.model.testing import prompt_logits
 
 TOL = 1e-5
 B = 16
@@ -310,7 +310,7 @@ def test_fp32_cpu_matmuls_use_packed_weights_for_few_tokens_only(tiny_model, mon
 
 
 def test_a_converted_model_fuses_its_converted_weights(tiny_dir):
-    from model.loader import load_model
+    from ckptd.model.loader import load_model
 
     model = load_model(tiny_dir)
     tokens = _prompt(40, 6)

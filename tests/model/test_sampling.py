@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from model.sampling import Sampler, SamplingParams
+from ckptd.model.sampling.sampler import Sampler, SamplingParams
 
 PROBS = torch.tensor([0.05, 0.5, 0.15, 0.3])
 LOGITS = PROBS.log()

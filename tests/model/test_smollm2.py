@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from model.default import default_model_path
-from model.loader import load
-from model.testing import prompt_logits
+from ckptd.model.default import default_model_path
+from ckptd.model.loader import load
+from ckptd.model.testing import prompt_logits
 
 STRINGS = ["Hello world", "naïve café 東京 🤖🎉 ñ", "def f(x):\n    return x**2  # ok\n\n\t tabs",
            "  many   spaces   ", "1234567 + 89 = ?", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -53,7 +53,7 @@ def test_logits_match_transformers_on_the_gguf(smol):
 
 
 def test_generate_cli_answers_paris():
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "generate", "--prompt",
+    out = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "generate", "--prompt",
                           "What is the capital of France?", "--max-tokens", "24"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -61,7 +61,7 @@ def test_generate_cli_answers_paris():
 
 
 def test_generate_cli_bad_model_path(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "generate", "--model",
+    out = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "generate", "--model",
                           str(tmp_path / "missing"), "--prompt", "hi"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
@@ -69,7 +69,7 @@ def test_generate_cli_bad_model_path(tmp_path):
 
 
 def test_bad_gguf_files(tmp_path):
-    from model.gguf import load_gguf
+    from ckptd.model.gguf.load import load_gguf
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf at all")
     with pytest.raises(ValueError, match="not a GGUF"):

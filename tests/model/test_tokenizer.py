@@ -9,9 +9,9 @@ import gguf
 import pytest
 from jinja2.exceptions import TemplateError
 
-from model.chat import ChatTemplateError, render_chat
-from model.default import default_model_path
-from model.tokenizer import StreamDecoder, load_tokenizer
+from ckptd.model.default import default_model_path
+from ckptd.model.text.chat import ChatTemplateError, render_chat
+from ckptd.model.text.tokenizer import StreamDecoder, load_tokenizer
 
 STRINGS = [
     "Hello world", "naïve café résumé Ångström", "東京タワーは高い。北京欢迎你", "🤖🎉 👨‍👩‍👧 🇫🇷",

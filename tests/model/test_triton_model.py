@@ -11,8 +11,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
-from model.loader import load_model  # noqa: E402
-from model.testing import Scratch  # noqa: E402
+from ckptd.model.loader import load_model  # noqa: E402
+from ckptd.model.testing import Scratch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 2e-5 if DEVICE == "cpu" else 1e-4     # measured on the CPU: 3e-6 on logits of ~3

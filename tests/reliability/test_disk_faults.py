@@ -97,7 +97,7 @@ def test_full_filesystem_skips_writes_and_keeps_serving(fault, tiny_hybrid_dir, 
 
 
 def _serve(cache_dir, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*wrap, sys.executable, "-m", "tools.cli", "serve", "--port", "0",
+    return subprocess.run([*wrap, sys.executable, "-m", "ckptd.tools.cli", "serve", "--port", "0",
                            "--cache-dir", str(cache_dir)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 

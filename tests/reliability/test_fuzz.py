@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from daemon.openapi import document
+from ckptd.daemon.http.openapi import document
 from tests.daemon.daemon_proc import start
 from tests.reliability.conftest import ARGS, ENV
 

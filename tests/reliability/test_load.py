@@ -1,5 +1,5 @@
 """Load: 32 clients of mixed requests (cached and not, streamed and not, some dropped),
-driven by tools/load_test.py against a real daemon. No 5xx, no wrong answer, no memory
+driven by tools/bench/load_test.py against a real daemon. No 5xx, no wrong answer, no memory
 growth after warm-up; a full queue refuses with 503 + Retry-After and only then.
 
 CKPTD_LOAD_SECONDS sets the duration (default 20; the issue's figure is 60).
@@ -21,7 +21,8 @@ SECONDS = float(os.environ.get("CKPTD_LOAD_SECONDS", "20"))
 
 
 def _load(d, out, clients: int, seconds: float, *extra: str) -> dict:
-    cmd = [sys.executable, "-m", "tools.load_test", "--url", d.url, "--clients", str(clients),
+    cmd = [sys.executable, "-m", "ckptd.tools.bench.load_test", "--url", d.url,
+           "--clients", str(clients),
            "--seconds", str(seconds), "--pid", str(d.proc.pid), "--json", str(out),
            "--timeout", "120", *extra]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,

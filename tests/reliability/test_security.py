@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from daemon import config
+from ckptd.daemon import config
 from tests.daemon.daemon_proc import ROOT, Daemon, start
 from tests.reliability.conftest import ARGS, ENV
 
@@ -68,7 +68,7 @@ def test_api_key_admin_key_and_max_tokens(tiny_hybrid_dir, tmp_path):
         r = d.post("/completion", {"prompt": [5, 6], "n_predict": -1, "ignore_eos": True})
         assert r.status == 200 and r.json["tokens_predicted"] == 4
         # A second daemon on the same folder is refused before it loads anything.
-        r = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--port", "0",
+        r = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "serve", "--port", "0",
                             "--cache-dir", str(tmp_path / "cache")], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "another ckptd serves it" in r.stderr, r.stderr

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from tools import bench
-from tools.bench_daemon import ManagedDaemon
+from ckptd.tools.bench import command as bench
+from ckptd.tools.bench.managed import ManagedDaemon
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -131,7 +131,7 @@ def test_bench_restarts_a_peer_it_started(tiny_llama_dir, tmp_path):
     """--peer-command: the bench starts the peer (here another ckptd), and restarts it
     when it restarts its own daemon; a ckptd peer then answers from its disk tier."""
     out = tmp_path / "out"
-    cmd = (f"{sys.executable} -m tools.cli serve --port {{port}} --model {tiny_llama_dir} "
+    cmd = (f"{sys.executable} -m ckptd.tools.cli serve --port {{port}} --model {tiny_llama_dir} "
            f"--cache-dir {tmp_path / 'peer-cache'}")
     code = bench.run(_args("--model", str(tiny_llama_dir), "--out", str(out),
                            "--peer-command", cmd, "--peer-name", "other",

@@ -1,11 +1,11 @@
-"""tools/bench_cache at toy lengths: every phase restores the whole context from the tier
+"""tools/bench/cache at toy lengths: every phase restores the whole context from the tier
 it names, and the report, figures and plot are written."""
 
 from __future__ import annotations
 
 import json
 
-from tools import bench_cache
+from ckptd.tools.bench import cache as bench_cache
 
 
 def test_bench_cache_smoke(tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from ckptd.tools.bench import concurrency as bench_concurrency
 from tests.daemon.daemon_proc import start
-from tools import bench_concurrency
 
 
 def test_percentile_interpolates_between_ranks():

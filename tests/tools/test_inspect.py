@@ -11,10 +11,10 @@ import time
 import lmdb
 import pytest
 
-from cache.store import CacheStore
+from ckptd.cache.store.store import CacheStore
+from ckptd.tools.cli import main
 from tests.cache.conftest import FP, fill, hybrid_spec
 from tests.daemon.daemon_proc import start
-from tools.cli import main
 
 KEY = "inspector-test-key"
 SHARED = list(range(40, 40 + 48))                     # 3 full blocks of 16

@@ -1,0 +1,296 @@
+"""The store's admin API (daemon endpoints, inspector): stats, listing, pin, delete,
+verify, export/import. Keys are taken and given as hex strings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ckptd.cache import codec
+from ckptd.cache.entry import EntryMeta
+from ckptd.cache.keys import key_from_hex
+from ckptd.cache.tiers.disk import DiskTier
+
+_SORTS = {"last_used": lambda m: m.last_used, "size": lambda m: m.stored_bytes or m.logical_bytes,
+          "hits": lambda m: m.hits, "created": lambda m: m.created,
+          "position": lambda m: m.position}
+
+
+@dataclass
+class Counters:
+    lookups: int = 0
+    hits: int = 0            # lookups that found something to restore
+    hit_tokens: int = 0      # tokens those plans covered
+    corrupt: int = 0         # values that failed verification (dropped)
+    missing: int = 0         # planned pieces gone by load time (evicted meanwhile)
+    evicted: int = 0
+    lost_writes: int = 0     # entries not written: no room (pinned fill the budget, map full)
+    map_full: int = 0        # commits that found the LMDB map full (then evicted and retried)
+    orphans: int = 0         # entries not written: their parent was evicted meanwhile
+    thinned: int = 0         # snapshots dropped to keep a prefix's count bounded
+    read_bytes: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    key: str
+    kind: str
+    position: int
+    tokens: list[int]        # a block's tokens, or a snapshot's tail
+    parent: str
+    stored_bytes: int
+    logical_bytes: int
+    created: float
+    last_used: float
+    hits: int
+    pinned: bool
+    fingerprint: str
+    tiers: tuple[str, ...]
+
+    @classmethod
+    def of(cls, key: bytes, m: EntryMeta, tiers: tuple[str, ...]) -> EntryInfo:
+        return cls(key.hex(), m.kind, m.position, list(m.tokens), m.parent.hex(), m.stored_bytes,
+                   m.logical_bytes, m.created, m.last_used, m.hits, m.pinned, m.fingerprint,
+                   tiers)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    checked: int
+    bad: list[str]           # keys whose value fails its checksum, format or model check
+    orphans: list[str]       # keys whose parent block is missing (should never happen)
+    dropped: int
+
+
+class StoreAdmin:
+    """Mixed into CacheStore; uses its index, tiers, lock and writer."""
+
+    def _merged(self) -> dict[bytes, tuple[EntryMeta, tuple[str, ...]]]:
+        self._sync()
+        with self.lock:
+            out = {k: (m, ("disk",)) for k, m in self.index.rows.items()}
+        for k, m in self.host.scan():
+            out[k] = (m, ("host", "disk") if k in out else ("host",))
+        return out
+
+    def stats(self) -> dict:
+        merged = self._merged()
+        disk = {"entries": 0, "by_kind": {}, "stored_bytes": 0, "logical_bytes": 0,
+                "pinned_entries": 0, "pinned_bytes": 0, "by_fingerprint": {}}
+        for m, tiers in merged.values():
+            if "disk" not in tiers:
+                continue
+            disk["entries"] += 1
+            disk["by_kind"][m.kind] = disk["by_kind"].get(m.kind, 0) + 1
+            disk["stored_bytes"] += m.stored_bytes
+            disk["logical_bytes"] += m.logical_bytes
+            if m.pinned:
+                disk["pinned_entries"] += 1
+                disk["pinned_bytes"] += m.stored_bytes
+            fp = disk["by_fingerprint"].setdefault(m.fingerprint, {"entries": 0, "stored_bytes": 0})
+            fp["entries"] += 1
+            fp["stored_bytes"] += m.stored_bytes
+        stored = disk["stored_bytes"]
+        disk.update(compression_ratio=round(disk["logical_bytes"] / stored, 3) if stored else None,
+                    budget_bytes=self.budget, file_bytes=self.disk.file_bytes(),
+                    map_bytes=self.disk.map_bytes())
+        host_kinds: dict[str, int] = {}
+        for m, tiers in merged.values():
+            if "host" in tiers:
+                host_kinds[m.kind] = host_kinds.get(m.kind, 0) + 1
+        w, c = self.writer, self.counters
+        with self.lock:
+            return {
+                "entries": len(merged),
+                "disk": disk,
+                "host": {"entries": sum(host_kinds.values()), "by_kind": host_kinds,
+                         "bytes": self.host.bytes, "budget_bytes": self.host.budget,
+                         "evictions": self.host.evictions},
+                "lookups": {"count": c.lookups, "hits": c.hits, "misses": c.lookups - c.hits,
+                            "hit_tokens": c.hit_tokens},
+                "read_bytes": dict(c.read_bytes),
+                "corrupt_dropped": c.corrupt,
+                "missing": c.missing,
+                "evictions": c.evicted,
+                "snapshots_thinned": c.thinned,
+                "write_queue": {"depth": w.depth if w else 0,
+                                "bytes": w.queued_bytes if w else 0,
+                                "bound_bytes": self.config.queue_bytes,
+                                "dropped": w.dropped if w else 0,
+                                "committed": w.committed if w else 0,
+                                "failed": w.failed if w else 0,
+                                "lost_no_room": c.lost_writes,
+                                "map_full": c.map_full,
+                                "orphans_skipped": c.orphans},
+            }
+
+    def entries(self, offset: int = 0, limit: int = 100, sort: str = "last_used",
+                kind: str | None = None) -> list[EntryInfo]:
+        """A page of entries, most recent / biggest / most hit first."""
+        if sort not in _SORTS:
+            raise ValueError(f"sort must be one of {sorted(_SORTS)}, got {sort!r}")
+        if offset < 0 or limit < 0:
+            raise ValueError("offset and limit must be >= 0")
+        rows = [(k, m, t) for k, (m, t) in self._merged().items() if kind in (None, m.kind)]
+        rows.sort(key=lambda r: _SORTS[sort](r[1]), reverse=True)
+        return [EntryInfo.of(*r) for r in rows[offset:offset + limit]]
+
+    def get_info(self, key_hex: str) -> EntryInfo | None:
+        key = key_from_hex(key_hex)
+        found = self._merged().get(key)
+        return None if found is None else EntryInfo.of(key, *found)
+
+    def delete(self, key_hex: str) -> int:
+        """Delete an entry and everything below it (a prefix stays closed)."""
+        key = key_from_hex(key_hex)
+        self._writable()
+        self.flush()
+        children: dict[bytes, list[bytes]] = {}
+        for k, m in self.host.scan():
+            children.setdefault(m.parent, []).append(k)
+        with self.lock:
+            keys = set(self.index.subtree(key))
+            todo = list(keys | {key})
+            while todo:
+                for c in children.get(todo.pop(), ()):
+                    if c not in keys:
+                        keys.add(c)
+                        todo.append(c)
+            for k in keys:
+                self.index.remove(k)
+        found = self.disk.delete_many(list(keys))
+        in_host = [k for k in keys if self.host.contains(k)]
+        for k in in_host:
+            self.host.delete(k)
+        return len(set(found) | set(in_host))
+
+    def pin(self, key_hex: str) -> int:
+        """Pin an entry and its ancestors (a pinned prefix must stay restorable).
+        Returns the number of entries pinned, 0 when the key is unknown."""
+        return self._set_pinned(key_from_hex(key_hex), True)
+
+    def unpin(self, key_hex: str) -> int:
+        """Unpin an entry, and each ancestor that no other pinned entry below needs."""
+        return self._set_pinned(key_from_hex(key_hex), False)
+
+    def _set_pinned(self, key: bytes, pinned: bool) -> int:
+        # Pins are closed upwards (a pinned entry's ancestors are pinned), so "something
+        # below x is pinned" is "a child of x is pinned": no subtree walks.
+        self._writable()
+        self.flush()
+        changed = {}
+        with self.lock:
+            if key not in self.index:
+                return 0
+            path = [key, *self.index.ancestors(key)]
+            for below, k in zip([None, *path], path):
+                m = self.index.get(k)
+                if not pinned and any(self.index.get(c).pinned
+                                      for c in self.index.children.get(k, ()) if c != below):
+                    break                # still needed by another pinned entry below it
+                if m.pinned == pinned and k != key:
+                    break                # pinning: its ancestors are pinned already
+                if m.pinned != pinned:
+                    m.pinned = pinned
+                    changed[k] = m
+        self.disk.update_meta(changed)
+        return len(changed)
+
+    def clear(self, include_pinned: bool = False) -> int:
+        """Delete every entry (keeping pinned ones unless include_pinned); returns the count.
+        Pinned entries have pinned ancestors, so what stays is closed."""
+        self._writable()
+        self.flush()
+        with self.lock:
+            keys = [k for k, m in self.index.rows.items() if include_pinned or not m.pinned]
+            for k in keys:
+                self.index.remove(k)
+        self.disk.delete_many(keys)
+        for k, m in self.host.scan():
+            if include_pinned or not m.pinned:
+                self.host.delete(k)
+        return len(keys)
+
+    def evict_to(self, target_bytes: int, hybrid: bool | None = None) -> dict:
+        """Evict least-recently-used leaves, never pinned ones, until at most target_bytes
+        are stored (what the writer does for its budget, on demand). `hybrid` defaults to
+        the spec's; a store opened without a model must say it."""
+        self._writable()
+        if target_bytes < 0:
+            raise ValueError(f"target size must be >= 0, got {target_bytes}")
+        if hybrid is None:
+            self._need_model()
+        self.flush()
+        with self.lock:
+            before = self.index.stored_bytes
+        victims = self._evict(before - target_bytes, hybrid=hybrid)
+        with self.lock:
+            return {"evicted": len(victims), "stored_bytes_before": before,
+                    "stored_bytes_after": self.index.stored_bytes}
+
+    def verify(self, drop: bool = False) -> VerifyReport:
+        """Read and check every stored value; with drop=True delete the bad ones (and,
+        to keep prefixes closed, everything below them)."""
+        if drop:
+            self._writable()
+        merged = {k: m for k, (m, t) in self._merged().items() if "disk" in t}
+        keys = list(merged)
+
+        def check(key: bytes, buf: memoryview | None) -> bool:
+            try:
+                return buf is not None and bool(codec.verify(buf, merged[key].fingerprint,
+                                                             key))
+            except codec.CorruptValue:
+                return False
+        bad = []
+        for i in range(0, len(keys), 256):
+            chunk = keys[i:i + 256]
+            ok = self.disk.read_many([(k, merged[k].kind) for k in chunk], check)
+            bad += [k for k, good in zip(chunk, ok) if not good]
+        orphans = [k for k, m in merged.items() if m.has_block_parent and m.parent not in merged]
+        dropped = sum(self.delete(k.hex()) for k in bad + orphans) if drop else 0
+        return VerifyReport(len(keys), [k.hex() for k in bad], [k.hex() for k in orphans],
+                            dropped)
+
+    def export(self, path: str | Path) -> int:
+        """Write a compacted copy of the store to directory `path`; returns its entries."""
+        path = Path(path)
+        if (path / "data.mdb").exists():
+            raise ValueError(f"{path} already holds a store")
+        self.flush()
+        self.disk.copy_to(path)
+        with self.lock:
+            return len(self.index)
+
+    def import_(self, path: str | Path) -> int:
+        """Add the entries of an exported store (parents first; values are verified,
+        and bad ones are skipped together with what is below them). Returns how many
+        were added."""
+        self._writable()
+        src = DiskTier(path, 0, readonly=True)
+        try:
+            self.flush()
+            entries = sorted(src.scan(), key=lambda km: km[1].position)
+            with self.lock:
+                entries = [(k, m) for k, m in entries if k not in self.index]
+            added = 0
+            for i in range(0, len(entries), self.config.batch):
+                chunk = entries[i:i + self.config.batch]
+                blobs = src.read_many([(k, m.kind) for k, m in chunk],
+                                      lambda k, buf: None if buf is None else bytes(buf))
+                batch = []
+                for (k, m), blob in zip(chunk, blobs):
+                    try:
+                        codec.verify(blob or b"", m.fingerprint, k)
+                    except codec.CorruptValue:
+                        continue
+                    batch.append((k, m, blob))
+                self._commit(batch)
+                with self.lock:
+                    added += sum(1 for k, _, _ in batch if k in self.index)
+            return added
+        finally:
+            src.close()

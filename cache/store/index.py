@@ -1,0 +1,82 @@
+"""The in-memory copy of the disk index, kept by the one process that writes.
+
+LMDB's meta database is the persistent index; this mirror, loaded once at open,
+lets lookups and eviction run without a transaction or JSON per entry. It is
+plain data: the store holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ckptd.cache.entry import SNAPSHOT, EntryMeta
+
+
+class DiskIndex:
+    def __init__(self, entries: Iterable[tuple[bytes, EntryMeta]] = ()) -> None:
+        self.rows: dict[bytes, EntryMeta] = {}
+        self.children: dict[bytes, set[bytes]] = {}     # parent key -> child keys
+        self.snap_parents: dict[bytes, int] = {}        # parent key -> snapshots after it
+        self.stored_bytes = 0
+        self.logical_bytes = 0
+        for key, meta in entries:
+            self.add(key, meta)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.rows
+
+    def get(self, key: bytes) -> EntryMeta | None:
+        return self.rows.get(key)
+
+    def add(self, key: bytes, meta: EntryMeta) -> None:
+        self.remove(key)
+        self.rows[key] = meta
+        self.children.setdefault(meta.parent, set()).add(key)
+        if meta.kind == SNAPSHOT:
+            self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
+        self.stored_bytes += meta.stored_bytes
+        self.logical_bytes += meta.logical_bytes
+
+    def remove(self, key: bytes) -> EntryMeta | None:
+        meta = self.rows.pop(key, None)
+        if meta is None:
+            return None
+        sibs = self.children.get(meta.parent)
+        if sibs is not None:
+            sibs.discard(key)
+            if not sibs:
+                del self.children[meta.parent]
+        if meta.kind == SNAPSHOT:
+            self.snap_parents[meta.parent] -= 1
+            if not self.snap_parents[meta.parent]:
+                del self.snap_parents[meta.parent]
+        self.stored_bytes -= meta.stored_bytes
+        self.logical_bytes -= meta.logical_bytes
+        return meta
+
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
+        return [(k, self.rows[k]) for k in self.children.get(parent, ())]
+
+    def is_leaf(self, key: bytes) -> bool:
+        return not self.children.get(key)
+
+    def subtree(self, key: bytes) -> list[bytes]:
+        """`key` and everything below it, parents before children."""
+        out, todo = [], [key]
+        while todo:
+            k = todo.pop()
+            out.append(k)
+            todo.extend(self.children.get(k, ()))
+        return out
+
+    def ancestors(self, key: bytes) -> list[bytes]:
+        """The stored entries above `key`, nearest first."""
+        out = []
+        meta = self.rows.get(key)
+        while meta is not None and meta.parent in self.rows:
+            out.append(meta.parent)
+            meta = self.rows[meta.parent]
+        return out

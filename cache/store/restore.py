@@ -1,0 +1,226 @@
+"""Loading a restore plan: RAM pieces are copied; disk pieces are read and decoded on
+the reader pool straight into the output pages (two helpers run ahead of it: disk
+read-ahead, output page faults), verified, and promoted into RAM. Mixed into
+CacheStore."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import lmdb
+import torch
+
+from ckptd.cache import codec
+from ckptd.cache.entry import BLOCK
+from ckptd.cache.lookup import DEVICE, DISK, HOST, PieceRef, RestoredState, RestorePlan
+from ckptd.cache.tiers import pagein
+from ckptd.cache.tiers.disk import DiskFull
+
+log = logging.getLogger(__name__)
+_MISSING, _CORRUPT = "missing", "corrupt"
+_MAX_REPLANS = 4
+_AHEAD = 8                   # values per read-ahead step
+_READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at most)
+
+
+class StoreRestore:
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None,
+             _depth: int = 0) -> RestoredState:
+        """The tensors of a plan: pages [n_blocks, *kv_shape()] and the snapshot. A piece
+        that is gone or fails verification ends the restore there: the result is then
+        the longest good prefix (ok=False), never wrong data. The plan's device blocks
+        are the caller's: they are neither read nor part of `pages`.
+
+        into_pages: where the blocks go, one [*kv_shape()] CPU tensor each (views of the
+        caller's KV pool pages; any strides): they are written in place and `pages` is
+        None. Memory the pool already holds is not faulted in anew, as a fresh output
+        buffer is on every restore (the kernel zeroing its pages was half a restarted
+        daemon's first disk restore)."""
+        self._need_model()
+        first = plan.device_blocks
+        pieces, nb = plan.to_read(), len(plan.blocks) - first
+        pages = None
+        if into_pages is not None:
+            if len(into_pages) < nb:
+                raise ValueError(f"the plan reads {nb} blocks, into_pages holds "
+                                 f"{len(into_pages)}")
+            outs = into_pages[:nb]
+        elif nb:
+            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype)
+            outs = list(pages)
+        else:
+            outs = []
+        into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
+        values: list = [None] * len(pieces)
+        from_disk = []
+        for i, p in enumerate(pieces):
+            v = self.host.get(p.key)
+            if v is None:
+                from_disk.append(i)
+            elif i < nb:
+                values[i] = into[i]
+                outs[i].copy_(v["kv"])
+            else:
+                values[i] = {k: t.clone() for k, t in v.items()}
+        if from_disk:
+            # Two helpers run ahead of the readers, in the order they go: one asks the
+            # disk for the values (it mostly waits), one faults in the output pages the
+            # values decode into (CPU). See cache/pagein.py.
+            done = threading.Event()
+            refs = [(pieces[i].key, pieces[i].kind) for i in from_disk]
+            self.prefetcher.submit(_ahead, refs, self.disk.prefetch, done)
+            if pages is not None:                 # fresh memory: fault it in ahead
+                fresh = [into[i]["kv"] for i in from_disk if into[i] is not None]
+                self.prefetcher.submit(_ahead, fresh, _write_ready, done)
+            n = self.config.read_threads
+            groups = [g for g in (from_disk[t::n] for t in range(n)) if g]
+            jobs = [[(pieces[i], into[i]) for i in g] for g in groups]
+            try:
+                for group, got in zip(groups, self.readers.map(self._read_group, jobs)):
+                    for i, v in zip(group, got):
+                        values[i] = v
+            finally:
+                done.set()
+        bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
+        corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
+        if corrupt:
+            self._drop(corrupt)
+        self._touch_and_promote(pieces, values, set(from_disk),
+                                at_once=into_pages is not None)
+        snap = values[nb] if plan.snapshot is not None else None
+        if isinstance(snap, dict) and plan.snapshot.position != plan.position:
+            # Attention only: a later state's page, cut to the tokens the prompt shares
+            # (its logits belong to that later state).
+            snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
+        if not bad:
+            tier = DISK if from_disk else HOST if pieces else DEVICE
+            return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None,
+                                 first_block=first)
+        with self.lock:
+            self.counters.missing += len(bad) - len(corrupt)
+        good = min(bad[0], nb)
+        if not self.spec.is_hybrid:
+            tier = plan.tier if good else DEVICE if first else None
+            kept = pages[:good] if good and pages is not None else None
+            return RestoredState((first + good) * self.B, kept, None,
+                                 ok=False, dropped=len(corrupt), tier=tier, first_block=first)
+        # A hybrid needs a snapshot at the restore point: plan again below the failure.
+        replan = self._plan(plan.tokens, (first + good) * self.B, plan.ctx, first)
+        if replan.position == 0 or _depth >= _MAX_REPLANS:
+            return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
+        out = self.load(replan, into_pages, _depth + 1)
+        out.ok, out.dropped = False, out.dropped + len(corrupt)
+        return out
+
+    def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
+        into = {ref.key: out for ref, out in job}
+
+        def decode(key: bytes, buf: memoryview | None):
+            if buf is None:
+                return _MISSING
+            dest = into[key]
+            try:
+                if dest is None or dest["kv"].is_contiguous():
+                    return codec.decode(buf, self.fp, dest, key)
+                # a strided page of the caller's pool: decode beside it, then copy in
+                got = codec.decode(buf, self.fp, {"kv": _scratch(dest["kv"])}, key)
+                dest["kv"].copy_(got["kv"])
+                return dest
+            except codec.CorruptValue:
+                return _CORRUPT
+        try:
+            return self.disk.read_many([(ref.key, ref.kind) for ref, _ in job], decode)
+        except lmdb.Error as e:
+            # A damaged file can break LMDB's own pages: serve nothing from this group
+            # (the restore falls back to the good prefix) rather than fail the request.
+            log.warning("cache: disk read failed: %s", e)
+            return [_MISSING] * len(job)
+
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: set[int],
+                           at_once: bool = False):
+        """at_once: copy blocks into RAM before returning (they are the caller's pool pages,
+        which may be reused once the restore has returned)."""
+        now, promote = time.time(), []
+        with self.lock:
+            for i, p in enumerate(pieces):
+                if not isinstance(values[i], dict):
+                    continue
+                self.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
+                meta = self.index.get(p.key)
+                if meta is None:
+                    continue                 # in RAM only, not yet committed
+                meta.last_used, meta.hits = now, meta.hits + 1
+                self.touched[p.key] = meta
+                if i in from_disk and self.host.accepts(meta.logical_bytes) \
+                        and self._into_ram(p.key, meta):
+                    promote.append((p.key, meta, values[i]))
+        # The caller owns what it gets back: RAM keeps its own copy. A snapshot (small;
+        # the caller may sample from its logits in place) is copied now; blocks after the
+        # restore has returned: their fresh memory faults in at ~0.3-0.5 s per GB, which
+        # made a daemon's first restores after a restart wait ~4x their read time.
+        blocks = [item for item in promote if item[1].kind == BLOCK]
+        self._promote([item for item in promote if item[1].kind != BLOCK or at_once])
+        if blocks and not at_once:
+            self.promoter.submit(self._promote, blocks)
+
+    def _into_ram(self, key: bytes, meta) -> bool:
+        """Whether a value read from disk goes into RAM: a snapshot at once, a block on its
+        second read in this process. The daemon keeps a restored block's page on the
+        device, where the next prompts find it; copying it into RAM as well cost the
+        restores that followed it (SmolLM2, ~820 tokens from disk, back to back: 75-85
+        ms each beside the copies, 45-50 without). Called under the lock."""
+        if meta.kind != BLOCK or key in self.read_once:
+            self.read_once.discard(key)
+            return True
+        if len(self.read_once) >= _READ_ONCE_MAX:
+            self.read_once.clear()
+        self.read_once.add(key)
+        return False
+
+    def _promote(self, items: list) -> None:
+        copies = [(k, m, {n: t.clone() for n, t in v.items()}) for k, m, v in items]
+        with self.lock:                      # deletes leave the index under it first
+            for k, m, v in copies:
+                if self.index.get(k) is not None:
+                    self.host.put(k, m, v)
+
+    def _drop(self, keys: list[bytes]) -> None:
+        """Values that failed verification: gone from every tier, never served."""
+        with self.lock:
+            self.counters.corrupt += len(keys)
+            for k in keys:
+                self.index.remove(k)
+        for k in keys:
+            self.host.delete(k)
+        if not self.readonly:
+            try:
+                self.disk.delete_many(keys)
+            except DiskFull:        # out of the index now; after a restart, caught again on read
+                log.warning("cache: could not delete %d corrupt values: map full", len(keys))
+
+
+def _ahead(items: list, fn, done: threading.Event) -> None:
+    """fn over items, _AHEAD at a time, until the readers are done."""
+    for s in range(0, len(items), _AHEAD):
+        if done.is_set():
+            return
+        fn(items[s:s + _AHEAD])
+
+
+_scratches = threading.local()
+
+
+def _scratch(like: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of like's shape and dtype, kept per reader thread: decoded
+    into again and again, its memory stays resident."""
+    t = getattr(_scratches, "t", None)
+    if t is None or t.shape != like.shape or t.dtype != like.dtype:
+        t = _scratches.t = torch.empty(like.shape, dtype=like.dtype)
+    return t
+
+
+def _write_ready(pages: list[torch.Tensor]) -> None:
+    for t in pages:
+        pagein.write_ready(t)

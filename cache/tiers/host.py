@@ -1,0 +1,122 @@
+"""The RAM tier: uncompressed tensors, LRU within a byte budget.
+
+On a CPU-only machine this is the only in-memory tier (device memory is RAM).
+Values are shared, never copied here: callers clone what they hand in and must
+not write to what they get back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from ckptd.cache.entry import SNAPSHOT, EntryMeta
+
+Tensors = dict[str, torch.Tensor]
+
+
+def tensors_nbytes(tensors: Tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class HostTier:
+    name = "host"
+
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"host budget must be >= 0, got {budget_bytes}")
+        self.budget = budget_bytes
+        self.items: OrderedDict[bytes, tuple[EntryMeta, Tensors, int]] = OrderedDict()
+        self.children: dict[bytes, set[bytes]] = {}  # parent key -> keys of entries after it
+        self.snap_parents: dict[bytes, int] = {}      # parent key -> snapshots after it
+        self.bytes = 0
+        self.evictions = 0
+        self.lock = threading.Lock()
+
+    def accepts(self, nbytes: int) -> bool:
+        return 0 < nbytes <= self.budget
+
+    def put(self, key: bytes, meta: EntryMeta, value: Tensors) -> bool:
+        size = tensors_nbytes(value)
+        if size > self.budget:
+            return False
+        with self.lock:
+            self._pop(key)
+            self.items[key] = (meta, value, size)
+            self.bytes += size
+            self.children.setdefault(meta.parent, set()).add(key)
+            if meta.kind == SNAPSHOT:
+                self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
+            while self.bytes > self.budget:
+                self._pop(next(iter(self.items)))
+                self.evictions += 1
+        return True
+
+    def put_many(self, items: Sequence[tuple[bytes, EntryMeta, Tensors]]) -> list[bytes]:
+        return [k for k, m, v in items if self.put(k, m, v)]
+
+    def _pop(self, key: bytes) -> None:
+        item = self.items.pop(key, None)
+        if item is None:
+            return
+        meta, _, size = item
+        self.bytes -= size
+        sibs = self.children.get(meta.parent)
+        if sibs is not None:
+            sibs.discard(key)
+            if not sibs:
+                del self.children[meta.parent]
+        if meta.kind == SNAPSHOT:
+            self.snap_parents[meta.parent] -= 1
+            if not self.snap_parents[meta.parent]:
+                del self.snap_parents[meta.parent]
+
+    def get(self, key: bytes) -> Tensors | None:
+        with self.lock:
+            item = self.items.get(key)
+            if item is None:
+                return None
+            self.items.move_to_end(key)
+            return item[1]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[Tensors | None]:
+        return [self.get(k) for k in keys]
+
+    def meta(self, key: bytes) -> EntryMeta | None:
+        with self.lock:
+            item = self.items.get(key)
+            return None if item is None else item[0]
+
+    def metas(self, keys: Sequence[bytes]) -> list[EntryMeta | None]:
+        with self.lock:
+            return [None if (item := self.items.get(k)) is None else item[0] for k in keys]
+
+    def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
+        with self.lock:
+            return {p for p in parents if p in self.snap_parents}
+
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
+        with self.lock:
+            return [(k, self.items[k][0]) for k in self.children.get(parent, ())]
+
+    def contains(self, key: bytes) -> bool:
+        with self.lock:
+            return key in self.items
+
+    def delete(self, key: bytes) -> None:
+        with self.lock:
+            self._pop(key)
+
+    def scan(self) -> list[tuple[bytes, EntryMeta]]:
+        with self.lock:
+            return [(k, m) for k, (m, _, _) in self.items.items()]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+            self.children.clear()
+            self.snap_parents.clear()
+            self.bytes = 0

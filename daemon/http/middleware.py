@@ -1,0 +1,65 @@
+"""Request middlewares: access log + metrics (outermost), JSON errors, API key."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+
+from ckptd.daemon.http import auth
+from ckptd.daemon.http.common import SERVICE, error_response
+from ckptd.daemon.http.errors import ApiError
+
+log = logging.getLogger("ckptd.http")
+
+
+def _route(request: web.Request) -> str:
+    info = request.match_info
+    route = getattr(info, "route", None)
+    resource = getattr(route, "resource", None)
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def observe(request: web.Request, handler) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    status = 499                   # client closed the connection before an answer
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    finally:
+        dt = time.perf_counter() - t0
+        request.app[SERVICE].metrics.observe_http(_route(request), request.method, status, dt)
+        log.info("%s %s %d %.1f ms", request.method, request.path_qs, status, dt * 1000)
+
+
+@web.middleware
+async def errors(request: web.Request, handler) -> web.StreamResponse:
+    """Every failure becomes a JSON error body; nothing leaks a traceback to a client."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        msg = f"{e.reason}: {request.method} {request.path}" if e.status in (404, 405) \
+            else e.reason
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        return error_response(ApiError(e.status, msg, None, code.get(e.status), headers))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error answering %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error (see the daemon's log)",
+                                       None, "internal_error"))
+
+
+@web.middleware
+async def api_key(request: web.Request, handler) -> web.StreamResponse:
+    auth.check(request, request.app[SERVICE].cfg)
+    return await handler(request)

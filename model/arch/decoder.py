@@ -1,0 +1,98 @@
+"""The decoder stack for both architectures: llama and the Qwen3.5 hybrid.
+
+Reads top to bottom: DecoderLayer -> Model -> CausalLM. A layer's mixer is
+paged attention (`full_attention`) or Gated DeltaNet (`linear_attention`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ckptd.model.arch.gdn import GatedDeltaNet
+from ckptd.model.arch.layers import MLP, Attention, Matmul, RMSNorm, StepContext, matmul_of
+from ckptd.model.batch import StepBatch
+from ckptd.model.config import ModelConfig
+from ckptd.model.spec import StateSpec
+from ckptd.model.state import DeviceState
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, kind: str, index_of_kind: int) -> None:
+        super().__init__()
+        qwen = cfg.arch == "qwen3_5_text"
+        offset = 1.0 if qwen else 0.0
+        self.kind = kind
+        if kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg, index_of_kind)
+        else:
+            self.self_attn = Attention(cfg, index_of_kind, gated=qwen)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        mixer = self.linear_attn if self.kind == "linear_attention" else self.self_attn
+        x = x + mixer(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        counts = {"full_attention": 0, "linear_attention": 0}
+        layers = []
+        for kind in cfg.layer_types:
+            layers.append(DecoderLayer(cfg, kind, counts[kind]))
+            counts[kind] += 1
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                            1.0 if cfg.arch == "qwen3_5_text" else 0.0)
+
+
+class CausalLM(nn.Module):
+    """forward(batch, state) -> float32 logits [M, vocab] for batch.logits_index."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.fingerprint = ""  # set by the loader
+        self.head: Matmul | None = None
+
+    def fuse(self) -> None:
+        """Fuse the projections that share an input into one matmul each; on an fp32 CPU
+        each matmul also packs its weight for steps of a few tokens (layers.py: Matmul)."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "fuse"):
+                m.fuse()
+        self.head = matmul_of(self.lm_head)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype / device) converts the parameters; the fused weights are plain
+        # attributes, so fuse again from the converted ones (and lay them out anew)
+        out = super()._apply(fn, recurse)
+        self.fuse()
+        return out
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def state_spec(self, block_size: int) -> StateSpec:
+        return self.config.state_spec(block_size, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, state: DeviceState) -> torch.Tensor:
+        ctx = StepContext.build(batch, state, self.config)
+        x = self.model.embed_tokens(batch.input_ids.to(self.device))
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        x = self.model.norm(x[batch.logits_index.to(self.device)])
+        return (self.lm_head(x) if self.head is None else self.head(x)).float()

@@ -1,0 +1,229 @@
+"""Read a GGUF file: a Hugging Face style config, dequantized weights under Hugging
+Face names, and the tokenizer.
+
+    config, tensors = load_gguf("model.gguf")      # dict, {HF name: fp32 tensor}
+    tokenizer = gguf_tokenizer("model.gguf")
+
+Architectures: `llama` (model_type "llama") and `qwen35`, llama.cpp's dense
+Qwen3.5 (model_type "qwen3_5_text", in model/gguf_qwen35.py). Every tensor is
+dequantized to fp32 with the `gguf` package. GGUF lists dimensions fastest
+first; the reader's numpy arrays are already in torch order, so only the
+transforms llama.cpp's converter (convert_hf_to_gguf.py) applied are undone:
+for llama, the row permutation of q/k that turns rotate-half rotary into
+llama.cpp's interleaved pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SUPPORTED = ("llama", "qwen35")
+
+# GGUF tensor names (blk.N.<part>.weight) -> HF names (model.layers.N.<module>.weight)
+_LLAMA_TOP = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LLAMA_BLOCK = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def open_gguf(path: str | Path):
+    """A gguf.GGUFReader; FileNotFoundError, or ValueError for a file that is not a
+    readable GGUF (bad magic, truncated)."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such GGUF file: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (bad magic)")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # truncation surfaces as ValueError, IndexError, struct.error, ...
+        raise ValueError(f"cannot read GGUF {path} (truncated or corrupt?): "
+                         f"{type(e).__name__}: {e}") from None
+
+
+def field(reader, name: str, default=None):
+    """A metadata value (scalar, str or list), or default when absent."""
+    f = reader.fields.get(name)
+    return default if f is None else f.contents()
+
+
+def gguf_tokenizer(reader_or_path):
+    """The Tokenizer described by a GGUF's metadata (a path or an open GGUFReader)."""
+    from ckptd.model.text.tokenizer import Tokenizer
+    return Tokenizer.from_gguf(reader_or_path)
+
+
+def load_gguf(path: str | Path, reader=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(Hugging Face style config dict, {HF tensor name: fp32 tensor}) from a GGUF.
+
+    `reader`: an already open GGUFReader of `path`, to read the file once when the
+    tokenizer is wanted too. Tied embeddings: no lm_head.weight, tie_word_embeddings."""
+    reader = reader or open_gguf(path)
+    arch = field(reader, "general.architecture")
+    tensors = GGUFTensors(reader, path)
+    if arch == "llama":
+        return _load_llama(reader, tensors)
+    if arch == "qwen35":
+        from ckptd.model.gguf.qwen35 import load_qwen35
+        return load_qwen35(reader, tensors)
+    raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
+                     f"(supported: {', '.join(SUPPORTED)})")
+
+
+class GGUFTensors:
+    """A GGUF's tensors by name, dequantized to fp32 torch tensors on request."""
+
+    def __init__(self, reader, path: str | Path | None = None) -> None:
+        self.by_name = {t.name: t for t in reader.tensors}
+        self.path = path
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_name
+
+    def names(self) -> list[str]:
+        return list(self.by_name)
+
+    def get(self, name: str) -> torch.Tensor:
+        import gguf
+
+        t = self.by_name.get(name)
+        if t is None:
+            raise ValueError(f"GGUF {self.path or ''} is missing tensor {name!r}")
+        try:
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ValueError(f"GGUF tensor {name!r} has type {t.tensor_type.name}, which the "
+                             "gguf package cannot dequantize") from None
+        want = tuple(int(n) for n in reversed(t.shape.tolist()))
+        a = np.array(a, dtype=np.float32).reshape(want)
+        return torch.from_numpy(a)
+
+
+def scalar(v) -> float:
+    """A float read from fp32 metadata, as its shortest decimal (1e-06, not 9.99999997e-07)."""
+    return float(str(np.float32(v)))
+
+
+def convert_tensors(tensors: GGUFTensors, n_layers: int, top: dict[str, str],
+                    block: Callable[[int, str], tuple[str, torch.Tensor] | None],
+                    skip: Callable[[str], bool] = lambda name: False) -> dict[str, torch.Tensor]:
+    """Every tensor under its HF name. `top` maps non-block names; `block(layer, part)`
+    converts blk.<layer>.<part> (part includes the .weight/.bias suffix), returning None
+    for parts it does not know; `skip(name)` drops tensors that are not needed."""
+    out: dict[str, torch.Tensor] = {}
+    for name in tensors.names():
+        if skip(name):
+            continue
+        stem, _, suffix = name.rpartition(".")
+        if stem in top:
+            out[f"{top[stem]}.{suffix}"] = tensors.get(name)
+            continue
+        parts = name.split(".", 2)
+        res = None
+        if parts[0] == "blk" and len(parts) == 3 and parts[1].isdigit():
+            layer = int(parts[1])
+            if layer >= n_layers:
+                raise ValueError(f"GGUF tensor {name!r} is past the model's {n_layers} layers")
+            res = block(layer, parts[2])
+        if res is None:
+            raise ValueError(f"unexpected tensor {name!r} in GGUF {tensors.path or ''}")
+        out[res[0]] = res[1]
+    return out
+
+
+def require(tensors: GGUFTensors, names: list[str]) -> None:
+    """ValueError naming the first absent tensor."""
+    for name in names:
+        if name not in tensors:
+            raise ValueError(f"GGUF {tensors.path or ''} is missing tensor {name!r}")
+
+
+def _load_llama(reader, tensors: GGUFTensors) -> tuple[dict, dict[str, torch.Tensor]]:
+    cfg = _llama_config(reader, tensors)
+    if "rope_freqs.weight" in tensors or field(reader, "llama.rope.scaling.type",
+                                               "none") != "none":
+        raise ValueError("this llama GGUF uses rope scaling (rope_freqs / rope.scaling.type), "
+                         "which is not supported")
+    n = cfg["num_hidden_layers"]
+    require(tensors, ["token_embd.weight", "output_norm.weight"]
+            + [f"blk.{i}.{p}.weight" for i in range(n) for p in _LLAMA_BLOCK])
+    if "blk.0.attn_q.bias" in tensors:
+        cfg["attention_bias"] = True
+    heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+
+    def block(i: int, part: str):
+        stem, _, suffix = part.partition(".")
+        if stem not in _LLAMA_BLOCK:
+            return None
+        w = tensors.get(f"blk.{i}.{part}")
+        if stem in heads:
+            w = _unpermute(w, heads[stem])
+        return f"model.layers.{i}.{_LLAMA_BLOCK[stem]}.{suffix}", w
+
+    out = convert_tensors(tensors, n, _LLAMA_TOP, block)
+    cfg["tie_word_embeddings"] = "lm_head.weight" not in out
+    return cfg, out
+
+
+def _llama_config(reader, tensors: GGUFTensors) -> dict:
+    a = "llama"
+    try:
+        heads = int(field(reader, f"{a}.attention.head_count"))
+        hidden = int(field(reader, f"{a}.embedding_length"))
+        cfg = {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": _vocab_size(reader, tensors),
+            "hidden_size": hidden,
+            "intermediate_size": int(field(reader, f"{a}.feed_forward_length")),
+            "num_hidden_layers": int(field(reader, f"{a}.block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(field(reader, f"{a}.attention.head_count_kv", heads)),
+            "head_dim": int(field(reader, f"{a}.attention.key_length", hidden // heads)),
+            "rope_theta": scalar(field(reader, f"{a}.rope.freq_base", 10000.0)),
+            "rms_norm_eps": scalar(field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
+            "max_position_embeddings": int(field(reader, f"{a}.context_length", 8192)),
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
+            "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
+        }
+    except TypeError:  # int(None): a required key is absent
+        raise ValueError("llama GGUF lacks a required key (llama.attention.head_count, "
+                         "embedding_length, feed_forward_length or block_count)") from None
+    rot = field(reader, f"{a}.rope.dimension_count")
+    if rot is not None and int(rot) != cfg["head_dim"]:
+        cfg["partial_rotary_factor"] = int(rot) / cfg["head_dim"]
+    return cfg
+
+
+def _vocab_size(reader, tensors: GGUFTensors) -> int:
+    t = tensors.by_name.get("token_embd.weight")
+    if t is None:
+        raise ValueError(f"GGUF {tensors.path or ''} is missing tensor 'token_embd.weight'")
+    return int(t.shape[1])  # GGUF dims: [hidden, vocab]
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation. Per head of d rows the converter stores
+    row (half h, index i) of the rotate-half layout at position 2i + h; rows [n_heads*d, ...]
+    (a bias too)."""
+    rows = w.shape[0]
+    d = rows // n_heads
+    rest = w.shape[1:]
+    return w.reshape(n_heads, d // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)

@@ -1,0 +1,153 @@
+"""Sampling parameters and one-token sampling from a logits row.
+
+Filters apply in the order llama.cpp and vLLM use: temperature, top-k, top-p,
+min-p. Each request has its own torch.Generator, so a seeded request draws the
+same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ckptd.model.sampling.penalties import Penalties
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0       # 0: greedy
+    top_k: int = 0                 # 0: off
+    top_p: float = 1.0             # 1: off
+    min_p: float = 0.0             # 0: off
+    seed: int | None = None        # None: a fresh random seed per request
+    stop: tuple[str, ...] = ()     # stop strings; the text never includes them
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None    # None: off; n: the chosen token's logprob and the top n
+    presence_penalty: float = 0.0  # model/penalties.py: what they count and how
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0     # 1: off
+    penalty_last_n: int | None = None   # None: OpenAI's convention; n: llama.cpp's window
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token, added to its logit; -inf: never)
+
+    def __post_init__(self) -> None:
+        # Accept a single string and lists, as the OpenAI API does; store tuples.
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _int("max_tokens", self.max_tokens, lo=0)
+        _int("top_k", self.top_k, lo=0)
+        if self.seed is not None:
+            _int("seed", self.seed, lo=0)
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
+        _real("temperature", self.temperature, lo=0.0)
+        _real("top_p", self.top_p, lo=0.0, hi=1.0)
+        if self.top_p == 0.0:
+            raise ValueError("top_p must be in (0, 1], got 0")
+        _real("min_p", self.min_p, lo=0.0, hi=1.0)
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
+        for t in self.stop_token_ids:
+            _int("stop_token_ids", t, lo=0)
+        _real("presence_penalty", self.presence_penalty, lo=-math.inf)
+        _real("frequency_penalty", self.frequency_penalty, lo=-math.inf)
+        _real("repetition_penalty", self.repetition_penalty, lo=0.0)
+        if self.repetition_penalty == 0.0:
+            raise ValueError("repetition_penalty must be > 0, got 0")
+        if self.penalty_last_n is not None:
+            _int("penalty_last_n", self.penalty_last_n, lo=-1)
+        bias = tuple((t, b) for t, b in self.logit_bias)
+        object.__setattr__(self, "logit_bias", bias)
+        for t, b in bias:
+            _int("logit_bias token", t, lo=0)
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b == math.inf:
+                raise ValueError(f"logit_bias of token {t} must be a number or -inf, got {b!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def _int(name: str, v, lo: int, hi: int | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {bound}, got {v}")
+
+
+def _real(name: str, v, lo: float, hi: float | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {bound}, got {v}")
+
+
+@dataclass
+class Sampled:
+    token: int
+    logprob: float | None = None                            # of the model's distribution
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token, logprob), best first
+
+
+class Sampler:
+    """Per-request sampler: its own generator, seeded from params.seed."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int] = ()) -> None:
+        self.params = params
+        self.penalties = Penalties(params, prompt)
+        self.gen = torch.Generator()
+        if params.seed is not None:
+            self.gen.manual_seed(params.seed)
+        else:
+            self.gen.seed()
+
+    def __call__(self, logits: torch.Tensor) -> Sampled:
+        """One token from logits [vocab], after logit bias and penalties. Logprobs are
+        those of the model's distribution (before bias, penalties, temperature and
+        filters), as the OpenAI API reports them."""
+        p = self.params
+        logits = logits.detach().float().cpu()
+        adjusted = self.penalties.adjust(logits)
+        token = int(adjusted.argmax()) if p.greedy else self._draw(adjusted)
+        self.penalties.seen(token)
+        if p.logprobs is None:
+            return Sampled(token)
+        lp = logits.log_softmax(-1)
+        top = []
+        if p.logprobs:
+            vals, ids = lp.topk(min(p.logprobs, lp.numel()))
+            top = list(zip(ids.tolist(), vals.tolist()))
+        return Sampled(token, float(lp[token]), top)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution a non-greedy draw samples from: [vocab], sums to 1."""
+        p = self.params
+        scaled = logits.detach().float().cpu() / p.temperature
+        if p.top_k and p.top_k < scaled.numel():
+            kth = torch.topk(scaled, p.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = scaled.softmax(-1)
+        if p.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            # keep the smallest set of most likely tokens whose mass reaches top_p:
+            # a token goes when the mass before it already does (the first always stays)
+            drop = sorted_p.cumsum(-1) - sorted_p >= p.top_p
+            probs[order[drop]] = 0.0
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        return probs / probs.sum()
+
+    def _draw(self, logits: torch.Tensor) -> int:
+        # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race); it uses one
+        # random number per vocab entry, so a seeded stream does not depend on p's zeros.
+        probs = self.probs(logits)
+        race = torch.empty_like(probs).exponential_(generator=self.gen)
+        return int((probs / race).argmax())
