@@ -122,20 +122,64 @@ class KeyContext:
 def block_keys(root: bytes, tokens: Sequence[int], block_size: int,
                ctx: KeyContext | None = None) -> list[bytes]:
     """Keys of every full block of `tokens`: keys[i] names tokens[: (i+1) * block_size]."""
-    ctx = ctx or KeyContext()
-    n = len(tokens) // block_size
-    data = encode_tokens(tokens[: n * block_size])
-    plain = ctx.extras is None and ctx.positions is None
-    keys = _recent.longest(root, block_size, data) if plain else []
-    w = 4 * block_size
-    k = keys[-1] if keys else root
-    for i in range(len(keys), n):
-        k = _h(1, k, data[i * w:(i + 1) * w],
-               ctx.positions_part(i * block_size, (i + 1) * block_size), ctx.extra(i))
-        keys.append(k)
-    if plain and n:
-        _recent.add(root, block_size, data, keys)
-    return keys
+    return KeyChain(root, block_size, tokens, ctx).keys
+
+
+class KeyChain:
+    """The block keys of one token sequence, each hashed once: keys[i] names
+    tokens[:(i+1)B], and `data` holds those blocks' tokens (uint32 LE). A request's
+    chain is made once, when it is admitted, sharing the keys of a recent prompt with
+    the same start (_RecentKeys); it grows as generated tokens fill blocks, and every
+    lookup and put made for the request reads it instead of hashing again."""
+
+    __slots__ = ("root", "block_size", "ctx", "keys", "data")
+
+    def __init__(self, root: bytes, block_size: int, tokens: Sequence[int] = (),
+                 ctx: KeyContext | None = None) -> None:
+        self.root, self.block_size = root, block_size
+        self.ctx = ctx or KeyContext()
+        self.keys: list[bytes] = []
+        self.data = b""
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def parent(self, depth: int) -> bytes:
+        """The key before block `depth`: the root for the first block."""
+        return self.keys[depth - 1] if depth else self.root
+
+    def copy(self, max_blocks: int) -> KeyChain:
+        """A chain of this one's first max_blocks keys, to grow on its own."""
+        out = KeyChain(self.root, self.block_size, (), self.ctx)
+        out.keys = self.keys[:max_blocks]
+        out.data = self.data[:len(out.keys) * 4 * self.block_size]
+        return out
+
+    def extend(self, tokens: Sequence[int], max_blocks: int | None = None) -> None:
+        """Hash the full blocks of `tokens` (the whole sequence so far; at most
+        max_blocks of them) that the chain does not hold yet."""
+        B, have = self.block_size, len(self.keys)
+        n = len(tokens) // B if max_blocks is None else min(max_blocks, len(tokens) // B)
+        if n <= have:
+            return
+        ctx = self.ctx
+        plain = ctx.extras is None and ctx.positions is None
+        data = self.data + encode_tokens(tokens[have * B:n * B])
+        keys = self.keys
+        if plain and not have:
+            keys = _recent.longest(self.root, B, data)
+        w = 4 * B
+        k = keys[-1] if keys else self.root
+        start = len(keys)
+        for i in range(start, n):
+            k = _h(1, k, data[i * w:(i + 1) * w],
+                   ctx.positions_part(i * B, (i + 1) * B), ctx.extra(i))
+            keys.append(k)
+        _hashed.blocks += n - start
+        self.keys, self.data = keys, data
+        if plain:
+            _recent.add(self.root, B, data, keys)
 
 
 class _RecentKeys:
@@ -191,6 +235,18 @@ def _common_blocks(a: bytes, b: bytes, w: int) -> int:
 
 
 _recent = _RecentKeys()
+
+
+class _Hashed:
+    blocks = 0          # block keys hashed by this process
+
+
+_hashed = _Hashed()
+
+
+def blocks_hashed() -> int:
+    """Block keys hashed so far in this process (tests count hashing per request)."""
+    return _hashed.blocks
 
 
 def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_size: int,

@@ -9,8 +9,11 @@ Hashes find candidates; the stored tokens are compared before anything is
 planned, so a hash collision can't serve another prompt's state.
 
 The caller may hold the first blocks already (device pages of a shared prefix,
-their tokens checked by the caller): they count as blocks of the "device" tier,
-cost nothing to load, and need not be in the store at all.
+their tokens checked by the caller): they cost nothing to load, need not be in
+the store at all, and are not listed piece by piece (a 256K-token prompt on the
+device is 16K blocks). The keys come from the caller's KeyChain, hashed once per
+request; snapshots are searched from the deepest block down, so planning a
+question after a long context costs what the question does, not the context.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import NamedTuple, Protocol
 import torch
 
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
-from ckptd.cache.keys import KeyContext, block_keys, snapshot_key
+from ckptd.cache.keys import KeyChain, KeyContext, snapshot_key
+from ckptd.cache.snapshot import Snapshot
 
 DEVICE, HOST, DISK = "device", "host", "disk"
 _SLOWEST_FIRST = (DISK, HOST, DEVICE)
@@ -35,41 +39,38 @@ class IndexView(Protocol):
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]: ...
 
-    def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
-        """The parents among these that some snapshot names."""
+    def has_snapshots(self, parent: bytes) -> bool:
+        """Whether some snapshot names this parent."""
         ...
 
 
 class PieceRef(NamedTuple):   # a tuple: a long plan makes ~1,000 of them per request
     key: bytes
     kind: str          # BLOCK or SNAPSHOT
-    tier: str          # DEVICE, HOST or DISK
-    nbytes: int        # bytes to move: logical in RAM, stored (compressed) on disk, 0 on device
+    tier: str          # HOST or DISK
+    nbytes: int        # bytes to move: logical in RAM, stored (compressed) on disk
     position: int      # tokens covered by the state this piece was taken from
 
 
 @dataclass
 class RestorePlan:
     position: int                      # tokens the restored state covers
-    blocks: list[PieceRef]             # blocks 0 .. position // B - 1
+    blocks: list[PieceRef]             # stored blocks device_blocks .. position // B - 1
     snapshot: PieceRef | None          # the state at `position`; for attention-only
                                        # models it may be taken later (snapshot.position >
                                        # position): its partial page is then cut
-    tokens: list[int] = field(repr=False, default_factory=list)   # the prompt, up to the limit
+    tokens: list[int] = field(repr=False, default_factory=list)   # the prompt
     ctx: KeyContext = field(repr=False, default_factory=KeyContext)
     device_blocks: int = 0             # leading blocks the caller maps from its device pages
 
     def pieces(self) -> list[PieceRef]:
+        """What the store loads: the stored blocks, then the snapshot."""
         return [*self.blocks, *([self.snapshot] if self.snapshot else [])]
-
-    def to_read(self) -> list[PieceRef]:
-        """The pieces the store loads: all but the leading device blocks."""
-        return self.pieces()[self.device_blocks:]
 
     def bytes_by_tier(self) -> dict[str, int]:
         """Bytes to move from each store tier (device pages move nothing)."""
         out: dict[str, int] = {}
-        for p in self.to_read():
+        for p in self.pieces():
             out[p.tier] = out.get(p.tier, 0) + p.nbytes
         return out
 
@@ -80,47 +81,49 @@ class RestorePlan:
     @property
     def tier(self) -> str | None:
         """The slowest tier the plan reads from (None for an empty plan)."""
-        tiers = {p.tier for p in self.pieces()}
+        tiers = {p.tier for p in self.pieces()} | ({DEVICE} if self.device_blocks else set())
         return next((t for t in _SLOWEST_FIRST if t in tiers), None)
 
 
 @dataclass
 class RestoredState:
     position: int
-    pages: torch.Tensor | None                 # [position // B, *spec.kv_shape()]
-    snapshot: dict[str, torch.Tensor] | None   # conv, ssm, kv (partial page), logits
-    ok: bool = True      # False: a piece failed; the fields hold the longest good prefix
+    pages: torch.Tensor | None                 # [position // B - first_block, *kv_shape()]
+    snapshot: Snapshot | None
+    ok: bool = True      # False: a piece failed; position is then the longest good prefix
     dropped: int = 0     # pieces that failed verification and were deleted
     tier: str | None = None
     first_block: int = 0  # blocks before this come from the caller's device pages: `pages`
                           # holds blocks first_block .. position // B - 1
 
 
-def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hybrid: bool,
-                 ctx: KeyContext, view: IndexView, device_blocks: int = 0) -> RestorePlan:
-    """The deepest restorable state of tokens[:limit]; blocks 0 .. device_blocks - 1
-    are on the caller's device already (verified by the caller)."""
-    B = block_size
-    tokens = tokens[:limit]
-    keys = block_keys(root, tokens, B, ctx)
-    dev = min(device_blocks, len(keys))
-    blocks = [PieceRef(k, BLOCK, DEVICE, 0, (i + 1) * B) for i, k in enumerate(keys[:dev])]
-    for i, (key, found) in enumerate(zip(keys[dev:], view.find_many(keys[dev:])), dev):
+def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,
+                 view: IndexView, device_blocks: int = 0) -> RestorePlan:
+    """The deepest restorable state of tokens[:limit]. chain: the prompt's block keys
+    (at least limit // B of them); blocks 0 .. device_blocks - 1 are on the caller's
+    device already (verified by the caller)."""
+    B, ctx = chain.block_size, chain.ctx
+    n_full = limit // B
+    if len(chain) < n_full:
+        raise ValueError(f"the key chain holds {len(chain)} blocks, the plan needs {n_full}")
+    keys = chain.keys
+    dev = min(device_blocks, n_full)
+    blocks: list[PieceRef] = []
+    wanted = keys[dev:n_full]
+    for i, (key, found) in enumerate(zip(wanted, view.find_many(wanted)), dev):
         if found is None or found[0].kind != BLOCK or found[0].position != (i + 1) * B \
                 or found[0].tokens != tokens[i * B:(i + 1) * B]:
             break
         blocks.append(_ref(key, *found))
-    depth = len(blocks)
+    depth = dev + len(blocks)
     if not hybrid:
-        cut = _partial_page(tokens, keys, root, B, depth, ctx, view)
+        cut = _partial_page(tokens, limit, chain, depth, view)
         if cut is not None:
             return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx, dev)
         return RestorePlan(depth * B, blocks, None, tokens, ctx, dev)
-    parents = [root, *keys[:depth]]                 # parents[d]: the key before block d
-    with_snaps = view.with_snapshots(parents)
     for d in range(depth, -1, -1):
-        parent = parents[d]
-        if parent not in with_snaps:
+        parent = chain.parent(d)
+        if not view.has_snapshots(parent):
             continue
         best: PieceRef | None = None
         for key, meta, tier in view.children_after(parent):
@@ -134,18 +137,20 @@ def plan_restore(tokens: list[int], limit: int, root: bytes, block_size: int, hy
                     and snapshot_key(parent, tail, d, B, ctx) == key:
                 best = _ref(key, meta, tier)
         if best is not None:
-            return RestorePlan(best.position, blocks[:d], best, tokens, ctx, min(dev, d))
+            return RestorePlan(best.position, blocks[:max(0, d - dev)], best, tokens, ctx,
+                               min(dev, d))
     return RestorePlan(0, [], None, tokens, ctx)
 
 
-def _partial_page(tokens: list[int], keys: list[bytes], root: bytes, B: int, depth: int,
-                  ctx: KeyContext, view: IndexView) -> tuple[int, PieceRef] | None:
+def _partial_page(tokens: list[int], limit: int, chain: KeyChain, depth: int,
+                  view: IndexView) -> tuple[int, PieceRef] | None:
     """Attention only: the entry after the deepest block that covers most of the prompt's
     next tokens, as (tokens it covers, ref). A snapshot whose whole tail matches (key
     checked) wins ties: it may carry the last logits. A page is cut to a prefix only
     when tokens alone define it (no positions or extras on either side)."""
-    parent = keys[depth - 1] if depth else root
-    want = tokens[depth * B:(depth + 1) * B]
+    B, ctx = chain.block_size, chain.ctx
+    parent = chain.parent(depth)
+    want = tokens[depth * B:min(limit, (depth + 1) * B)]
     best: tuple[int, bool, PieceRef] | None = None
     for key, meta, tier in view.children_after(parent):
         have = meta.tokens

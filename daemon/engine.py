@@ -1,255 +1,319 @@
-"""The checkpointing engine: restore the longest cached prefix, leave checkpoints behind.
+"""The engine: one model, one loop, on one thread.
 
-A restore builds a fresh sequence from the cheapest tiers: the prefix's full
-pages still on the device are adopted (shared, no copy; daemon/sharing.py), the
-rest of the blocks are copied in from the store (RAM, then disk), then the
-snapshot's partial-page KV and its recurrent state, which every sequence gets
-its own copy of. Prefill then continues from the restored position. Checkpoints
-are taken at snapshot_interval boundaries during prefill, at the end of the
-prompt (with the last logits, so an exact repeat computes nothing) and at the
-end of a generation (so the next chat turn resumes after this answer); each new
-snapshot thins the older ones on its prefix to at most `max_snapshots`.
+    batch = scheduler.schedule()        who computes what (daemon/scheduler.py)
+    cache.admit(batch.work)             restore new sequences; pages for the step
+    logits = runner.step(work)          the model (model/runner.py)
+    cache.after_step(batch.work, ...)   publish pages, capture checkpoints
+    postprocess(batch, logits)          sample, stop, stream, finish
+
+`ckptd serve` runs `run()` on the process's main thread (it says why) and the
+HTTP side submits requests from its own; `ckptd generate` and the tests drive
+`step()` directly through `generate()`. Events go back through each request's
+`emit` callback.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import torch
 
-from ckptd.cache.lookup import DEVICE, RestoredState, RestorePlan
-from ckptd.cache.store.store import CacheStore
-from ckptd.daemon.sharing import DevicePrefixes
-from ckptd.kernels import ops
-from ckptd.model.runner import Runner, Sequence
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.work import RestoreInfo
+from ckptd.daemon.heap import Heap
+from ckptd.daemon.request import (
+    EngineError,
+    Finished,
+    Live,
+    QueueFull,
+    Request,
+    RequestTimeout,
+)
+from ckptd.daemon.scheduler import Batch, Scheduler
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.decoding import Decoding, TokenEvent
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.sequence import FinishReason, check_token_ids
 
-
-@dataclass
-class RestoreInfo:
-    cached_tokens: int = 0
-    tier: str | None = None       # the slowest tier read: "device", "host", "disk" or None
-    device_tokens: int = 0        # of cached_tokens, those in adopted device pages
-    restore_ms: float = 0.0
-    logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
-    fallbacks: int = 0            # plans abandoned because a piece failed verification
-
-    def tokens_by_tier(self) -> dict[str, int]:
-        """Restored tokens by the tier that held them."""
-        out = {DEVICE: self.device_tokens} if self.device_tokens else {}
-        rest = self.cached_tokens - self.device_tokens
-        if rest and self.tier is not None:
-            out[self.tier] = out.get(self.tier, 0) + rest
-        return out
-
-
-class Rates:
-    """Measured throughputs (exponential moving averages) for planning restores by cost."""
-
-    def __init__(self) -> None:
-        self.prefill_tps = 2000.0          # tokens/s; replaced by measurements
-        self.bytes_per_s = {"host": 4e9, "disk": 3e8}
-
-    def update_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens >= 16 and seconds > 0:
-            self.prefill_tps = 0.8 * self.prefill_tps + 0.2 * tokens / seconds
-
-    def update_read(self, tier: str, nbytes: int, seconds: float) -> None:
-        if nbytes > 0 and seconds > 0:
-            self.bytes_per_s[tier] = 0.8 * self.bytes_per_s[tier] + 0.2 * nbytes / seconds
+log = logging.getLogger("ckptd")
 
 
 class Engine:
-    def __init__(self, runner: Runner, store: CacheStore | None,
-                 snapshot_interval: int = 1024, max_snapshots: int = 16) -> None:
-        if store is not None and store.B != runner.block_size:
-            raise ValueError("store and runner must use the same block size")
-        if snapshot_interval % runner.block_size:
-            raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a multiple of "
-                             f"block_size ({runner.block_size})")
-        if max_snapshots < 2:
-            # 1 would keep only the newest: an answer's snapshot would delete the one at
-            # the end of its prompt, which the next question on that prompt restores from
-            raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
-        self.runner, self.store = runner, store
-        self.B = runner.block_size
-        self.interval = snapshot_interval
-        self.max_snapshots = max_snapshots
-        self.rates = Rates()
-        self.hybrid = runner.spec.is_hybrid
-        self.shared = DevicePrefixes(runner, store) if store is not None else None
+    def __init__(self, runner: Runner, cache: CacheManager, tokenizer, max_running: int = 4,
+                 queue_size: int = 64, step_tokens: int = 256,
+                 check_invariants: bool = False) -> None:
+        self.runner, self.cache, self.tokenizer = runner, cache, tokenizer
+        self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens)
+        self.check_invariants = check_invariants
+        self.broken: str | None = None      # a failed invariant check (check_invariants)
+        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                         "generated_tokens": 0, "rejected": 0, "cancelled": 0, "errors": 0}
+        self.cached_by_tier: dict[str, int] = {}        # restored tokens: device, host, disk
+        self.observations: list[tuple[str, float]] = []  # (histogram, seconds), for metrics
+        self.heap = Heap()                                # collects while idle (daemon/heap.py)
+        self.worker: threading.Thread | None = None      # the thread in run()
+        self.done = threading.Event()                    # set when run() returns
 
-    # ---- restore -----------------------------------------------------------------
-    def admit(self, tokens: list[int], salt: str | None, use_cache: bool,
-              keys: list[bytes] | None = None) -> tuple[Sequence, RestoreInfo]:
-        """A new sequence for a prompt, restored from the longest cached prefix (keys: the
-        prompt's block keys when the caller has them already)."""
-        seq = self.runner.add(tokens)
-        seq.salt, seq.stored_blocks, seq.use_cache = salt, 0, use_cache
-        info = RestoreInfo()
-        if not use_cache or self.store is None:
-            return seq, info
-        t0 = time.perf_counter()
+    # ---- requests (any thread) -------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Queue a request (on the caller's thread: the id check stays off the loop's)."""
+        check_token_ids(req.tokens, self.runner.vocab_size)
         try:
-            self._restore(seq, tokens, salt, info, keys)
-        except BaseException:
-            self.runner.release(seq)          # an OutOfPages requeues the request
+            self.scheduler.submit(req)
+        except QueueFull:                               # the caller answers 503
+            self.counters["rejected"] += 1
             raise
-        info.restore_ms = (time.perf_counter() - t0) * 1000
-        return seq, info
+        self.counters["requests"] += 1
 
-    def _restore(self, seq: Sequence, tokens: list[int], salt: str | None,
-                 info: RestoreInfo, keys: list[bytes] | None) -> None:
-        device, keys = self.shared.find(tokens, salt, keys)
-        self.shared.start(seq, keys)
-        dev = len(device)
-        for _ in range(8):                  # each failed load drops a piece, so this ends
-            plan = self._plan(tokens, salt, len(tokens), dev)
-            if plan.position == len(tokens) and plan.snapshot is None:
-                plan = self._plan(tokens, salt, len(tokens) - 1, dev)
-            if plan.position == 0:
-                return
-            t_read = time.perf_counter()
-            restored, held = self._load(plan, device)
-            if restored.ok and plan.position == len(tokens) \
-                    and "logits" not in (restored.snapshot or {}):
-                self.runner.pages.decref(held)
-                plan = self._plan(tokens, salt, len(tokens) - 1, dev)
-                if plan.position == 0:
-                    return
-                restored, held = self._load(plan, device)
-            if not restored.ok:
-                self.runner.pages.decref(held)
-                info.fallbacks += 1
+    def cancel(self, req: Request) -> None:
+        if self.scheduler.cancel(req):
+            self.counters["cancelled"] += 1
+            req.emit(Finished(FinishReason.CANCELLED, req.stats))
+
+    @property
+    def load(self) -> dict:
+        return self.scheduler.load
+
+    # ---- the loop --------------------------------------------------------------------
+    def step(self) -> bool:
+        """One step of the loop; False when there was nothing to do."""
+        self._reap()
+        batch = self.scheduler.schedule()
+        self.cache.admit(batch.work)
+        admitted = time.perf_counter()
+        work = [(w.seq, w.n) for w in batch.work if w.n]
+        logits = self.runner.step(work) if work else None
+        self.cache.after_step(batch.work, logits)
+        self._postprocess(batch, logits, admitted)
+        return bool(batch)
+
+    def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float) -> None:
+        row, now = 0, time.perf_counter()
+        for live, w in zip(batch.lives, batch.work):
+            out = None
+            if w.n:
+                out, row = logits[row], row + 1
+            if w.deferred:
+                self.scheduler.requeue(live)             # no room yet: it waits its turn
                 continue
-            for tier, n in plan.bytes_by_tier().items():
-                self.rates.update_read(tier, n, time.perf_counter() - t_read)
-            self._install(seq, restored, device, held)
-            info.cached_tokens, info.tier = restored.position, restored.tier
-            info.device_tokens = restored.first_block * self.B
-            if restored.position == len(tokens):
-                info.logits = restored.snapshot["logits"]
-            # Blocks the store lacks (a device page outlived its stored copy) are put
-            # again by the next checkpoint, so that its snapshot has a parent on disk.
-            seq.stored_blocks = self._stored_run(keys[:restored.position // self.B])
-            return
+            if w.new:
+                self._started(live, w.restored, admitted)
+            if w.error is not None:
+                self._finish(live, FinishReason.ERROR, w.error)
+            elif live.t_decode:
+                self._sample(live, out)
+            elif w.new and w.restored.logits is not None:   # an exact repeat
+                self._prompt_done(live, now)
+                self._sample(live, w.restored.logits)
+            elif w.n and live.seq.num_computed == len(live.seq.tokens):
+                self._prompt_done(live, now)
+                self._sample(live, out)
 
-    def _load(self, plan: RestorePlan, device: list[int]) -> tuple[RestoredState, list[int]]:
-        """The store's load of a plan. On a CPU pool its blocks decode straight into
-        pool pages taken for them here, which the caller then owns (the second value):
-        no fresh output buffer to fault in and no copy into the pool after it."""
-        kv, pool = self.runner.state.kv, self.runner.pages
-        n = len(plan.blocks) - plan.device_blocks
-        if kv is None or kv.device.type != "cpu" or n <= 0:
-            return self.store.load(plan), []
-        # The device pages found carry no reference until _install adopts them: hold
-        # them while allocating, or the pool could reclaim one of them for these.
-        found = device[:plan.device_blocks]
-        pool.incref(found)
+    def _started(self, live: Live, info: RestoreInfo | None, admitted: float) -> None:
+        req, st = live.req, live.req.stats
+        info = info or RestoreInfo()
+        live.dec = Decoding(self.tokenizer, req.params, req.tokens)
+        live.t_prefill = admitted
+        st.prompt_n, st.cache_n, st.cache_tier = len(req.tokens), info.cached_tokens, info.tier
+        st.restore_ms = info.restore_ms
+        st.queued_ms = (live.t_prefill - req.created) * 1000 - info.restore_ms
+        self.counters["prompt_tokens"] += st.prompt_n
+        self.counters["cached_tokens"] += st.cache_n
+        if info.tier:
+            for tier, n in info.tokens_by_tier().items():
+                self.cached_by_tier[tier] = self.cached_by_tier.get(tier, 0) + n
+            self.observations.append(("restore", info.restore_ms / 1000))
+
+    def _prompt_done(self, live: Live, t: float) -> None:
+        st = live.req.stats
+        st.prompt_ms = (t - live.t_prefill) * 1000
+        self.cache.rates.update_prefill(st.prompt_n - st.cache_n, st.prompt_ms / 1000)
+        self.observations.append(("prefill", st.prompt_ms / 1000))
+        live.t_decode = t
+
+    def _sample(self, live: Live, logits: torch.Tensor) -> None:
+        ev: TokenEvent = live.dec.accept(logits)
+        live.req.stats.predicted_n += 1
+        self.counters["generated_tokens"] += 1
+        live.req.emit(ev)
+        if ev.finish_reason:
+            self._finish(live, ev.finish_reason)
+        else:
+            live.seq.tokens.append(ev.token)
+
+    def _reap(self) -> None:
+        """End what was cancelled or ran out of time."""
+        for req in self.scheduler.take_cancelled():
+            self.counters["cancelled"] += 1
+            req.emit(Finished(FinishReason.CANCELLED, req.stats))
+        now = time.perf_counter()
+        for live in list(self.scheduler.running):
+            r = live.req
+            if r.cancelled:
+                self._finish(live, FinishReason.CANCELLED)
+            elif r.timeout_s is not None and now - r.created > r.timeout_s:
+                self._finish(live, FinishReason.ERROR, RequestTimeout(
+                    f"request exceeded its time limit ({r.timeout_s} s)"))
+
+    def _finish(self, live: Live, reason: FinishReason, error: Exception | None = None) -> None:
+        st = live.req.stats
+        if live.t_decode:
+            st.predicted_ms = (time.perf_counter() - live.t_decode) * 1000
+            self.observations.append(("decode", st.predicted_ms / 1000))
+        # the next turn resumes after this answer
+        self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
+        if reason == FinishReason.CANCELLED:
+            self.counters["cancelled"] += 1
+        elif reason == FinishReason.ERROR:
+            self.counters["errors"] += 1
+        self.scheduler.remove(live)
+        self.heap.worked()
+        live.req.emit(Finished(reason, st, error))
+
+    # ---- in process: ckptd generate, tests, tools ----------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 arrivals: list[int] | None = None, salt: str | None = None,
+                 use_cache: bool = True) -> list[list[TokenEvent]]:
+        """Generate for several prompts, stepping on this thread. Prompt i joins at step
+        arrivals[i] (default: all at once). Returns each prompt's events."""
+        n = len(prompts)
+        plist = [params] * n if isinstance(params, SamplingParams) else list(params)
+        arrivals = [0] * n if arrivals is None else list(arrivals)
+        if len(plist) != n or len(arrivals) != n:
+            raise ValueError(f"{n} prompts need as many params and arrivals, got "
+                             f"{len(plist)} and {len(arrivals)}")
+        if any(a < 0 for a in arrivals):
+            raise ValueError("arrivals must be >= 0")
+        if any(not p for p in prompts):
+            raise ValueError("prompt is empty")
+        events: list[list[TokenEvent]] = [[] for _ in prompts]
+        ended: list[Finished | None] = [None] * n
+        order = sorted(range(n), key=lambda i: arrivals[i])
+        running: set[int] = set()
+        it = 0
+        while order or running:
+            while order and arrivals[order[0]] <= it:
+                i = order.pop(0)
+                if plist[i].max_tokens > 0:
+                    self.submit(Request(list(prompts[i]), plist[i], _collect(events[i], ended, i),
+                                        salt=salt, use_cache=use_cache))
+                    running.add(i)
+            if not running:
+                it = arrivals[order[0]]
+                continue
+            self.step()
+            running = {i for i in running if ended[i] is None}
+            it += 1
+        failed = [f for f in ended if f is not None and f.reason == FinishReason.ERROR]
+        if failed:
+            raise EngineError(failed[0].message)
+        return events
+
+    def stream(self, prompt: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
+        """One prompt's events as they are generated, stepping on this thread."""
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if params.max_tokens <= 0:
+            return
+        events: list[TokenEvent] = []
+        ended: list[Finished | None] = [None]
+        req = Request(list(prompt), params, _collect(events, ended, 0))
+        self.submit(req)
         try:
-            held = pool.alloc(n)
+            while ended[0] is None:
+                self.step()
+                yield from events
+                events.clear()
         finally:
-            pool.decref(found)
+            if ended[0] is None:
+                req.cancelled = True
+                self.step()
+        if ended[0].reason == FinishReason.ERROR:
+            raise EngineError(ended[0].message)
+
+    # ---- the worker thread -----------------------------------------------------------
+    def start(self) -> None:
+        """Run the loop on a thread of its own (again, after a stop)."""
+        self.scheduler.reopen()
+        self.done.clear()
+        self.worker = threading.Thread(target=self.run, name="ckptd-engine", daemon=True)
+        self.worker.start()
+
+    def run(self) -> None:
+        """Run the loop on the calling thread until stop(). The daemon calls this on the
+        process's main thread: there libgomp lets torch's thread team spin between
+        parallel regions. A team led by any other thread counts one thread more, and on
+        a machine with no core to spare each of the ~600 regions of a step then sleeps
+        and wakes (a 4K-context question: 130-150 ms instead of ~100)."""
+        self.worker = threading.current_thread()
         try:
-            return self.store.load(plan, [kv[p] for p in held]), held
-        except BaseException:
-            pool.decref(held)
-            raise
+            self._loop()
+        finally:
+            self.cache.settle()
+            self._check()
+            self.done.set()
 
-    def _stored_run(self, keys: list[bytes]) -> int:
-        """How many of these leading block keys the store holds."""
-        for i, found in enumerate(self.store.find_many(keys)):
-            if found is None:
-                return i
-        return len(keys)
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel queued and running work, then wait for the loop to end its step."""
+        self.scheduler.stop()
+        if self.worker is not None and self.worker is not threading.current_thread():
+            self.done.wait(timeout)
 
-    def _plan(self, tokens: list[int], salt: str | None, limit: int, dev: int) -> RestorePlan:
-        """The store's plan over the device pages; when reading the store would cost
-        more than recomputing, the device pages alone (an attention-only model can
-        restore at any block boundary; a hybrid needs a stored snapshot)."""
-        plan = self.store.lookup(tokens, salt, max_tokens=limit, device_blocks=dev)
-        if self._worth_it(plan):
-            return plan
-        if dev and not self.hybrid:
-            return self.store.lookup(tokens, salt, max_tokens=min(limit, dev * self.B),
-                                     device_blocks=dev)
-        return RestorePlan(0, [], None)
+    def _loop(self) -> None:
+        sched = self.scheduler
+        unsettled = False           # work done since the loop last went idle
+        while True:
+            with sched.cond:
+                idle = not sched.waiting and not sched.running
+                if idle and sched.stopping:
+                    return
+                if idle and not unsettled and not self.heap.due():
+                    sched.cond.wait(0.1)
+                    continue
+            if idle:                          # outside the lock: submit() is not held up
+                self.cache.settle()           # checkpoints captured by the last steps
+                if unsettled:
+                    self._check()
+                    unsettled = False
+                if self.heap.due():
+                    self.heap.settle()
+                continue
+            unsettled = True
+            try:
+                self.step()
+            except Exception as e:  # keep serving: fail the running requests, not the daemon
+                log.exception("engine step failed")
+                for live in list(sched.running):
+                    self._finish(live, FinishReason.ERROR,
+                                 EngineError(f"internal error: {type(e).__name__}: {e}"))
 
-    def _worth_it(self, plan: RestorePlan) -> bool:
-        read_s = sum(n / self.rates.bytes_per_s[t] for t, n in plan.bytes_by_tier().items())
-        return read_s <= plan.position / self.rates.prefill_tps
-
-    def _install(self, seq: Sequence, restored: RestoredState, device: list[int],
-                 held: list[int]) -> None:
-        """held: pool pages the store decoded blocks first.. into (see _load)."""
-        P, first = restored.position, restored.first_block
-        r = self.runner
-        if first:
-            self.shared.adopt(seq, device[:first])
-        n_full = P // self.B
-        if held:
-            used = max(0, n_full - first)
-            seq.pages += held[:used]
-            r.pages.decref(held[used:])
-        r.reserve(seq, P)
-        state = r.state
-        if n_full > first and state.kv is not None and restored.pages is not None:
-            ops.scatter_pages(state.kv, seq.pages[first:n_full], restored.pages)
-        snap = restored.snapshot or {}
-        if P % self.B and state.kv is not None:
-            kv = snap["kv"]                                  # [n_attn, 2, r, Hkv, D]
-            state.kv[seq.pages[n_full], :, :, :kv.shape[2]] = kv.to(state.kv.dtype)
-        if state.conv is not None:
-            state.conv[seq.slot] = snap["conv"].to(state.conv.dtype)
-            state.ssm[seq.slot] = snap["ssm"].to(state.ssm.dtype)
-        seq.num_computed = P
-        self.shared.publish(seq)             # pages copied in from the store serve the next
-
-    # ---- checkpoints -------------------------------------------------------------
-    def next_chunk(self, seq: Sequence, budget: int) -> int:
-        """Prefill tokens to compute next: at most `budget`, ending on a snapshot
-        boundary when one is near, so interval snapshots land exactly."""
-        left = len(seq.tokens) - seq.num_computed
-        n = min(left, budget)
-        if self.store is not None and seq.use_cache and self.hybrid:
-            to_boundary = self.interval - seq.num_computed % self.interval
-            if to_boundary < n:
-                n = to_boundary
-        return max(n, 1)
-
-    def after_prefill_step(self, seq: Sequence, logits: torch.Tensor | None) -> None:
-        """Called after each prefill chunk: pages that filled up are shared at once (a
-        request arriving meanwhile adopts them); interval snapshot, or the end-of-prompt
-        one."""
-        if self.store is None or not seq.use_cache:
+    def _check(self) -> None:
+        """With check_invariants, the cache's invariants whenever the loop is idle."""
+        if not self.check_invariants or self.broken:
             return
-        self.shared.publish(seq)
-        done = seq.num_computed == len(seq.tokens)
-        if done:
-            self.checkpoint(seq, logits)
-        elif seq.num_computed % self.interval == 0:
-            self.checkpoint(seq, None)
+        try:
+            self.cache.sanity_check()
+        except AssertionError as e:
+            self.broken = str(e) or "invariant broken"
+            log.error("cache invariant broken: %s", self.broken)
 
-    def checkpoint(self, seq: Sequence, logits: torch.Tensor | None) -> None:
-        """Store the full blocks computed so far and a snapshot at num_computed."""
-        if self.store is None or not seq.use_cache or seq.num_computed == 0:
-            return
-        state, P = self.runner.state, seq.num_computed
-        tokens = seq.tokens[:P]
-        n_full = P // self.B
-        if n_full > seq.stored_blocks and state.kv is not None:
-            pages = ops.gather_pages(state.kv, seq.pages[seq.stored_blocks:n_full])
-            self.store.put_blocks(tokens, seq.stored_blocks, pages, seq.salt)
-        seq.stored_blocks = max(seq.stored_blocks, n_full)
-        self.shared.publish(seq)
-        snap = {}
-        if P % self.B and state.kv is not None:
-            snap["kv"] = state.kv[seq.pages[n_full], :, :, :P % self.B].clone(
-                memory_format=torch.contiguous_format)
-        if state.conv is not None:
-            snap["conv"] = state.conv[seq.slot].clone()
-            snap["ssm"] = state.ssm[seq.slot].clone()
-        if logits is not None:
-            snap["logits"] = logits.detach().float().clone()
-        if snap:
-            self.store.put_snapshot(tokens, snap, seq.salt, keep=self.max_snapshots)
+
+def local_engine(model, tokenizer, num_pages: int, block_size: int = 16,
+                 max_running: int = 1) -> Engine:
+    """An engine over device pages only (no store: nothing is cached), as `ckptd
+    generate` runs it."""
+    runner = Runner(model, num_pages, max_running, block_size)
+    cache = CacheManager(runner, runner.spec, num_pages, model.fingerprint)
+    return Engine(runner, cache, tokenizer, max_running=max_running)
+
+
+def _collect(events: list, ended: list, i: int) -> Callable[[object], None]:
+    def emit(ev: object) -> None:
+        if isinstance(ev, Finished):
+            ended[i] = ev
+        else:
+            events.append(ev)
+    return emit

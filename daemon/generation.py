@@ -1,6 +1,6 @@
 """One generation as seen from the event loop: submit, iterate events, cancel.
 
-The scheduler's worker thread calls `emit`; each event is handed to this
+The engine's thread calls `emit`; each event is handed to this
 request's asyncio queue with `call_soon_threadsafe`, so handlers never block the
 loop and never touch the model. Leaving `events()` early (client gone, handler
 cancelled) cancels the request, which frees its sequence's pages.
@@ -13,10 +13,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from ckptd.daemon.http.errors import ApiError
-from ckptd.daemon.scheduler import Finished, QueueFull, Request, Scheduler
-from ckptd.model.generate import TokenEvent
+from ckptd.daemon.engine import Engine
+from ckptd.daemon.http.errors import ApiError, error_for
+from ckptd.daemon.request import EngineError, Finished, QueueFull, Request, RequestTimeout
+from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.sequence import FinishReason
 
 GRACE_S = 5.0
 
@@ -32,12 +34,12 @@ class Result:
 
 
 class Generation:
-    def __init__(self, scheduler: Scheduler, tokens: list[int], params: SamplingParams,
+    def __init__(self, engine: Engine, tokens: list[int], params: SamplingParams,
                  salt: str | None, use_cache: bool, timeout_s: float,
                  on_close: Callable[[], None] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.scheduler = scheduler
+        self.engine = engine
         self.req = Request(tokens, params, self._emit, salt=salt, use_cache=use_cache,
                            timeout_s=timeout_s)
         self.finished: Finished | None = None
@@ -53,14 +55,13 @@ class Generation:
 
     def submit(self) -> None:
         try:
-            self.scheduler.submit(self.req)
+            self.engine.submit(self.req)
         except QueueFull as e:
-            raise ApiError(503, f"server busy: {e}", None, "queue_full",
-                           {"Retry-After": "1"}) from None
+            raise error_for(e) from None
 
     def cancel(self) -> None:
         if self.finished is None:
-            self.scheduler.cancel(self.req)
+            self.engine.cancel(self.req)
 
     def close(self) -> None:
         """The handler is done with it: cancel if unfinished (client gone). Idempotent."""
@@ -72,7 +73,7 @@ class Generation:
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         """Token events until the end; `self.finished` is set when this returns normally.
-        The scheduler enforces the time limit; past it (and a grace period) the request
+        The engine enforces the time limit; past it (and a grace period) the request
         is ended here too, so a client never waits on a request the worker lost."""
         deadline = self.loop.time() + self.req.timeout_s + GRACE_S
         try:
@@ -80,8 +81,8 @@ class Generation:
                 try:
                     ev = await asyncio.wait_for(self.queue.get(), deadline - self.loop.time())
                 except asyncio.TimeoutError:
-                    ev = Finished("error", self.req.stats, "no answer within the request's "
-                                                           f"time limit ({self.req.timeout_s} s)")
+                    ev = Finished(FinishReason.ERROR, self.req.stats, RequestTimeout(
+                        f"no answer within the request's time limit ({self.req.timeout_s} s)"))
                 if isinstance(ev, Finished):
                     self.finished = ev
                     return
@@ -101,12 +102,9 @@ class Generation:
 
 def failure(fin: Finished) -> ApiError | None:
     """A generation that did not end normally, as the HTTP error a client gets."""
-    if fin.reason == "cancelled":
+    if fin.reason == FinishReason.CANCELLED:
         return ApiError(503, "the request was cancelled (the server is shutting down)", None,
                         "cancelled")
-    if fin.reason != "error":
+    if fin.reason != FinishReason.ERROR:
         return None
-    msg = fin.error or "generation failed"
-    if "time limit" in msg:
-        return ApiError(504, msg, None, "timeout")
-    return ApiError(503, msg, None, "generation_failed", {"Retry-After": "1"})
+    return error_for(fin.error or EngineError("generation failed"))

@@ -1,7 +1,7 @@
 """Prometheus text exposition (format 0.0.4) for /metrics.
 
 HTTP figures are counted here by a middleware; generation figures come from the
-scheduler's counters and its timing observations (drained into histograms, so
+engine's counters and its timing observations (drained into histograms, so
 they do not pile up between scrapes); cache figures from CacheStore.stats().
 """
 
@@ -70,9 +70,9 @@ class Metrics:
             self.http[k] = self.http.get(k, 0) + 1
             self.hist["http_request"].observe(seconds)
 
-    def drain(self, scheduler) -> None:
-        """Move the scheduler's timing observations into the histograms."""
-        obs = scheduler.observations
+    def drain(self, engine) -> None:
+        """Move the engine's timing observations into the histograms."""
+        obs = engine.observations
         n = len(obs)
         items = obs[:n]
         del obs[:n]          # slice deletion is atomic: appends made meanwhile stay
@@ -81,7 +81,7 @@ class Metrics:
                 if name in self.hist:
                     self.hist[name].observe(seconds)
 
-    def render(self, scheduler=None, cache_stats: dict | None = None, state: str = "",
+    def render(self, engine=None, cache_stats: dict | None = None, state: str = "",
                inflight: int = 0) -> str:
         out: list[str] = []
         put = _Writer(out)
@@ -93,16 +93,16 @@ class Metrics:
             put.counter("ckptd_http_requests_total", "HTTP requests answered",
                         [(f'route="{_esc(r)}",method="{m}",status="{s}"', v)
                          for (r, m, s), v in sorted(self.http.items())])
-        if scheduler is not None:
-            self.drain(scheduler)
-            counters = dict(scheduler.counters)
+        if engine is not None:
+            self.drain(engine)
+            counters = dict(engine.counters)
             for key, (name, help_text) in _SCHEDULER.items():
                 put.counter(name, help_text, [("", counters.get(key, 0))])
             put.counter("ckptd_cache_hit_tokens_total", "Prompt tokens restored, by the "
                         "tier that held them (device: shared pages, mapped without a copy)",
                         [(f'tier="{t}"', n) for t, n in sorted(dict(
-                            scheduler.cached_by_tier).items())])
-            load = scheduler.load
+                            engine.cached_by_tier).items())])
+            load = engine.load
             put.gauge("ckptd_sequences_running", "Sequences being computed",
                       [("", load["running"])])
             put.gauge("ckptd_requests_waiting", "Requests waiting for a sequence",

@@ -1,7 +1,7 @@
 """`ckptd serve`: run the HTTP daemon.
 
 The HTTP side runs its event loop on a thread of its own; the process's main
-thread runs the scheduler, which owns the model (Scheduler.run says why). The
+thread runs the engine's loop, which owns the model (Engine.run says why). The
 port opens first and the model loads on a thread, so /health answers 503 while
 loading. SIGTERM (or SIGINT) stops new work, lets running requests finish for
 --drain-timeout seconds, cancels the rest, flushes the cache writer and exits 0.
@@ -80,8 +80,12 @@ def _run(cfg: config.ServeConfig) -> int:
     http.thread.start()
     http.settled.wait()
     if svc.state == READY and not http.stop_requested:
-        svc.scheduler.run()                  # until the HTTP side's shutdown stops it
+        svc.rt.engine.run()                  # until the HTTP side's shutdown stops it
     http.thread.join()
+    if svc.rt is not None and svc.rt.engine.broken:
+        from ckptd.daemon.runtime import CHECK_FAILED_EXIT
+        log.error("exiting with %d: a cache invariant was broken", CHECK_FAILED_EXIT)
+        return CHECK_FAILED_EXIT
     return http.code
 
 
@@ -133,7 +137,7 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
 
     def load() -> None:                      # a daemon thread: SIGTERM need not wait for it
         try:
-            svc.load(start=False)            # the main thread runs the scheduler
+            svc.load(start=False)            # the main thread runs the engine
         except Exception as e:
             svc.state, svc.error = FAILED, f"{type(e).__name__}: {e}"
             log.error("model load failed: %s", svc.error)
@@ -148,7 +152,7 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
     background = []
     if loaded.is_set() and code == 0 and not stop.is_set():
         background = [asyncio.ensure_future(_pump_metrics(svc)),
-                      asyncio.ensure_future(console.watch_prefills(svc.scheduler))]
+                      asyncio.ensure_future(console.watch_prefills(svc.rt.engine.scheduler))]
         await stop.wait()
     log.info("shutting down")
     for task in background:
@@ -168,7 +172,7 @@ async def _first(*aws) -> None:
 async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
     while True:
         await asyncio.sleep(period)
-        svc.metrics.drain(svc.scheduler)
+        svc.metrics.drain(svc.rt.engine)
 
 
 async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
@@ -183,7 +187,7 @@ async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
         log.info("cancelling %d request(s) still running", svc.inflight)
     loop = asyncio.get_running_loop()
     if loaded:
-        await loop.run_in_executor(None, svc.scheduler.stop)
+        await loop.run_in_executor(None, svc.rt.engine.stop)
     await runner.cleanup()                 # closes the port; waits for handlers to answer
     if loaded:
-        await loop.run_in_executor(None, svc.store.close)   # flushes the writer
+        await loop.run_in_executor(None, svc.rt.cache.close)   # flushes the writer

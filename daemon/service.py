@@ -1,4 +1,5 @@
-"""The daemon's runtime: model, tokenizer, cache store, engine, scheduler, named contexts.
+"""The daemon as the HTTP side sees it: its state, the Runtime once loaded, named
+contexts, metrics.
 
 `load()` blocks (run it on a thread); until it ends, `state` is "loading" and the
 handlers answer 503. Prompt building lives here so that every endpoint turns
@@ -7,32 +8,23 @@ text, chat messages and named contexts into tokens the same way.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from jinja2.exceptions import TemplateError
 
-from ckptd.cache.store.store import CacheStore
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.contexts import Context, ContextRegistry
-from ckptd.daemon.engine import Engine
 from ckptd.daemon.generation import Generation
 from ckptd.daemon.http.errors import ApiError, bad_request
 from ckptd.daemon.http.schemas import CacheOptions
 from ckptd.daemon.metrics import Metrics
-from ckptd.daemon.scheduler import Scheduler
+from ckptd.daemon.runtime import Runtime
 from ckptd.model.default import default_model_path
-from ckptd.model.loader import load
-from ckptd.model.runner import Runner
 from ckptd.model.sampling.sampler import SamplingParams
 
-log = logging.getLogger("ckptd")
-
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
-DEFAULT_MAX_CONTEXT = 32768
 
 
 def model_name(path: str | Path) -> str:
@@ -47,8 +39,7 @@ class Service:
         self.error: str | None = None
         self.path = Path(cfg.model) if cfg.model else default_model_path()
         self.model_id = model_name(self.path)
-        self.model = self.tokenizer = self.store = self.engine = self.scheduler = None
-        self.max_context = cfg.max_context or 0
+        self.rt: Runtime | None = None       # set once loaded
         self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
         self.metrics = Metrics()
         self.started = time.time()
@@ -57,44 +48,16 @@ class Service:
 
     # ---- lifecycle (blocking: call from a thread) ------------------------------------
     def load(self, start: bool = True) -> None:
-        """start=False: the caller runs the scheduler itself (`self.scheduler.run()`)."""
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        model, tok = load(self.path, getattr(torch, cfg.dtype) if cfg.dtype else None)
-        limit = model.config.max_position_embeddings
-        if cfg.max_context and cfg.max_context > limit:
-            raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
-                             f"{limit} positions")
-        # KV pages are reserved for `parallel` full contexts up front: without a flag,
-        # stay at a size every machine can hold.
-        self.max_context = cfg.max_context or min(limit, DEFAULT_MAX_CONTEXT)
-        B = cfg.block_size
-        pages = cfg.parallel * (-(-self.max_context // B) + 1)
-        runner = Runner(model, pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
-        store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
-                           disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
-        self.engine = Engine(runner, store, cfg.snapshot_interval, cfg.max_snapshots)
-        self.scheduler = Scheduler(self.engine, tok, max_running=cfg.parallel,
-                                   queue_size=cfg.queue_size, step_tokens=cfg.step_tokens)
-        self.model, self.tokenizer, self.store = model, tok, store
-        self.scheduler.heap.freeze()   # the loaded objects leave the collector's walks
+        """start=False: the caller runs the engine's loop itself (`rt.engine.run()`)."""
+        self.rt = Runtime.load(self.cfg, self.path)
         if start:
-            self.scheduler.start()
-        log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "
-                 "context %d, %d parallel, %d torch threads", self.model_id,
-                 time.perf_counter() - t0, model.config.arch, len(model.config.layer_types), B,
-                 pages, pages * runner.spec.page_bytes() / 2**20, self.max_context,
-                 cfg.parallel, torch.get_num_threads())
+            self.rt.engine.start()
         self.state = READY
 
     def close(self) -> None:
         """Cancel what still runs, then flush and close the store (blocking)."""
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        if self.store is not None:
-            self.store.close()
+        if self.rt is not None:
+            self.rt.close()
 
     # ---- checks ----------------------------------------------------------------------
     def unavailable(self) -> ApiError | None:
@@ -119,8 +82,15 @@ class Service:
 
     @property
     def vocab_size(self) -> int:
-        """Valid token ids are those the model embeds (the tokenizer may name fewer)."""
-        return self.model.config.vocab_size
+        return self.rt.vocab_size
+
+    @property
+    def tokenizer(self):
+        return self.rt.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.rt.max_context
 
     # ---- prompts ---------------------------------------------------------------------
     def context(self, name: str, salt: str | None = None, check_salt: bool = True) -> Context:
@@ -202,7 +172,7 @@ class Service:
                    use_cache: bool) -> Generation:
         """Submit a generation (503 + Retry-After when the queue is full)."""
         self.require_ready()
-        gen = Generation(self.scheduler, tokens, params, salt, use_cache,
+        gen = Generation(self.rt.engine, tokens, params, salt, use_cache,
                          self.cfg.request_timeout, on_close=self._closed)
         gen.submit()
         self.inflight += 1

@@ -1,11 +1,14 @@
 """Device-resident sequence state: the KV page pool and recurrent state slots.
 
-Layouts are the ones model/spec.py fixes. Page and slot bookkeeping
-(allocation, refcounts, prefix sharing) lives in model/pages.py; this module
-only owns the tensors.
+Layouts are the ones model/spec.py fixes. This module owns the tensors and the
+slot bookkeeping (one slot per live sequence, never shared); which pages a
+sequence holds, and the refcounts of shared ones, are the cache's device tier
+(cache/device.py).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -51,3 +54,41 @@ class DeviceState:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.conv, self.ssm)
                    if t is not None)
+
+
+class OutOfSlots(RuntimeError):
+    """No free recurrent state slot: the request waits, it never crashes anything."""
+
+
+class SlotPool:
+    """Recurrent state slots: one per live sequence, never shared."""
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots <= 0:
+            raise ValueError(f"num_slots must be positive, got {num_slots}")
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._used: set[int] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise OutOfSlots(f"all {self.num_slots} recurrent state slots are in use")
+            slot = self._free.pop()
+            self._used.add(slot)
+            return slot
+
+    def in_use(self) -> set[int]:
+        with self._lock:
+            return set(self._used)
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            assert slot in self._used, f"release of free slot {slot}"
+            self._used.remove(slot)
+            self._free.append(slot)

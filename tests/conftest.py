@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ckptd.tools.make_tiny import make_tiny
+
+# Every daemon a test starts (a child process inherits this) checks the cache's
+# invariants whenever it goes idle, and exits non-zero at shutdown if one broke:
+# the tests that stop a daemon assert its exit code (daemon/runtime.py).
+os.environ["CKPTD_CHECK_INVARIANTS"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -42,8 +43,15 @@ def test_code_imports_the_parts_through_ckptd():
 
 
 def test_the_wheel_holds_only_ckptd(tmp_path):
+    # built from a copy: setuptools leaves a build/ folder beside the sources
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for part in PARTS:
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                          "-q", "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                          "-q", "-w", str(tmp_path), str(src)], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     wheel = next(tmp_path.glob("ckptd-*.whl"))

@@ -30,10 +30,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
+    from ckptd.daemon.engine import local_engine
     from ckptd.model.default import default_model_path
-    from ckptd.model.generate import generate
     from ckptd.model.loader import load
-    from ckptd.model.runner import Runner
     from ckptd.model.sampling.sampler import SamplingParams
 
     # Check everything the user typed before the model is loaded.
@@ -56,10 +55,9 @@ def run(args) -> int:
     if total > limit:
         raise ValueError(f"prompt ({len(prompt)} tokens) + --max-tokens ({params.max_tokens}) "
                          f"exceeds the model's context of {limit} tokens")
-    runner = Runner(model, num_pages=-(-total // args.block_size) + 1, num_slots=1,
-                    block_size=args.block_size)
+    engine = local_engine(model, tok, -(-total // args.block_size) + 1, args.block_size)
     text = ""
-    for ev in generate(runner, tok, prompt, params):
+    for ev in engine.stream(prompt, params):
         text += ev.text
         sys.stdout.write(ev.text)
         sys.stdout.flush()

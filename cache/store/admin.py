@@ -1,34 +1,24 @@
 """The store's admin API (daemon endpoints, inspector): stats, listing, pin, delete,
-verify, export/import. Keys are taken and given as hex strings."""
+verify, export/import. Keys are taken and given as hex strings. Held by the
+CacheStore, whose parts it works through."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import key_from_hex
+
+if TYPE_CHECKING:
+    from ckptd.cache.store.store import CacheStore
 from ckptd.cache.tiers.disk import DiskTier
 
 _SORTS = {"last_used": lambda m: m.last_used, "size": lambda m: m.stored_bytes or m.logical_bytes,
           "hits": lambda m: m.hits, "created": lambda m: m.created,
           "position": lambda m: m.position}
-
-
-@dataclass
-class Counters:
-    lookups: int = 0
-    hits: int = 0            # lookups that found something to restore
-    hit_tokens: int = 0      # tokens those plans covered
-    corrupt: int = 0         # values that failed verification (dropped)
-    missing: int = 0         # planned pieces gone by load time (evicted meanwhile)
-    evicted: int = 0
-    lost_writes: int = 0     # entries not written: no room (pinned fill the budget, map full)
-    map_full: int = 0        # commits that found the LMDB map full (then evicted and retried)
-    orphans: int = 0         # entries not written: their parent was evicted meanwhile
-    thinned: int = 0         # snapshots dropped to keep a prefix's count bounded
-    read_bytes: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
 
 
 @dataclass(frozen=True)
@@ -66,12 +56,14 @@ class VerifyReport:
 
 
 class StoreAdmin:
-    """Mixed into CacheStore; uses its index, tiers, lock and writer."""
+    def __init__(self, store: CacheStore) -> None:
+        self.store = store
+        self.catalog, self.host, self.disk = store.catalog, store.host, store.disk
 
     def _merged(self) -> dict[bytes, tuple[EntryMeta, tuple[str, ...]]]:
-        self._sync()
-        with self.lock:
-            out = {k: (m, ("disk",)) for k, m in self.index.rows.items()}
+        self.store.sync()
+        with self.catalog.lock:
+            out = {k: (m, ("disk",)) for k, m in self.catalog.index.rows.items()}
         for k, m in self.host.scan():
             out[k] = (m, ("host", "disk") if k in out else ("host",))
         return out
@@ -95,14 +87,14 @@ class StoreAdmin:
             fp["stored_bytes"] += m.stored_bytes
         stored = disk["stored_bytes"]
         disk.update(compression_ratio=round(disk["logical_bytes"] / stored, 3) if stored else None,
-                    budget_bytes=self.budget, file_bytes=self.disk.file_bytes(),
+                    budget_bytes=self.store.budget, file_bytes=self.disk.file_bytes(),
                     map_bytes=self.disk.map_bytes())
         host_kinds: dict[str, int] = {}
         for m, tiers in merged.values():
             if "host" in tiers:
                 host_kinds[m.kind] = host_kinds.get(m.kind, 0) + 1
-        w, c = self.writer, self.counters
-        with self.lock:
+        w, c = self.store.writer, self.catalog.counters
+        with self.catalog.lock:
             return {
                 "entries": len(merged),
                 "disk": disk,
@@ -118,7 +110,7 @@ class StoreAdmin:
                 "snapshots_thinned": c.thinned,
                 "write_queue": {"depth": w.depth if w else 0,
                                 "bytes": w.queued_bytes if w else 0,
-                                "bound_bytes": self.config.queue_bytes,
+                                "bound_bytes": self.store.config.queue_bytes,
                                 "dropped": w.dropped if w else 0,
                                 "committed": w.committed if w else 0,
                                 "failed": w.failed if w else 0,
@@ -146,13 +138,13 @@ class StoreAdmin:
     def delete(self, key_hex: str) -> int:
         """Delete an entry and everything below it (a prefix stays closed)."""
         key = key_from_hex(key_hex)
-        self._writable()
-        self.flush()
+        self.store.writable()
+        self.store.flush()
         children: dict[bytes, list[bytes]] = {}
         for k, m in self.host.scan():
             children.setdefault(m.parent, []).append(k)
-        with self.lock:
-            keys = set(self.index.subtree(key))
+        with self.catalog.lock:
+            keys = set(self.catalog.index.subtree(key))
             todo = list(keys | {key})
             while todo:
                 for c in children.get(todo.pop(), ()):
@@ -160,7 +152,7 @@ class StoreAdmin:
                         keys.add(c)
                         todo.append(c)
             for k in keys:
-                self.index.remove(k)
+                self.catalog.index.remove(k)
         found = self.disk.delete_many(list(keys))
         in_host = [k for k in keys if self.host.contains(k)]
         for k in in_host:
@@ -179,17 +171,18 @@ class StoreAdmin:
     def _set_pinned(self, key: bytes, pinned: bool) -> int:
         # Pins are closed upwards (a pinned entry's ancestors are pinned), so "something
         # below x is pinned" is "a child of x is pinned": no subtree walks.
-        self._writable()
-        self.flush()
+        self.store.writable()
+        self.store.flush()
         changed = {}
-        with self.lock:
-            if key not in self.index:
+        with self.catalog.lock:
+            index = self.catalog.index
+            if key not in index:
                 return 0
-            path = [key, *self.index.ancestors(key)]
+            path = [key, *index.ancestors(key)]
             for below, k in zip([None, *path], path):
-                m = self.index.get(k)
-                if not pinned and any(self.index.get(c).pinned
-                                      for c in self.index.children.get(k, ()) if c != below):
+                m = index.get(k)
+                if not pinned and any(index.get(c).pinned
+                                      for c in index.children.get(k, ()) if c != below):
                     break                # still needed by another pinned entry below it
                 if m.pinned == pinned and k != key:
                     break                # pinning: its ancestors are pinned already
@@ -202,12 +195,12 @@ class StoreAdmin:
     def clear(self, include_pinned: bool = False) -> int:
         """Delete every entry (keeping pinned ones unless include_pinned); returns the count.
         Pinned entries have pinned ancestors, so what stays is closed."""
-        self._writable()
-        self.flush()
-        with self.lock:
-            keys = [k for k, m in self.index.rows.items() if include_pinned or not m.pinned]
+        self.store.writable()
+        self.store.flush()
+        with self.catalog.lock:
+            keys = [k for k, m in self.catalog.index.rows.items() if include_pinned or not m.pinned]
             for k in keys:
-                self.index.remove(k)
+                self.catalog.index.remove(k)
         self.disk.delete_many(keys)
         for k, m in self.host.scan():
             if include_pinned or not m.pinned:
@@ -218,24 +211,24 @@ class StoreAdmin:
         """Evict least-recently-used leaves, never pinned ones, until at most target_bytes
         are stored (what the writer does for its budget, on demand). `hybrid` defaults to
         the spec's; a store opened without a model must say it."""
-        self._writable()
+        self.store.writable()
         if target_bytes < 0:
             raise ValueError(f"target size must be >= 0, got {target_bytes}")
         if hybrid is None:
-            self._need_model()
-        self.flush()
-        with self.lock:
-            before = self.index.stored_bytes
-        victims = self._evict(before - target_bytes, hybrid=hybrid)
-        with self.lock:
+            self.store.need_model()
+        self.store.flush()
+        with self.catalog.lock:
+            before = self.catalog.index.stored_bytes
+        victims = self.store.committer.evict(before - target_bytes, hybrid=hybrid)
+        with self.catalog.lock:
             return {"evicted": len(victims), "stored_bytes_before": before,
-                    "stored_bytes_after": self.index.stored_bytes}
+                    "stored_bytes_after": self.catalog.index.stored_bytes}
 
     def verify(self, drop: bool = False) -> VerifyReport:
         """Read and check every stored value; with drop=True delete the bad ones (and,
         to keep prefixes closed, everything below them)."""
         if drop:
-            self._writable()
+            self.store.writable()
         merged = {k: m for k, (m, t) in self._merged().items() if "disk" in t}
         keys = list(merged)
 
@@ -260,25 +253,25 @@ class StoreAdmin:
         path = Path(path)
         if (path / "data.mdb").exists():
             raise ValueError(f"{path} already holds a store")
-        self.flush()
+        self.store.flush()
         self.disk.copy_to(path)
-        with self.lock:
-            return len(self.index)
+        with self.catalog.lock:
+            return len(self.catalog.index)
 
     def import_(self, path: str | Path) -> int:
         """Add the entries of an exported store (parents first; values are verified,
         and bad ones are skipped together with what is below them). Returns how many
         were added."""
-        self._writable()
+        self.store.writable()
         src = DiskTier(path, 0, readonly=True)
         try:
-            self.flush()
+            self.store.flush()
             entries = sorted(src.scan(), key=lambda km: km[1].position)
-            with self.lock:
-                entries = [(k, m) for k, m in entries if k not in self.index]
+            with self.catalog.lock:
+                entries = [(k, m) for k, m in entries if k not in self.catalog.index]
             added = 0
-            for i in range(0, len(entries), self.config.batch):
-                chunk = entries[i:i + self.config.batch]
+            for i in range(0, len(entries), self.store.config.batch):
+                chunk = entries[i:i + self.store.config.batch]
                 blobs = src.read_many([(k, m.kind) for k, m in chunk],
                                       lambda k, buf: None if buf is None else bytes(buf))
                 batch = []
@@ -288,9 +281,9 @@ class StoreAdmin:
                     except codec.CorruptValue:
                         continue
                     batch.append((k, m, blob))
-                self._commit(batch)
-                with self.lock:
-                    added += sum(1 for k, _, _ in batch if k in self.index)
+                self.store.committer.commit(batch)
+                with self.catalog.lock:
+                    added += sum(1 for k, _, _ in batch if k in self.catalog.index)
             return added
         finally:
             src.close()

@@ -1,23 +1,33 @@
 """The disk side of the write-behind queue: encode on the pool, make room within the
 budget, commit a batch in one LMDB transaction, keep the in-memory index in step.
 
-Mixed into CacheStore; runs on the writer's threads. Eviction happens before a
+Runs on the writer's threads (cache/store/writer.py). Eviction happens before a
 commit, so the stored bytes never pass the budget.
 """
 
 from __future__ import annotations
 
+import logging
+
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
+from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.store.evict import pick_victims
 from ckptd.cache.store.thin import Forget, split_forgets
-from ckptd.cache.tiers.disk import DiskFull
+from ckptd.cache.tiers.disk import DiskFull, DiskTier
 
+log = logging.getLogger(__name__)
 Encoded = tuple[bytes, EntryMeta, bytes]
 
 
-class StoreCommit:
-    def _encode(self, item) -> Encoded | Forget:
+class Committer:
+    def __init__(self, catalog: Catalog, disk: DiskTier, fingerprint: str | None,
+                 budget: int, hybrid: bool | None) -> None:
+        """hybrid: the model's (None for a store opened without one: evict says)."""
+        self.catalog, self.disk, self.fp = catalog, disk, fingerprint
+        self.budget, self.hybrid = budget, hybrid
+
+    def encode(self, item) -> Encoded | Forget:
         if isinstance(item, Forget):
             return item
         key, meta, tensors = item
@@ -25,38 +35,39 @@ class StoreCommit:
         meta.stored_bytes = len(blob)
         return key, meta, blob
 
-    def _commit(self, batch: list[Encoded | Forget]) -> int:
+    def commit(self, batch: list[Encoded | Forget]) -> int:
         """Delete what the batch forgets, then write its puts; returns how many entries
         were lost for want of room."""
         queued_keys = [item[0] for item in batch if not isinstance(item, Forget)]
         batch, forget = split_forgets(batch)
-        with self.lock:
-            touched, self.touched = self.touched, {}
+        touched = self.catalog.take_touched()
+        with self.catalog.lock:
             # Parents of anything queued stay: evicting one would orphan its child.
-            protect = {m.parent for _, m, _ in batch} | set(self.queued.values())
+            protect = {m.parent for _, m, _ in batch} | set(self.catalog.queued.values())
         keep: list[Encoded] = []
         written: list[bytes] = []
         orphans = 0
         try:
             if forget:
-                self._forget_now(forget)
+                self.forget_now(forget)
             keep, orphans = self._make_room(batch, protect)
             written = self._write(keep, touched, protect)
             if written is None:
                 keep, written = [], []
         finally:
             metas = {k: m for k, m, _ in batch}
-            with self.lock:
+            cat = self.catalog
+            with cat.lock:
                 for k in written:
                     # a key forgotten while its put waited in the queue stays out of the
                     # index: the queued delete takes it off the disk next
-                    if k not in self.forgetting:
-                        self.index.add(k, metas[k])
+                    if k not in cat.forgetting:
+                        cat.index.add(k, metas[k])
                 for k in queued_keys:
-                    self.queued.pop(k, None)
+                    cat.queued.pop(k, None)
                 lost = len(batch) - len(keep) - orphans
-                self.counters.lost_writes += lost
-                self.counters.orphans += orphans
+                cat.counters.lost_writes += lost
+                cat.counters.orphans += orphans
         return lost
 
     def _write(self, items: list[Encoded], touched: dict, protect: set[bytes]):
@@ -64,17 +75,17 @@ class StoreCommit:
         try:
             return self.disk.put_many(items, touched)
         except DiskFull:
-            with self.lock:
-                self.counters.map_full += 1
+            with self.catalog.lock:
+                self.catalog.counters.map_full += 1
         # Fragmentation, or a map too small for its budget: free a margin, let LMDB
         # release the freed pages (it reuses them two transactions later), retry once.
         # 5% of what is stored, not of the budget: a filesystem that fills up long before
         # the budget must not cost the whole cache.
-        with self.lock:
-            stored = self.index.stored_bytes
+        with self.catalog.lock:
+            stored = self.catalog.index.stored_bytes
         margin = 2 * sum(len(b) for _, _, b in items) + min(self.budget, stored) // 20
         try:
-            self._evict(margin, protect)        # a full disk may refuse even the deletes
+            self.evict(margin, protect)         # a full disk may refuse even the deletes
             self.disk.settle()
             return self.disk.put_many(items, touched)
         except DiskFull:
@@ -84,22 +95,23 @@ class StoreCommit:
         """Evict so that the batch fits the budget. Returns the items to write, and how
         many were left out as orphans; the items that still don't fit (the rest is
         pinned) are left out too, last ones first."""
-        with self.lock:
+        cat = self.catalog
+        with cat.lock:
             # Children of a parent that is gone can't be written (prefixes stay closed):
             # don't evict anything to make room for them.
             present = set()
             for key, meta, _ in batch:
                 if not meta.has_block_parent or meta.parent in present \
-                        or meta.parent in self.index:
+                        or meta.parent in cat.index:
                     present.add(key)
             kept = [item for item in batch if item[0] in present]
             orphans, batch = len(batch) - len(kept), kept
             incoming = sum(len(b) for _, _, b in batch)
-            over = self.index.stored_bytes + incoming - self.budget
+            over = cat.index.stored_bytes + incoming - self.budget
         if over > 0:
-            self._evict(over, protect)
-        with self.lock:
-            room = self.budget - self.index.stored_bytes
+            self.evict(over, protect)
+        with cat.lock:
+            room = self.budget - cat.index.stored_bytes
         keep, used = [], 0
         for item in batch:
             if used + len(item[2]) > room:
@@ -108,16 +120,34 @@ class StoreCommit:
             used += len(item[2])
         return keep, orphans
 
-    def _evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset(),
-               hybrid: bool | None = None) -> list[bytes]:
+    def evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset(),
+              hybrid: bool | None = None) -> list[bytes]:
         """Delete LRU leaves worth `need` bytes; returns their keys. `hybrid` (default:
-        the spec's) is for a store opened without a model, like the inspector's."""
-        hybrid = self.spec.is_hybrid if hybrid is None else hybrid
-        with self.lock:
-            victims = pick_victims(self.index, need, hybrid, protect)
+        the model's) is for a store opened without a model, like the inspector's."""
+        hybrid = self.hybrid if hybrid is None else hybrid
+        if hybrid is None:
+            raise ValueError("this store was opened without a model: say whether it is hybrid")
+        cat = self.catalog
+        with cat.lock:
+            victims = pick_victims(cat.index, need, hybrid, protect)
             for k in victims:
-                self.index.remove(k)
-            self.counters.evicted += len(victims)
+                cat.index.remove(k)
+            cat.counters.evicted += len(victims)
         if victims:
             self.disk.delete_many(victims)      # the index no longer plans them
         return victims
+
+    def forget_now(self, keys: set[bytes]) -> None:
+        """The disk side of a thinning (Thinner.forget), in queue order. Entries
+        committed since the forget are in the index again: take them out too."""
+        cat = self.catalog
+        with cat.lock:
+            for k in keys:
+                cat.index.remove(k)
+        try:
+            self.disk.delete_many(sorted(keys))
+        except DiskFull:       # out of the index; after a restart a later put thins them again
+            log.warning("cache: could not delete %d thinned snapshots: map full", len(keys))
+        finally:
+            with cat.lock:
+                cat.forgetting.difference_update(keys)

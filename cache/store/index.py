@@ -80,3 +80,35 @@ class DiskIndex:
             out.append(meta.parent)
             meta = self.rows[meta.parent]
         return out
+
+    def prune_orphans(self) -> list[bytes]:
+        """Take out every entry whose parent block is missing, and what is below it (a
+        damaged record was left out when the file was read): the index is closed
+        again. Returns the keys taken out."""
+        gone: list[bytes] = []
+        for key in [k for k, m in self.rows.items()
+                    if m.has_block_parent and m.parent not in self.rows]:
+            if key in self.rows:
+                for k in self.subtree(key):
+                    if self.remove(k) is not None:
+                        gone.append(k)
+        return gone
+
+    def sanity_check(self) -> None:
+        """The index is closed (every entry's parent block is present), pins are closed
+        upwards, and the derived maps and byte counts match the rows. AssertionError
+        names what broke."""
+        children: dict[bytes, set[bytes]] = {}
+        snaps: dict[bytes, int] = {}
+        for key, m in self.rows.items():
+            children.setdefault(m.parent, set()).add(key)
+            if m.kind == SNAPSHOT:
+                snaps[m.parent] = snaps.get(m.parent, 0) + 1
+            if m.has_block_parent:
+                parent = self.rows.get(m.parent)
+                assert parent is not None, f"entry {key.hex()} has lost its parent block"
+                assert not m.pinned or parent.pinned, f"pinned {key.hex()} has an unpinned parent"
+        assert children == self.children, "the index's child sets are off"
+        assert snaps == self.snap_parents, "the index's snapshot counts are off"
+        assert self.stored_bytes == sum(m.stored_bytes for m in self.rows.values())
+        assert self.logical_bytes == sum(m.logical_bytes for m in self.rows.values())

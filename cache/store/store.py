@@ -1,38 +1,47 @@
-"""CacheStore: the cache's one entry point (lookup, load, put; admin in admin.py).
+"""CacheStore: the store below the device tier, RAM and LMDB behind one door.
 
 Values are named tensors. A block is {"kv": [n_attn, 2, B, kv_heads, head_dim]}
-(StateSpec.kv_shape()); a snapshot at P holds "conv" and "ssm" (recurrent layers),
-"kv" for its partial page (attention layers, P mod B tokens) and optionally
-"logits" of the last position. Reads try RAM, then disk; writes go to RAM at once
-and to disk through the write-behind queue.
+(StateSpec.kv_shape()); a snapshot (cache/snapshot.py) holds the recurrent state,
+the partial page's KV and optionally the last logits. Reads try RAM, then disk;
+writes go to RAM at once and to disk through the write-behind queue.
 
-Locking: `self.lock` guards the in-memory structures only (index, touched,
-queued, counters); LMDB I/O and compression always run outside it.
+The store is its parts, each a small object with public methods:
+
+    catalog     what is known of the entries, under one lock (catalog.py)
+    reader      loads a restore plan (reader.py)
+    committer   the writer thread's side: encode, make room, commit (commit.py)
+    writer      the write-behind queue (writer.py)
+    thinner     bounds the snapshots along a prefix (thin.py)
+    admin       stats, listing, pins, deletes, verify, export (admin.py)
+
+No part does LMDB I/O or compression while holding the catalog's lock.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
-from ckptd.cache.keys import KeyContext, block_keys, root_key, snapshot_key
-from ckptd.cache.lookup import DISK, HOST, RestorePlan, plan_restore
-from ckptd.cache.store.admin import Counters, StoreAdmin
-from ckptd.cache.store.commit import StoreCommit
+from ckptd.cache.keys import KeyChain, KeyContext, root_key, snapshot_key
+from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store.admin import StoreAdmin
+from ckptd.cache.store.catalog import Catalog
+from ckptd.cache.store.commit import Committer
 from ckptd.cache.store.index import DiskIndex
-from ckptd.cache.store.restore import StoreRestore
-from ckptd.cache.store.thin import StoreThin
+from ckptd.cache.store.reader import Reader
+from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from ckptd.model.spec import StateSpec
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -60,7 +69,7 @@ class StoreConfig:
         return self.map_bytes or int(self.disk_budget * 1.5) + (64 << 20)
 
 
-class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
+class CacheStore:
     def __init__(self, path: str | Path, spec: StateSpec | None, fingerprint: str | None,
                  config: StoreConfig | None = None, *, readonly: bool = False,
                  **options) -> None:
@@ -74,26 +83,20 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         # see): a map smaller than the budget caps what is stored at 2/3 of it.
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
         self.host = HostTier(0 if readonly else cfg.host_budget)
-        self.lock = threading.Lock()
-        self.index = DiskIndex(self.disk.scan())
-        self.touched: dict[bytes, EntryMeta] = {}     # hits not yet written to disk
-        self.queued: dict[bytes, bytes] = {}          # key -> parent, for puts in the queue
-        self.forgetting: set[bytes] = set()           # forgotten, their disk delete queued
+        self.catalog = Catalog(self._read_index(), self.host)
+        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
+                             cfg.read_threads, readonly)
+        self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
+                                   spec.is_hybrid if spec is not None else None)
         # Marking a put queued and queueing it happen together: a put that sees its
         # parent marked must find the parent ahead of it in the queue, or the writer
         # would drop it as an orphan (two threads putting one prefix at once).
         self.put_lock = threading.Lock()
-        self.counters = Counters()
-        self.readers = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="ckptd-read")
-        # A restore's read-ahead helpers, beside the readers (hints: loads don't wait on them).
-        self.prefetcher = ThreadPoolExecutor(2, thread_name_prefix="ckptd-prefetch")
-        # Copies of restored blocks into RAM, made after the restore returns (restore.py),
-        # of blocks read from disk once before in this process (`read_once`).
-        self.promoter = ThreadPoolExecutor(1, thread_name_prefix="ckptd-promote")
-        self.read_once: set[bytes] = set()
         self.writer = None if readonly else Writer(
-            self._encode, self._commit, cfg.queue_bytes, cfg.write_threads, cfg.batch,
-            cfg.block_when_full)
+            self.committer.encode, self.committer.commit, cfg.queue_bytes, cfg.write_threads,
+            cfg.batch, cfg.block_when_full)
+        self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
+        self.admin = StoreAdmin(self)
 
     @classmethod
     def open_readonly(cls, path: str | Path, spec: StateSpec | None = None,
@@ -103,71 +106,80 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         return cls(path, spec, fingerprint, readonly=True)
 
     def root(self, salt: str | bytes | None = None) -> bytes:
-        self._need_model()
+        self.need_model()
         return root_key(self.fp, self.B, salt)
 
-    def _need_model(self) -> None:
+    def chain(self, tokens, salt: str | bytes | None = None, extras=None,
+              positions=None) -> KeyChain:
+        """The block keys of `tokens` under this store's model and a salt."""
+        return KeyChain(self.root(salt), self.B, tokens, KeyContext(salt, extras, positions))
+
+    def need_model(self) -> None:
         if self.spec is None or self.fp is None:
             raise ValueError("this store was opened without a model spec and fingerprint")
 
-    def _sync(self) -> None:
+    def writable(self) -> None:
+        if self.readonly:
+            raise ValueError("this store is open read-only")
+
+    def sync(self) -> None:
         """A read-only store re-reads the index, which another process is writing."""
         if self.readonly:
-            index = DiskIndex(self.disk.scan())
-            with self.lock:
-                self.index = index
+            self.catalog.replace_index(self._read_index())
+
+    def _read_index(self) -> DiskIndex:
+        """The index as the file has it, closed: a record the scan left out (damaged)
+        takes what is below it along."""
+        index = DiskIndex(self.disk.scan())
+        orphans = index.prune_orphans()
+        if orphans:
+            log.warning("cache: %d entries below a damaged index record dropped", len(orphans))
+            if not self.readonly:
+                self.disk.delete_many(orphans)
+        return index
+
+    def has(self, key: bytes) -> bool:
+        """Whether the key is in RAM, on disk or on its way there."""
+        return self.catalog.has(key)
 
     # ---- lookup and load ----------------------------------------------------------
     def lookup(self, tokens, salt: str | bytes | None = None, extras=None,
                max_tokens: int | None = None, positions=None,
-               device_blocks: int = 0) -> RestorePlan:
+               device_blocks: int = 0, chain: KeyChain | None = None) -> RestorePlan:
         """The deepest restorable state of `tokens` that covers at most max_tokens
         tokens (pass len(tokens) - 1 to keep one token to compute). device_blocks: the
-        first blocks the caller holds on its device (tokens checked): planned as
-        blocks of the "device" tier, whether the store has them or not."""
-        self._need_model()
+        first blocks the caller holds on its device (tokens checked). chain: the
+        prompt's block keys when the caller has them (hashed otherwise)."""
+        self.need_model()
         tokens = _ints(tokens)
         limit = len(tokens) if max_tokens is None else max(0, min(max_tokens, len(tokens)))
-        self._sync()
-        plan = self._plan(tokens, limit, KeyContext(salt, extras, positions), device_blocks)
-        with self.lock:
-            self.counters.lookups += 1
-            self.counters.hit_tokens += plan.position
-            self.counters.hits += int(plan.position > 0)
+        if chain is None:
+            chain = self.chain(tokens[:limit], salt, extras, positions)
+        self.sync()
+        plan = plan_restore(tokens, limit, chain, self.spec.is_hybrid, self.catalog,
+                            device_blocks)
+        cat = self.catalog
+        with cat.lock:
+            cat.counters.lookups += 1
+            cat.counters.hit_tokens += plan.position
+            cat.counters.hits += int(plan.position > 0)
         return plan
 
-    def _plan(self, tokens: list[int], limit: int, ctx: KeyContext,
-              device_blocks: int = 0) -> RestorePlan:
-        return plan_restore(tokens, limit, self.root(ctx.salt), self.B, self.spec.is_hybrid,
-                            ctx, self, device_blocks)
-
-    # The IndexView that planning reads (cache/lookup.py): RAM first, then disk.
-    def find_many(self, keys) -> list[tuple[EntryMeta, str] | None]:
-        out: list = [None if m is None else (m, HOST) for m in self.host.metas(keys)]
-        with self.lock:
-            for i, key in enumerate(keys):
-                if out[i] is None and (meta := self.index.get(key)) is not None:
-                    out[i] = (meta, DISK)
-        return out
-
-    def with_snapshots(self, parents) -> set[bytes]:
-        with self.lock:
-            found = {p for p in parents if p in self.index.snap_parents}
-        return found | self.host.with_snapshots(parents)
-
-    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
-        with self.lock:
-            found = {k: (k, m, DISK) for k, m in self.index.children_after(parent)}
-        found.update({k: (k, m, HOST) for k, m in self.host.children_after(parent)})
-        return list(found.values())
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None
+             ) -> RestoredState:
+        """A plan's tensors (cache/store/reader.py); the snapshot as a Snapshot."""
+        self.need_model()
+        return self.reader.load(plan, into_pages)
 
     # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
-                   salt: str | bytes | None = None, extras=None, positions=None) -> int:
+                   salt: str | bytes | None = None, extras=None, positions=None,
+                   chain: KeyChain | None = None) -> int:
         """Store pages [n, *kv_shape()] as blocks first_block .. first_block+n-1 of
-        `tokens`. Returns how many were new."""
-        self._writable()
-        self._need_model()
+        `tokens` (chain: their block keys, when the caller has them). Returns how many
+        were new."""
+        self.writable()
+        self.need_model()
         a = self.spec.attention
         n = pages.shape[0] if pages.dim() else 0
         if a is None or tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != a.dtype:
@@ -178,13 +190,15 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         if first_block < 0 or len(tokens) < (first_block + n) * self.B:
             raise ValueError(f"blocks {first_block}..{first_block + n - 1} need "
                              f"{(first_block + n) * self.B} tokens, got {len(tokens)}")
-        ctx = KeyContext(salt, extras, positions)
-        root = self.root(salt)
-        keys = block_keys(root, tokens, self.B, ctx)
+        if chain is None:
+            chain = self.chain(tokens, salt, extras, positions)
+        elif len(chain) < first_block + n:
+            raise ValueError(f"the key chain holds {len(chain)} blocks, need {first_block + n}")
+        ctx, root, keys = chain.ctx, chain.root, chain.keys
         new = 0
         for j in range(n):
             i = first_block + j
-            if self._known(keys[i]):
+            if self.catalog.known(keys[i]):
                 continue
             meta = EntryMeta(BLOCK, keys[i - 1] if i else root, (i + 1) * self.B,
                              tokens[i * self.B:(i + 1) * self.B], self.fp,
@@ -192,33 +206,41 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
             new += self._put(keys[i], meta, {"kv": pages[j].detach().clone()})
         return new
 
-    def put_snapshot(self, tokens, tensors: dict[str, torch.Tensor],
-                     salt: str | bytes | None = None, extras=None, positions=None,
-                     keep: int | None = None) -> bytes:
-        """Store the state after exactly `tokens`: conv, ssm (recurrent layers), kv of the
-        partial page (P mod B tokens) and optionally logits. Returns its key. With
-        `keep`, a new snapshot thins the older ones on its path to at most `keep` in
-        all (cache/thin.py)."""
-        self._writable()
-        self._need_model()
+    def put_snapshot(self, tokens, snapshot: Snapshot, salt: str | bytes | None = None,
+                     extras=None, positions=None, keep: int | None = None,
+                     chain: KeyChain | None = None) -> bytes:
+        """Store the state after exactly `tokens`. Returns its key. With `keep`, a new
+        snapshot thins the older ones on its path to at most `keep` in all
+        (cache/store/thin.py)."""
+        self.writable()
+        self.need_model()
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         tokens = _ints(tokens)
+        tensors = snapshot.tensors()
         self._check_snapshot(len(tokens), tensors)
         d = len(tokens) // self.B
-        ctx = KeyContext(salt, extras, positions)
-        root = self.root(salt)
-        parents = [root, *block_keys(root, tokens[:d * self.B], self.B, ctx)]
+        if chain is None:
+            chain = self.chain(tokens[:d * self.B], salt, extras, positions)
+        elif len(chain) < d:
+            raise ValueError(f"the key chain holds {len(chain)} blocks, need {d}")
+        ctx = chain.ctx
+        parents = [chain.root, *chain.keys[:d]]
         parent = parents[-1]
         tail = [int(t) for t in tokens[d * self.B:]]
         key = snapshot_key(parent, tail, d, self.B, ctx)
-        if not self._known(key):
+        if not self.catalog.known(key):
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
                              plain=ctx.plain(d, self.B))
             self._put(key, meta, {k: v.detach().clone() for k, v in tensors.items()})
             if keep is not None:
-                self._thin(tokens, parents, keep, ctx)
+                self.thinner.thin(tokens, parents, keep, ctx)
         return key
+
+    def forget(self, keys) -> int:
+        """Drop snapshots from every tier (cache/store/thin.py)."""
+        self.writable()
+        return self.thinner.forget(keys)
 
     def _check_snapshot(self, P: int, tensors: dict[str, torch.Tensor]) -> None:
         s = self.spec
@@ -240,38 +262,68 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
                 raise ValueError(f"snapshot {name!r} must be {list(shape)} {dtype}, "
                                  f"got {list(t.shape)} {t.dtype}")
 
-    def _writable(self) -> None:
-        if self.readonly:
-            raise ValueError("this store is open read-only")
-
-    def _known(self, key: bytes) -> bool:
-        """On disk or on its way there. An entry only in RAM (its write was dropped, or
-        it was evicted from disk) is put again: a second chance to persist."""
-        with self.lock:
-            return key in self.index or key in self.queued
-
     def _put(self, key: bytes, meta: EntryMeta, tensors: dict[str, torch.Tensor]) -> bool:
         meta.logical_bytes = tensors_nbytes(tensors)
         self.host.put(key, meta, tensors)
+        cat = self.catalog
         with self.put_lock:
-            with self.lock:
-                self.queued[key] = meta.parent
+            with cat.lock:
+                cat.queued[key] = meta.parent
             if self.writer.put((key, meta, tensors), meta.logical_bytes):
                 return True
-            with self.lock:
-                self.queued.pop(key, None)
+            with cat.lock:
+                cat.queued.pop(key, None)
         return False
 
+    def _queue_forget(self, item: Forget) -> None:
+        with self.put_lock:
+            self.writer.put(item, 0, counted=False)
+
+    # ---- the admin API (cache/store/admin.py) -------------------------------------
+    def stats(self) -> dict:
+        return self.admin.stats()
+
+    def entries(self, *args, **kw):
+        return self.admin.entries(*args, **kw)
+
+    def get_info(self, key_hex: str):
+        return self.admin.get_info(key_hex)
+
+    def delete(self, key_hex: str) -> int:
+        return self.admin.delete(key_hex)
+
+    def pin(self, key_hex: str) -> int:
+        return self.admin.pin(key_hex)
+
+    def unpin(self, key_hex: str) -> int:
+        return self.admin.unpin(key_hex)
+
+    def clear(self, include_pinned: bool = False) -> int:
+        return self.admin.clear(include_pinned)
+
+    def evict_to(self, target_bytes: int, hybrid: bool | None = None) -> dict:
+        return self.admin.evict_to(target_bytes, hybrid)
+
+    def verify(self, drop: bool = False):
+        return self.admin.verify(drop)
+
+    def export(self, path: str | Path) -> int:
+        return self.admin.export(path)
+
+    def import_(self, path: str | Path) -> int:
+        return self.admin.import_(path)
+
     # ---- lifecycle ----------------------------------------------------------------
+    def sanity_check(self) -> None:
+        """The invariants of the index and the RAM tier (AssertionError names what
+        broke)."""
+        self.catalog.sanity_check()
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every put so far is on disk (or dropped), and every restored block
         so far is promoted into RAM; True unless timed out."""
-        try:
-            self.promoter.submit(lambda: None).result(timeout)
-        except futures.TimeoutError:
+        if not self.reader.flush(timeout):
             return False
-        except RuntimeError:                 # closed: nothing is pending
-            pass
         return True if self.writer is None else self.writer.flush(timeout)
 
     def close(self) -> None:
@@ -281,13 +333,10 @@ class CacheStore(StoreRestore, StoreCommit, StoreThin, StoreAdmin):
         self.closed = True
         if self.writer is not None:
             self.writer.close()
-            with self.lock:
-                touched, self.touched = self.touched, {}
+            touched = self.catalog.take_touched()
             if touched:
                 self.disk.update_meta(touched)
-        self.readers.shutdown()
-        self.prefetcher.shutdown()
-        self.promoter.shutdown()
+        self.reader.close()
         self.disk.close()
 
     def __enter__(self) -> CacheStore:

@@ -14,20 +14,18 @@ end of a document that questions leave from) counts as that many times harder to
 drop. Pinned snapshots are never dropped.
 
 Snapshots are leaves (no entry names one as its parent), so dropping them keeps
-every prefix closed; blocks stay. Mixed into CacheStore.
+every prefix closed; blocks stay.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptd.cache.entry import SNAPSHOT, EntryMeta
 from ckptd.cache.keys import KeyContext, snapshot_key
-from ckptd.cache.tiers.disk import DiskFull
-
-log = logging.getLogger(__name__)
+from ckptd.cache.store.catalog import Catalog
+from ckptd.cache.tiers.host import HostTier
 
 
 @dataclass(frozen=True)
@@ -61,19 +59,23 @@ def thin_victims(positions: Sequence[int], end: int, keep: int,
     return victims
 
 
-class StoreThin:
-    """Mixed into CacheStore: its index views, tiers, lock and writer."""
+class Thinner:
+    def __init__(self, catalog: Catalog, host: HostTier, block_size: int,
+                 queue_forget: Callable[[Forget], None]) -> None:
+        """queue_forget: puts a Forget into the write-behind queue, in order with puts."""
+        self.catalog, self.host, self.B = catalog, host, block_size
+        self.queue_forget = queue_forget
 
-    def _thin(self, tokens: list[int], parents: list[bytes], keep: int,
+    def thin(self, tokens: list[int], parents: list[bytes], keep: int,
               ctx: KeyContext) -> int:
         """Drop snapshots on the path of tokens (parents[d]: the key before block d)
         until at most `keep` remain with the one at len(tokens). Returns how many."""
         B, end = self.B, len(tokens)
         depth = {p: d for d, p in enumerate(parents)}
         found: dict[int, tuple[bytes, EntryMeta]] = {}
-        for parent in self.with_snapshots(parents):
+        for parent in self.catalog.with_snapshots(parents):
             d = depth[parent]
-            for key, meta, _ in self.children_after(parent):
+            for key, meta, _ in self.catalog.children_after(parent):
                 pos = d * B + len(meta.tokens)
                 if meta.kind != SNAPSHOT or not 0 < pos < end:
                     continue
@@ -90,34 +92,19 @@ class StoreThin:
     def forget(self, keys: Sequence[bytes]) -> int:
         """Drop snapshots from every tier: RAM and the index now (no plan sees them),
         disk through the write-behind queue (the decode loop never waits on disk)."""
-        self._writable()
         keys = tuple(keys)
         if not keys:
             return 0
-        with self.lock:
+        cat = self.catalog
+        with cat.lock:
             for k in keys:
-                self.index.remove(k)
-            self.forgetting.update(keys)
-            self.counters.thinned += len(keys)
+                cat.index.remove(k)
+            cat.forgetting.update(keys)
+            cat.counters.thinned += len(keys)
         for k in keys:
             self.host.delete(k)
-        with self.put_lock:
-            self.writer.put(Forget(keys), 0, counted=False)
+        self.queue_forget(Forget(keys))
         return len(keys)
-
-    def _forget_now(self, keys: set[bytes]) -> None:
-        """Writer thread: the disk side of forget(). Entries committed since forget()
-        are in the index again: take them out too."""
-        with self.lock:
-            for k in keys:
-                self.index.remove(k)
-        try:
-            self.disk.delete_many(sorted(keys))
-        except DiskFull:       # out of the index; after a restart a later put thins them again
-            log.warning("cache: could not delete %d thinned snapshots: map full", len(keys))
-        finally:
-            with self.lock:
-                self.forgetting.difference_update(keys)
 
 
 def split_forgets(batch: list) -> tuple[list, set[bytes]]:

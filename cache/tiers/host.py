@@ -94,6 +94,10 @@ class HostTier:
         with self.lock:
             return [None if (item := self.items.get(k)) is None else item[0] for k in keys]
 
+    def has_snapshots(self, parent: bytes) -> bool:
+        with self.lock:
+            return parent in self.snap_parents
+
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
             return {p for p in parents if p in self.snap_parents}
@@ -120,3 +124,19 @@ class HostTier:
             self.children.clear()
             self.snap_parents.clear()
             self.bytes = 0
+
+    def sanity_check(self) -> None:
+        """Bytes held match the values, within the budget; the maps match the items."""
+        with self.lock:
+            assert self.bytes == sum(size for _, _, size in self.items.values()), \
+                "host tier bytes are off"
+            assert self.bytes <= self.budget, "host tier is over its budget"
+            children: dict[bytes, set[bytes]] = {}
+            snaps: dict[bytes, int] = {}
+            for key, (m, value, size) in self.items.items():
+                assert size == tensors_nbytes(value)
+                children.setdefault(m.parent, set()).add(key)
+                if m.kind == SNAPSHOT:
+                    snaps[m.parent] = snaps.get(m.parent, 0) + 1
+            assert children == self.children, "host tier child sets are off"
+            assert snaps == self.snap_parents, "host tier snapshot counts are off"

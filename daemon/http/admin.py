@@ -22,15 +22,16 @@ async def health(request: web.Request) -> web.Response:
     svc = service(request)
     err = svc.unavailable()
     if err is None:
-        return json_response({"status": "ok", "model": svc.model_id, **svc.scheduler.load})
+        return json_response({"status": "ok", "model": svc.model_id, **svc.rt.engine.load})
     status = "loading model" if svc.state == LOADING else svc.state
     return json_response({"status": status, **err.body()}, 503, err.headers)
 
 
 async def metrics(request: web.Request) -> web.Response:
     svc = service(request)
-    stats = await blocking(svc.store.stats) if svc.state == READY else None
-    text = svc.metrics.render(svc.scheduler, stats, svc.state, svc.inflight)
+    ready_ = svc.state == READY
+    stats = await blocking(svc.rt.store.stats) if ready_ else None
+    text = svc.metrics.render(svc.rt.engine if ready_ else None, stats, svc.state, svc.inflight)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 
@@ -40,14 +41,15 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 def _store(request: web.Request):
-    return ready(request).store
+    return ready(request).rt.store
 
 
 async def cache_stats(request: web.Request) -> web.Response:
     svc = ready(request)
-    stats = await blocking(svc.store.stats)
-    stats["scheduler"] = {**dict(svc.scheduler.counters), **svc.scheduler.load,
-                          "cached_tokens_by_tier": dict(svc.scheduler.cached_by_tier)}
+    engine = svc.rt.engine
+    stats = await blocking(svc.rt.store.stats)
+    stats["scheduler"] = {**dict(engine.counters), **engine.load,
+                          "cached_tokens_by_tier": dict(engine.cached_by_tier)}
     return json_response(stats)
 
 

@@ -48,16 +48,16 @@ async def create(request: web.Request) -> web.Response:
     if err is not None:
         raise err
     ctx.tokens = len(tokens)
-    ctx.key = await blocking(prefix_key, svc.store, tokens, req.salt)
+    ctx.key = await blocking(prefix_key, svc.rt.store, tokens, req.salt)
     if req.pin and ctx.key:
-        await blocking(svc.store.pin, ctx.key)
-        info = await blocking(svc.store.get_info, ctx.key)
+        await blocking(svc.rt.store.pin, ctx.key)
+        info = await blocking(svc.rt.store.get_info, ctx.key)
         ctx.pinned = bool(info and info.pinned)
     else:
         ctx.pinned = False
     old = svc.contexts.get(req.name)
     if old is not None and old.pinned and old.key and (old.key != ctx.key or not ctx.pinned):
-        await blocking(svc.store.unpin, old.key)
+        await blocking(svc.rt.store.unpin, old.key)
     await blocking(svc.contexts.put, ctx)
     stats = res.finished.stats
     return json_response({**ctx.public(), "cached_tokens": stats.cache_n,
@@ -93,5 +93,5 @@ async def delete(request: web.Request) -> web.Response:
     if ctx is None:
         raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
     if ctx.pinned and ctx.key:
-        await blocking(svc.store.unpin, ctx.key)
+        await blocking(svc.rt.store.unpin, ctx.key)
     return json_response({"name": name, "object": "context", "deleted": True})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ckptd.cache.device import OutOfPages
+from ckptd.daemon.request import EngineError, QueueFull, RequestTimeout
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           403: "permission_error", 405: "invalid_request_error", 408: "timeout_error",
           409: "invalid_request_error", 413: "invalid_request_error",
@@ -32,3 +35,20 @@ def _default_code(status: int) -> str:
     return {400: "invalid_value", 401: "invalid_api_key", 404: "not_found",
             405: "method_not_allowed", 413: "body_too_large", 503: "unavailable",
             504: "timeout"}.get(status, "internal_error")
+
+
+# What went wrong with a generation -> what its client gets: (status, code, retry).
+# Checked in order; an error of no listed type is the engine's fault (503, retry).
+_FAILURES: tuple[tuple[type[Exception], int, str, bool], ...] = (
+    (RequestTimeout, 504, "timeout", False),
+    (QueueFull, 503, "queue_full", True),
+    (OutOfPages, 503, "out_of_memory", True),
+    (EngineError, 503, "generation_failed", True),
+)
+
+
+def error_for(err: Exception) -> ApiError:
+    """The HTTP error a failed generation is answered with."""
+    status, code, retry = next(((s, c, r) for kind, s, c, r in _FAILURES
+                                if isinstance(err, kind)), (503, "generation_failed", True))
+    return ApiError(status, str(err), None, code, {"Retry-After": "1"} if retry else None)

@@ -8,9 +8,9 @@ from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready
 from ckptd.daemon.http.respond import answer
 from ckptd.daemon.http.schemas import DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest
-from ckptd.daemon.scheduler import Finished
+from ckptd.daemon.request import Finished
 from ckptd.daemon.service import Service
-from ckptd.model.generate import TokenEvent
+from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
 
 

@@ -11,9 +11,9 @@ from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready, service
 from ckptd.daemon.http.respond import answer
 from ckptd.daemon.http.schemas import ChatRequest, CompletionRequest
-from ckptd.daemon.scheduler import Finished, Stats
+from ckptd.daemon.request import Finished, Stats
 from ckptd.daemon.service import Service
-from ckptd.model.generate import TokenEvent
+from ckptd.model.sampling.decoding import TokenEvent
 
 
 def usage(prompt_n: int, stats: Stats, completion_n: int) -> dict:
@@ -167,8 +167,9 @@ async def models(request: web.Request) -> web.Response:
     svc = service(request)
     entry = {"id": svc.model_id, "object": "model", "created": int(svc.started),
              "owned_by": "ckptd"}
-    if svc.model is not None:
-        cfg = svc.model.config
+    if svc.rt is not None:
+        model = svc.rt.model
+        cfg = model.config
         entry["meta"] = {"arch": cfg.arch, "n_vocab": cfg.vocab_size, "n_ctx": svc.max_context,
-                         "n_layers": len(cfg.layer_types), "fingerprint": svc.model.fingerprint}
+                         "n_layers": len(cfg.layer_types), "fingerprint": model.fingerprint}
     return json_response({"object": "list", "data": [entry]})

@@ -14,8 +14,8 @@ from aiohttp import web
 from ckptd.daemon.generation import Generation, Result, failure
 from ckptd.daemon.http.common import json_response
 from ckptd.daemon.http.sse import ClientGone, EventStream
-from ckptd.daemon.scheduler import Finished
-from ckptd.model.generate import TokenEvent
+from ckptd.daemon.request import Finished
+from ckptd.model.sampling.decoding import TokenEvent
 
 
 class ReplyFormat(Protocol):

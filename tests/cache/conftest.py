@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ckptd.cache.keys import encode_tokens
+from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.store import CacheStore
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
@@ -49,7 +50,7 @@ def fake_pages(spec: StateSpec, tokens, first: int, n: int) -> torch.Tensor:
                         for i in range(first, first + n)])
 
 
-def fake_snapshot(spec: StateSpec, tokens, logits: bool = False) -> dict[str, torch.Tensor]:
+def fake_snapshot(spec: StateSpec, tokens, logits: bool = False) -> Snapshot:
     g = _gen(tokens, "snapshot")
     out = {}
     P, B = len(tokens), spec.block_size
@@ -60,7 +61,7 @@ def fake_snapshot(spec: StateSpec, tokens, logits: bool = False) -> dict[str, to
         out["ssm"] = torch.randn(spec.ssm_shape(), generator=g)
     if logits or not out:
         out["logits"] = torch.randn(11, generator=g)
-    return out
+    return Snapshot(**out)
 
 
 def fill(store: CacheStore, spec: StateSpec, tokens, salt=None) -> None:
@@ -80,8 +81,8 @@ def check_restored(spec: StateSpec, restored, tokens) -> None:
     else:
         assert restored.pages is None
     if restored.snapshot is not None:
-        want = fake_snapshot(spec, tokens[:P])
-        for k, v in restored.snapshot.items():
+        want = fake_snapshot(spec, tokens[:P]).tensors()
+        for k, v in restored.snapshot.tensors().items():
             if k != "logits":
                 assert torch.equal(v, want[k]), k
     else:

@@ -16,7 +16,7 @@ def _block_bytes(spec) -> int:
 
 
 def _closed(store) -> bool:
-    rows = store.index.rows
+    rows = store.catalog.index.rows
     return all(not m.has_block_parent or m.parent in rows for m in rows.values())
 
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from ckptd.cache.store import restore
+from ckptd.cache.store import reader
 from ckptd.cache.store.store import CacheStore
 from ckptd.cache.tiers import pagein
 from ckptd.model.spec import AttentionSpec, StateSpec
@@ -62,9 +62,9 @@ def test_cold_restore_of_large_pages_is_bit_exact(tmp_path, threads):
 def test_read_ahead_stops_once_the_readers_are_done():
     asked = []
     done = threading.Event()
-    restore._ahead(list(range(20)), asked.append, done)
+    reader._ahead(list(range(20)), asked.append, done)
     assert sum(asked, []) == list(range(20))
     asked.clear()
     done.set()
-    restore._ahead(list(range(20)), asked.append, done)
+    reader._ahead(list(range(20)), asked.append, done)
     assert asked == []

@@ -27,10 +27,10 @@ def _start_writer(path: Path, first: int) -> subprocess.Popen:
 def _tokens_of(store: CacheStore, meta) -> list[int]:
     """A snapshot's whole prompt, from the tokens stored along its chain of blocks."""
     toks = list(meta.tokens)
-    parent = store.index.get(meta.parent)
+    parent = store.catalog.index.get(meta.parent)
     while parent is not None:
         toks = list(parent.tokens) + toks
-        parent = store.index.get(parent.parent)
+        parent = store.catalog.index.get(parent.parent)
     return toks
 
 
@@ -44,12 +44,12 @@ def test_sigkill_during_writes_leaves_only_whole_entries(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         store = CacheStore(tmp_path, spec, FP)
-        keys = set(store.index.rows)
+        keys = set(store.catalog.index.rows)
         assert committed_before <= keys                   # committed entries survive
         committed_before = keys
         report = store.verify()
         assert report.checked == len(keys) and not report.bad and not report.orphans
-        snaps = [m for m in store.index.rows.values() if m.kind == "snapshot"]
+        snaps = [m for m in store.catalog.index.rows.values() if m.kind == "snapshot"]
         assert snaps
         for meta in rng.sample(snaps, min(12, len(snaps))):
             toks = _tokens_of(store, meta)

@@ -6,6 +6,7 @@ import lmdb
 import pytest
 import torch
 
+from ckptd.cache.snapshot import Snapshot
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 from tests.cache.conftest import (
     B,
@@ -94,7 +95,7 @@ def test_every_dtype_bit_exact_through_disk(open_store, kv_dtype, conv_dtype):
     restored = s.load(s.lookup(tokens))
     assert restored.tier == "disk" and restored.position == 10
     check_restored(spec, restored, tokens)
-    assert restored.pages.dtype == kv_dtype and restored.snapshot["conv"].dtype == conv_dtype
+    assert restored.pages.dtype == kv_dtype and restored.snapshot.conv.dtype == conv_dtype
 
 
 def test_lookup_rules(open_store, spec):
@@ -126,10 +127,10 @@ def test_exact_repeat_can_restore_logits(open_store):
     tokens = list(range(8))
     s = open_store(spec)
     s.put_blocks(tokens, 0, fake_pages(spec, tokens, 0, 2))
-    s.put_snapshot(tokens, {"logits": torch.arange(5.0)})   # aligned: logits only
+    s.put_snapshot(tokens, Snapshot(logits=torch.arange(5.0)))   # aligned: logits only
     plan = s.lookup(tokens)
     assert plan.position == 8 and plan.snapshot is not None
-    assert torch.equal(s.load(plan).snapshot["logits"], torch.arange(5.0))
+    assert torch.equal(s.load(plan).snapshot.logits, torch.arange(5.0))
 
 
 def _flip_value(path, sub_db: bytes, key: bytes) -> None:
@@ -154,14 +155,16 @@ def test_corrupt_value_is_dropped_and_the_good_prefix_served(open_store, spec, t
     plan = s.lookup(tokens)
     assert plan.position == 30
     restored = s.load(plan)
-    assert not restored.ok and restored.dropped == 1
-    # blocks 0-3 are good: a hybrid falls back to its snapshot at 9, attention to 16
-    assert restored.position == (9 if spec.is_hybrid else 16)
-    check_restored(spec, restored, tokens)
+    assert not restored.ok and restored.dropped == 1 and restored.position == 16
+    # blocks 0-3 are good: planned again, a hybrid falls back to its snapshot at 9,
+    # attention to 16
     assert s.stats()["corrupt_dropped"] == 1
     again = s.lookup(tokens)
     assert bad_key not in [p.key for p in again.pieces()]
-    assert again.position == restored.position and s.load(again).ok
+    assert again.position == (9 if spec.is_hybrid else 16)
+    got = s.load(again)
+    assert got.ok
+    check_restored(spec, got, tokens)
 
 
 def test_corrupt_snapshot_never_served(open_store, tmp_path):
@@ -174,7 +177,7 @@ def test_corrupt_snapshot_never_served(open_store, tmp_path):
     _flip_value(tmp_path / "store", b"snapshots", key)
     s = open_store(spec)
     restored = s.load(s.lookup(tokens))
-    assert (restored.ok, restored.position, restored.snapshot) == (False, 0, None)
+    assert (restored.ok, restored.snapshot) == (False, None)
     assert s.lookup(tokens).position == 0 and s.get_info(key.hex()) is None
 
 
@@ -200,11 +203,11 @@ def test_put_validation(open_store):
         s.put_blocks(toks, 1, fake_pages(spec, toks, 0, 2))
     snap = fake_snapshot(spec, toks[:6])
     with pytest.raises(ValueError, match="holds"):
-        s.put_snapshot(toks[:6], {k: v for k, v in snap.items() if k != "conv"})
+        s.put_snapshot(toks[:6], Snapshot(ssm=snap.ssm, kv=snap.kv))
     with pytest.raises(ValueError, match="'kv' must be"):
         s.put_snapshot(toks[:7], snap)
     with pytest.raises(ValueError, match="at least one token"):
-        s.put_snapshot([], {})
+        s.put_snapshot([], Snapshot())
     with pytest.raises(ValueError, match="sort"):
         s.entries(sort="age")
     with pytest.raises(ValueError, match="key"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.daemon.daemon_proc import start
+from tests.daemon.engines import check_and_close_all
 
 MAX_CONTEXT = 512
 MAX_BODY = 64 * 1024
@@ -19,3 +20,10 @@ def daemon(tiny_hybrid_dir, tmp_path_factory):
     yield d
     code = d.stop()
     assert code == 0, d.output()
+
+
+@pytest.fixture(autouse=True)
+def _check_engines():
+    """Every in-process engine a test made: stopped, its cache's invariants checked, closed."""
+    yield
+    check_and_close_all()

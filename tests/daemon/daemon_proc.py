@@ -61,7 +61,9 @@ class Daemon:
         self.headers: dict[str, str] = {}
 
     def output(self) -> str:
-        self.log.flush()
+        """What the daemon printed (also after stop(), for a failure message)."""
+        if not self.log.closed:
+            self.log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 90.0) -> list[int]:

@@ -64,7 +64,7 @@ def test_max_snapshots_reaches_the_engine(tiny_dir, tmp_path):
     service = Service(cfg)
     service.load()
     try:
-        assert service.engine.max_snapshots == 5
+        assert service.rt.cache.max_snapshots == 5
     finally:
         service.close()
 

@@ -2,57 +2,31 @@
 
 from __future__ import annotations
 
-import threading
-
 import lmdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptd.cache.keys import block_keys
-from ckptd.cache.store.store import CacheStore
-from ckptd.daemon.engine import Engine
-from ckptd.daemon.scheduler import Finished, Request, Scheduler
-from ckptd.model.pages import OutOfPages
-from ckptd.model.runner import Runner
+from ckptd.cache.device import OutOfPages
+from ckptd.cache.keys import block_keys, blocks_hashed
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.testing import prompt_logits
 from ckptd.model.text.tokenizer import Tokenizer
+from tests.daemon.engines import make_engine as _make
+from tests.daemon.engines import run
 
 B, INTERVAL = 8, 32
 
 
-def make_engine(model, path, **kw):
-    runner = Runner(model, num_pages=512, num_slots=8, block_size=B)
-    store = CacheStore(path, runner.spec, model.fingerprint, **kw) if path else None
-    return Engine(runner, store, snapshot_interval=INTERVAL)
+def make_engine(model, path, tok=None, **kw):
+    return _make(model, tok, path, block_size=B, interval=INTERVAL, **kw)
 
 
-def run(engine, tokenizer, prompts, salt=None, use_cache=True, max_tokens=6):
-    """Submit all prompts at once; return (tokens, stats) per prompt."""
-    sched = Scheduler(engine, tokenizer, max_running=4, step_tokens=48)
-    sched.start()
-    results = [None] * len(prompts)
-    done = threading.Semaphore(0)
-
-    def emitter(i):
-        toks = []
-
-        def emit(ev):
-            if isinstance(ev, Finished):
-                results[i] = (toks, ev)
-                done.release()
-            else:
-                toks.append(ev.token)
-        return emit
-
-    for i, p in enumerate(prompts):
-        sched.submit(Request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                             emitter(i), salt=salt, use_cache=use_cache))
-    for _ in prompts:
-        assert done.acquire(timeout=120)
-    sched.stop()
-    return results
+def compute(eng, seq, n=None):
+    """Compute the rest of seq's prompt (or n tokens) in one step: its last logits."""
+    n = len(seq.tokens) - seq.num_computed if n is None else n
+    eng.cache.prepare([(seq, n)])
+    return eng.runner.step([(seq, n)])[0]
 
 
 def _tok(tiny_dir):
@@ -69,15 +43,15 @@ requests = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 30), st.integers
 def test_cached_equals_uncached_random_sharing(tiny_dir, tiny_model, tmp_path_factory, reqs):
     tok = _tok(tiny_dir)
     prompts = [prefix_pool[p][:cut + 1] + [400 + s] * s for p, cut, s in reqs]
-    want = run(make_engine(tiny_model, None), tok, prompts, use_cache=False)
+    want = run(make_engine(tiny_model, None, tok), prompts, use_cache=False)
     path = tmp_path_factory.mktemp("store")
-    eng = make_engine(tiny_model, path)
-    first = run(eng, tok, prompts)
-    second = run(eng, tok, prompts)                          # host tier
-    eng.store.close()
-    eng = make_engine(tiny_model, path, host_budget=0)       # restart: disk only
-    third = run(eng, tok, prompts)
-    eng.store.close()
+    eng = make_engine(tiny_model, path, tok)
+    first = run(eng, prompts)
+    second = run(eng, prompts)                          # host tier
+    eng.cache.close()
+    eng = make_engine(tiny_model, path, tok, host_budget=0)  # restart: disk only
+    third = run(eng, prompts)
+    eng.cache.close()
     for w, a, b, c in zip(want, first, second, third):
         assert w[0] == a[0] == b[0] == c[0]
     assert all(r[1].stats.cache_n > 0 for r in second)
@@ -86,30 +60,30 @@ def test_cached_equals_uncached_random_sharing(tiny_dir, tiny_model, tmp_path_fa
 
 def test_restored_logits_match_uncached(tiny_dir, tiny_model, tmp_path):
     prompt = list(range(10, 10 + 70))
-    eng = make_engine(tiny_model, tmp_path)
-    run(eng, _tok(tiny_dir), [prompt], max_tokens=1)
-    eng.store.flush()
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir))
+    run(eng, [prompt], max_tokens=1)
+    eng.cache.store.flush()
     longer = prompt + [5, 6, 7]
     want = prompt_logits(tiny_model, longer)
     for restart in (False, True):
         if restart:
-            eng.store.close()
-            eng = make_engine(tiny_model, tmp_path, host_budget=0)
-        seq, info = eng.admit(longer, None, True)
+            eng.cache.close()
+            eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir), host_budget=0)
+        seq, info = eng.cache.start(longer)
         assert info.cached_tokens == 70 and info.tier == ("disk" if restart else "host")
-        got = eng.runner.step([(seq, len(longer) - seq.num_computed)])[0]
+        got = compute(eng, seq)
         assert (got - want[-1]).abs().max() <= 1e-5
-        eng.runner.release(seq)
-    eng.store.close()
+        eng.cache.release(seq)
+    eng.cache.close()
 
 
 def test_corrupt_store_falls_back_to_correct_output(tiny_dir, tiny_model, tmp_path):
     tok = _tok(tiny_dir)
     prompts = [list(range(20, 20 + 60)), list(range(20, 20 + 60)) + [9, 9]]
-    want = run(make_engine(tiny_model, None), tok, prompts, use_cache=False)
-    eng = make_engine(tiny_model, tmp_path)
-    run(eng, tok, prompts[:1])
-    eng.store.close()
+    want = run(make_engine(tiny_model, None, tok), prompts, use_cache=False)
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir))
+    run(eng, prompts[:1])
+    eng.cache.close()
     env = lmdb.open(str(tmp_path), max_dbs=4)
     flipped = 0
     for name in (b"blocks", b"snapshots"):             # flip a byte in every value
@@ -122,11 +96,11 @@ def test_corrupt_store_falls_back_to_correct_output(tiny_dir, tiny_model, tmp_pa
                 flipped += 1
     env.close()
     assert flipped > 0
-    eng = make_engine(tiny_model, tmp_path, host_budget=0)
-    got = run(eng, tok, prompts)
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir), host_budget=0)
+    got = run(eng, prompts)
     assert [g[0] for g in got] == [w[0] for w in want]
-    assert eng.store.stats()["corrupt_dropped"] > 0
-    eng.store.close()
+    assert eng.cache.store.stats()["corrupt_dropped"] > 0
+    eng.cache.close()
 
 
 def test_restores_decode_into_pool_pages_and_leak_none(tiny_dir, tiny_model, tmp_path):
@@ -136,42 +110,42 @@ def test_restores_decode_into_pool_pages_and_leak_none(tiny_dir, tiny_model, tmp
     prompt = list(range(30, 30 + 70))
     longer = prompt + [5, 6, 7]
     want = prompt_logits(tiny_model, longer)[-1]
-    eng = make_engine(tiny_model, tmp_path)
-    run(eng, _tok(tiny_dir), [prompt], max_tokens=1)
-    eng.store.flush()
-    pool = eng.runner.pages
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir))
+    run(eng, [prompt], max_tokens=1)
+    eng.cache.store.flush()
+    pool = eng.cache.device
 
     def restore_and_check(tier):
         pool.evict_cached()                        # no device pages: read the store
         into = []
-        real = eng.store.load
-        eng.store.load = lambda plan, into_pages=None, *more: \
+        real = eng.cache.store.load
+        eng.cache.store.load = lambda plan, into_pages=None, *more: \
             into.append(into_pages is not None) or real(plan, into_pages, *more)
-        seq, info = eng.admit(longer, None, True)
-        eng.store.load = real
+        seq, info = eng.cache.start(longer)
+        eng.cache.store.load = real
         assert info.tier == tier and info.cached_tokens > 0 and all(into) and into
-        got = eng.runner.step([(seq, len(longer) - seq.num_computed)])[0]
+        got = compute(eng, seq)
         assert (got - want).abs().max() <= 1e-5
-        eng.runner.release(seq)
+        eng.cache.release(seq)
         pool.evict_cached()
         assert pool.num_free == pool.num_pages     # nothing leaked
         return info
 
     restore_and_check("host")
-    damaged = block_keys(eng.store.root(None), prompt, B)[6]   # tokens 48..55
-    eng.store.close()
+    damaged = block_keys(eng.cache.store.root(None), prompt, B)[6]   # tokens 48..55
+    eng.cache.close()
     env = lmdb.open(str(tmp_path), max_dbs=4)
     db = env.open_db(b"blocks", create=False)
     with env.begin(write=True, db=db) as txn:
         txn.put(damaged, txn.get(damaged)[:100])
     env.close()
-    eng = make_engine(tiny_model, tmp_path, host_budget=0)
-    pool = eng.runner.pages
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir), host_budget=0)
+    pool = eng.cache.device
     info = restore_and_check("disk")
-    assert eng.store.stats()["corrupt_dropped"] == 1
+    assert eng.cache.store.stats()["corrupt_dropped"] == 1
     assert info.fallbacks == 1 and 0 < info.cached_tokens <= 48
     restore_and_check("disk")                          # and again, from what is left
-    eng.store.close()
+    eng.cache.close()
 
 
 def test_pages_for_a_restore_never_reclaim_the_device_pages_it_uses(tiny_dir, tiny_model,
@@ -181,52 +155,50 @@ def test_pages_for_a_restore_never_reclaim_the_device_pages_it_uses(tiny_dir, ti
     is refused (OutOfPages, the scheduler retries later) and those pages stay cached."""
     tok = _tok(tiny_dir)
     doc = list(range(40, 40 + 80))                     # 10 blocks
-    runner = Runner(tiny_model, num_pages=16, num_slots=4, block_size=B)
-    eng = Engine(runner, CacheStore(tmp_path, runner.spec, tiny_model.fingerprint),
-                 snapshot_interval=INTERVAL)
-    run(eng, tok, [doc[:40], doc], max_tokens=1)       # the store holds all 10 blocks
-    eng.store.flush()
-    pool = runner.pages
+    eng = make_engine(tiny_model, tmp_path, tok, pages=16, slots=4)
+    cache = eng.cache
+    run(eng, [doc[:40], doc], max_tokens=1)            # the store holds all 10 blocks
+    cache.store.flush()
+    pool = cache.device
     pool.evict_cached()
-    run(eng, tok, [doc[:40]], max_tokens=1)            # back on the device: 5 blocks
-    found, _ = eng.shared.find(doc + [7], None)
+    run(eng, [doc[:40]], max_tokens=1)                 # back on the device: 5 blocks
+    found = pool.find(cache.chain(doc + [7], None))
     assert len(found) == 5
-    filler = runner.add([1] * (pool.num_free - 2) * B)  # leave 2 pages free
-    runner.reserve(filler, len(filler.tokens))
+    filler, _ = cache.start([1] * (pool.num_free - 2) * B, use_cache=False)
+    cache.prepare([(filler, len(filler.tokens))])      # leave 2 pages free
     question = doc + [7]
     with pytest.raises(OutOfPages):
-        eng.admit(question, None, True)
-    assert eng.shared.find(question, None)[0] == found  # still cached, untouched
-    runner.release(filler)
-    seq, info = eng.admit(question, None, True)
+        cache.start(question)
+    assert pool.find(cache.chain(question, None)) == found   # still cached, untouched
+    cache.release(filler)
+    seq, info = cache.start(question)
     assert info.device_tokens == 40 and info.cached_tokens >= 64
-    got = runner.step([(seq, len(question) - seq.num_computed)])[0]
+    got = compute(eng, seq)
     assert (got - prompt_logits(tiny_model, question)[-1]).abs().max() <= 1e-5
-    runner.release(seq)
-    eng.store.close()
+    cache.release(seq)
+    eng.cache.close()
 
 
 def test_exact_repeat_computes_nothing_and_salts_isolate(tiny_dir, tiny_model, tmp_path):
-    tok = _tok(tiny_dir)
     prompt = list(range(30, 30 + 45))
-    eng = make_engine(tiny_model, tmp_path)
-    a = run(eng, tok, [prompt], salt="A")
-    b = run(eng, tok, [prompt], salt="A")
-    c = run(eng, tok, [prompt], salt="B")
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir))
+    a = run(eng, [prompt], salt="A")
+    b = run(eng, [prompt], salt="A")
+    c = run(eng, [prompt], salt="B")
     assert a[0][0] == b[0][0] == c[0][0]
     assert b[0][1].stats.cache_n == len(prompt)             # exact repeat: nothing computed
     assert c[0][1].stats.cache_n == 0                       # another tenant sees nothing
-    eng.store.close()
+    eng.cache.close()
 
 
 def test_multi_turn_resumes_after_previous_answer(tiny_dir, tiny_model, tmp_path):
     tok = _tok(tiny_dir)
-    eng = make_engine(tiny_model, tmp_path)
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir))
     msgs, computed, prev_prompt_len = [], [], 0
     for turn in range(6):
         msgs.append({"role": "user", "content": f"question number {turn} about the cache"})
         ids = tok.encode(tok.apply_chat_template(msgs))
-        (toks, fin), = run(eng, tok, [ids], max_tokens=5)
+        (toks, fin), = run(eng, [ids], max_tokens=5)
         if turn:
             # the state after the previous answer was checkpointed: everything this prompt
             # shares with (previous prompt + answer) is restored, not recomputed
@@ -238,4 +210,26 @@ def test_multi_turn_resumes_after_previous_answer(tiny_dir, tiny_model, tmp_path
         prev_prompt_len = len(ids)
         computed = ids + toks[:-1]          # the last sampled token was never run
         msgs.append({"role": "assistant", "content": tok.decode(toks, skip_special_tokens=True)})
-    eng.store.close()
+    eng.cache.close()
+
+
+def test_block_keys_are_hashed_once_per_request(tiny_dir, tiny_model, tmp_path):
+    """The scheduler hashes a prompt's block keys once; the device lookup, the store's
+    plan, the checkpoints and the thinning all read that chain, which grows by the
+    blocks the answer fills. A second question after the same document hashes only
+    its own blocks (the recent chains share theirs)."""
+    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir), max_snapshots=3)
+    doc = list(range(7, 7 + 10 * B + 3))            # 10 full blocks and 3 tokens
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    before = blocks_hashed()
+    first = eng.generate([doc], params)[0]
+    computed = len(doc) + len(first) - 1             # the last sampled token never runs
+    assert blocks_hashed() - before == computed // B  # every block once, answer included
+    question = doc + [400, 401, 402, 403, 404, 405, 406]
+    before = blocks_hashed()
+    eng.generate([question], params)
+    # the prompt's 11th block (doc's 3 tokens, 5 of the question's) and the 12th, which
+    # the answer fills: the document's 10 came from the recent chain
+    assert blocks_hashed() - before == (len(question) + 11) // B - 10
+    assert eng.counters["cached_tokens"] >= 10 * B
+    eng.cache.close()

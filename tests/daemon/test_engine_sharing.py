@@ -3,20 +3,17 @@ scheduler with a real store. Outputs are always compared with an uncached run.""
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
 from ckptd.cache.keys import block_keys
-from ckptd.cache.store.store import CacheStore
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
 from ckptd.daemon.engine import Engine
-from ckptd.daemon.scheduler import Finished, Request, Scheduler
 from ckptd.model.loader import load_model
-from ckptd.model.runner import Runner
-from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text.tokenizer import Tokenizer
+from tests.daemon.engines import Client, Result
+from tests.daemon.engines import make_engine as _make
 
 B = 16
 LONG_PREFIX = 8192      # the issue's size; a tiny model prefills it in a few seconds
@@ -26,71 +23,25 @@ def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def make_engine(model, path, pages=256, slots=4, interval=32, max_snapshots=16,
+def make_engine(model, tok, path, pages=256, slots=4, interval=32, max_snapshots=16,
                 step_tokens=512, **store_options) -> Engine:
-    runner = Runner(model, num_pages=pages, num_slots=slots, block_size=B,
-                    max_batch_tokens=step_tokens)
-    store = CacheStore(path, runner.spec, model.fingerprint, **store_options) if path else None
-    return Engine(runner, store, snapshot_interval=interval, max_snapshots=max_snapshots)
-
-
-@dataclass
-class Result:
-    tokens: list[int] = field(default_factory=list)
-    fin: Finished | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def wait(self) -> Result:
-        assert self.done.wait(300), "request did not finish"
-        assert self.fin.reason in ("stop", "length"), self.fin
-        return self
-
-
-class Client:
-    """Requests through a running scheduler. on_token(result) runs on the worker thread
-    between steps, where the runner's state can be looked at."""
-
-    def __init__(self, engine: Engine, tokenizer, step_tokens: int = 512) -> None:
-        self.sched = Scheduler(engine, tokenizer, max_running=4, step_tokens=step_tokens)
-        self.sched.start()
-
-    def submit(self, tokens, max_tokens=6, salt=None, use_cache=True, on_token=None) -> Result:
-        res = Result()
-
-        def emit(ev):
-            if isinstance(ev, Finished):
-                res.fin = ev
-                res.done.set()
-                return
-            res.tokens.append(ev.token)
-            if on_token is not None:
-                on_token(res)
-        self.sched.submit(Request(list(tokens), SamplingParams(max_tokens=max_tokens,
-                                                               ignore_eos=True),
-                                  emit, salt=salt, use_cache=use_cache))
-        return res
-
-    def run(self, prompts, **kw) -> list[Result]:
-        """Submit all at once, wait for all."""
-        return [r.wait() for r in [self.submit(p, **kw) for p in prompts]]
-
-    def close(self) -> None:
-        self.sched.stop()
+    return _make(model, tok, path, block_size=B, pages=pages, slots=slots, interval=interval,
+                 max_snapshots=max_snapshots, step_tokens=step_tokens, **store_options)
 
 
 def _uncached(model, tok, prompts, max_tokens=6) -> list[list[int]]:
-    client = Client(make_engine(model, None), tok)
+    client = Client(make_engine(model, tok, None))
     out = [r.tokens for r in client.run(prompts, max_tokens=max_tokens, use_cache=False)]
     client.close()
     return out
 
 
-def _page_probe(sched: Scheduler) -> dict:
+def _page_probe(eng: Engine) -> dict:
     """Page bookkeeping while the running sequences all decode."""
-    runner = sched.engine.runner
-    return {"pages": [list(live.seq.pages) for live in sched.running],
-            "refs": list(runner.pages.refs), "free": runner.pages.num_free,
-            "decoding": all(live.t_decode for live in sched.running)}
+    device, running = eng.cache.device, eng.scheduler.running
+    return {"pages": [list(live.seq.pages) for live in running],
+            "refs": list(device.refs), "free": device.num_free,
+            "decoding": all(live.t_decode for live in running)}
 
 
 def test_device_sharing_equals_uncached(tiny_dir, tiny_model, tmp_path):
@@ -102,16 +53,16 @@ def test_device_sharing_equals_uncached(tiny_dir, tiny_model, tmp_path):
               prefix[:40] + [12] * 7]                           # leaves it mid-page
     want = _uncached(tiny_model, tok, round1 + round2)
 
-    eng = make_engine(tiny_model, tmp_path)
-    client = Client(eng, tok)
+    eng = make_engine(tiny_model, tok, tmp_path)
+    client = Client(eng)
     probes = []
-    first = [client.submit(p, on_token=lambda r: probes.append(_page_probe(client.sched)))
+    first = [client.submit(p, on_token=lambda r: probes.append(_page_probe(client.engine)))
              for p in round1]
     first = [r.wait() for r in first]
     second = client.run(round2)
     other = client.run([round2[0]], salt="tenant-b")[0]
     client.close()
-    eng.store.close()
+    eng.cache.close()
 
     assert [r.tokens for r in first + second] == want
     assert other.tokens == want[2]
@@ -123,11 +74,11 @@ def test_device_sharing_equals_uncached(tiny_dir, tiny_model, tmp_path):
     assert a[:5] == b[:5] and all(both[-1]["refs"][p] == 3 for p in a[:5])
 
     edge = second[0].fin.stats
-    if eng.hybrid:      # pages up to the deepest snapshot, the snapshot from RAM
+    if eng.runner.spec.is_hybrid:      # pages up to the deepest snapshot, the snapshot from RAM
         assert edge.cache_n == 64 and edge.cache_tier == "host"
     else:               # any block boundary, from the device pages alone
         assert edge.cache_n == 80 and edge.cache_tier == "device"
-    assert client.sched.cached_by_tier.get("device", 0) >= 3 * 32
+    assert client.cached_by_tier.get("device", 0) >= 3 * 32
     assert second[2].fin.stats.cache_n >= 32
     assert other.fin.stats.cache_n == 0                         # salts never share a page
 
@@ -136,8 +87,8 @@ def test_long_prefix_is_held_once_while_requests_run(tiny_dir, tiny_model, tmp_p
     tok = Tokenizer.from_dir(tiny_dir)
     prefix = _prompt(LONG_PREFIX, 3)
     n = LONG_PREFIX // B
-    eng = make_engine(tiny_model, tmp_path, pages=n + 32, interval=1024)
-    client = Client(eng, tok)
+    eng = make_engine(tiny_model, tok, tmp_path, pages=n + 32, interval=1024)
+    client = Client(eng)
     probes: list[dict] = []
     later: list[Result] = []
 
@@ -145,19 +96,19 @@ def test_long_prefix_is_held_once_while_requests_run(tiny_dir, tiny_model, tmp_p
         if len(res.tokens) == 1 and not later:        # A decodes: B and C arrive
             later.extend(client.submit(prefix + [7 + i, 100 + i], max_tokens=4,
                                        on_token=lambda r: probes.append(
-                                           _page_probe(client.sched)))
+                                           _page_probe(client.engine)))
                          for i in range(2))
     a = client.submit(prefix + [5, 6], max_tokens=24, on_token=on_token)
     a.wait()
     for r in later:
         r.wait()
     client.close()
-    eng.store.close()
+    eng.cache.close()
 
     assert a.fin.stats.cache_n == 0
     for r in later:
         assert r.fin.stats.cache_n == LONG_PREFIX
-        assert r.fin.stats.cache_tier == ("host" if eng.hybrid else "device")
+        assert r.fin.stats.cache_tier == ("host" if eng.runner.spec.is_hybrid else "device")
     three = [p for p in probes if p["decoding"] and len(p["pages"]) == 3]
     assert three
     probe = three[-1]
@@ -168,38 +119,50 @@ def test_long_prefix_is_held_once_while_requests_run(tiny_dir, tiny_model, tmp_p
     assert used == len(set(pa) | set(pb) | set(pc)) <= n + 3 * 2
 
 
-def test_published_keys_are_the_stores(tiny_model, tmp_path):
-    eng = make_engine(tiny_model, tmp_path)
+def _compute(eng, seq, n):
+    """A step of n tokens for seq, as the engine runs it."""
+    eng.cache.prepare([(seq, n)])
+    out = eng.runner.step([(seq, n)])
+    eng.cache.after_step([Work(seq, n, n=n)], out)
+
+
+def test_published_keys_are_the_stores(tiny_dir, tiny_model, tmp_path):
+    eng = make_engine(tiny_model, Tokenizer.from_dir(tiny_dir), tmp_path)
+    cache = eng.cache
     tokens = _prompt(3 * B + 5, 4)
-    seq, _ = eng.admit(tokens, "s", True)
-    eng.runner.step([(seq, len(tokens))])
-    eng.checkpoint(seq, None)
+    seq, _ = cache.start(tokens, "s")
+    _compute(eng, seq, len(tokens))                       # the end of the prompt
     seq.tokens += _prompt(2 * B, 5)                       # generated tokens, computed later
-    eng.runner.step([(seq, 2 * B)])
-    eng.checkpoint(seq, None)
-    want = block_keys(eng.store.root("s"), seq.tokens, B)
-    assert seq.block_keys == want
-    assert eng.runner.pages.lookup(want) == seq.pages[:len(want)]
-    eng.runner.release(seq)
-    eng.store.close()
+    _compute(eng, seq, 2 * B)
+    cache.finish(seq)
+    cache.settle()
+    want = block_keys(cache.store.root("s"), seq.tokens, B)
+    assert cache.device.find(cache.chain(seq.tokens, "s")) == seq_pages(cache, want)
+    assert [cache.store.has(k) for k in want] == [True] * len(want)
+    eng.cache.close()
 
 
-def test_a_found_page_with_other_tokens_is_not_adopted(tiny_model, tmp_path):
+def seq_pages(cache, keys):
+    return [cache.device._by_key[k] for k in keys]
+
+
+def test_a_found_page_with_other_tokens_is_not_adopted(tiny_dir, tiny_model, tmp_path):
     """Keys find pages, tokens decide: a page whose recorded tokens differ from the
     prompt's (what a key collision would look like) ends the run of found pages there."""
-    eng = make_engine(tiny_model, tmp_path)
+    eng = make_engine(tiny_model, Tokenizer.from_dir(tiny_dir), tmp_path)
+    cache = eng.cache
     tokens = _prompt(5 * B + 3, 6)
-    seq, _ = eng.admit(tokens, None, True)
-    eng.runner.step([(seq, len(tokens))])
-    eng.checkpoint(seq, None)
+    seq, _ = cache.start(tokens)
+    _compute(eng, seq, len(tokens))
     pages = seq.pages[:5]
-    assert eng.shared.find(tokens, None)[0] == pages
-    eng.shared.tokens_of[pages[3]] = eng.shared.tokens_of[pages[2]]
-    assert eng.shared.find(tokens, None)[0] == pages[:3]
-    eng.shared.tokens_of[pages[0]] = None
-    assert eng.shared.find(tokens, None)[0] == []
-    eng.runner.release(seq)
-    eng.store.close()
+    chain = cache.chain(tokens, None)
+    assert cache.device.find(chain) == pages
+    cache.device._tokens[pages[3]] = cache.device._tokens[pages[2]]
+    assert cache.device.find(chain) == pages[:3]
+    cache.device._tokens[pages[0]] = b""
+    assert cache.device.find(chain) == []
+    cache.release(seq)
+    eng.cache.close()
 
 
 def _path_snapshots(store: CacheStore, upto: int) -> list[int]:
@@ -213,26 +176,26 @@ def test_snapshot_thinning_keeps_recent_dense(tiny_hybrid_dir, tmp_path):
     prompt = _prompt(1024, 6)
     later = prompt[:700] + [9, 8, 7, 6, 5]
     want = _uncached(model, tok, [prompt, later])
-    eng = make_engine(model, tmp_path, pages=160, interval=32, max_snapshots=6)
-    client = Client(eng, tok)
+    eng = make_engine(model, tok, tmp_path, pages=160, interval=32, max_snapshots=6)
+    client = Client(eng)
     got = client.run([prompt])[0]
-    eng.store.flush()
-    kept = _path_snapshots(eng.store, 1024 + 6)
+    eng.cache.store.flush()
+    kept = _path_snapshots(eng.cache.store, 1024 + 6)
     # 32 interval snapshots and the prompt's and answer's ends, thinned as they came
     assert 4 <= len(kept) <= 6 and kept[-1] == 1024 + 5 and 1024 in kept
     gaps = [b - a for a, b in zip(kept, kept[1:])]
     assert gaps == sorted(gaps, reverse=True) and gaps[0] >= 4 * 32   # sparse far back
-    assert eng.store.stats()["snapshots_thinned"] == 33 - len(kept)
+    assert eng.cache.store.stats()["snapshots_thinned"] == 33 - len(kept)
 
     client.close()
-    eng.store.close()                                 # the disk was thinned too
-    eng = make_engine(model, tmp_path, pages=160, interval=32, max_snapshots=6,
+    eng.cache.close()                                 # the disk was thinned too
+    eng = make_engine(model, tok, tmp_path, pages=160, interval=32, max_snapshots=6,
                       host_budget=0)
-    assert _path_snapshots(eng.store, 1024 + 6) == kept
-    client = Client(eng, tok)
+    assert _path_snapshots(eng.cache.store, 1024 + 6) == kept
+    client = Client(eng)
     again = client.run([later])[0]
     client.close()
-    eng.store.close()
+    eng.cache.close()
     assert [got.tokens, again.tokens] == want
     assert again.fin.stats.cache_n == max(p for p in kept if p <= len(later) - 1)
 
@@ -246,27 +209,27 @@ def test_long_context_then_short_questions(tiny_hybrid_dir, tmp_path, n_ctx):
     opts = {"pages": n_ctx // B + 64, "interval": 1024, "step_tokens": 2048}
 
     def ask(eng) -> tuple[list[Result], dict[str, int]]:
-        client = Client(eng, tok, step_tokens=2048)
+        client = Client(eng)
         out = [client.submit(context + q, max_tokens=4).wait() for q in questions]
         client.close()
-        return out, client.sched.cached_by_tier
+        return out, client.cached_by_tier
 
-    eng = make_engine(model, tmp_path, **opts)
-    client = Client(eng, tok, step_tokens=2048)
+    eng = make_engine(model, tok, tmp_path, **opts)
+    client = Client(eng)
     assert client.submit(context, max_tokens=1).wait().fin.stats.cache_n == 0
     client.close()
     warm, warm_tiers = ask(eng)
-    eng.store.flush()
-    assert len(_path_snapshots(eng.store, n_ctx)) <= 16
+    eng.cache.store.flush()
+    assert len(_path_snapshots(eng.cache.store, n_ctx)) <= 16
     # Forget the questions (an exact repeat would compute nothing): what is left is
     # the context alone, as after registering it.
-    for e in eng.store.entries(limit=100_000):
+    for e in eng.cache.store.entries(limit=100_000):
         if e.position > n_ctx:
-            eng.store.delete(e.key)
-    eng.store.close()
-    eng = make_engine(model, tmp_path, host_budget=0, **opts)    # restart: disk only
+            eng.cache.store.delete(e.key)
+    eng.cache.close()
+    eng = make_engine(model, tok, tmp_path, host_budget=0, **opts)    # restart: disk only
     cold, cold_tiers = ask(eng)
-    eng.store.close()
+    eng.cache.close()
 
     for w, c, q in zip(warm, cold, questions):
         assert w.tokens == c.tokens

@@ -13,7 +13,8 @@ from ckptd.daemon import heap
 from ckptd.daemon.heap import Heap
 from ckptd.model.loader import load_model
 from ckptd.model.text.tokenizer import Tokenizer
-from tests.daemon.test_engine_sharing import Client, _prompt, make_engine
+from tests.daemon.engines import Client
+from tests.daemon.test_engine_sharing import _prompt, make_engine
 
 
 class Node:
@@ -62,10 +63,10 @@ def test_long_idle_frees_cycles_that_died_frozen(thawed, monkeypatch):
 def test_idle_scheduler_settles_after_work(thawed, tiny_hybrid_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(heap, "SETTLE_AFTER_S", 0.0)
     model = load_model(tiny_hybrid_dir)
-    client = Client(make_engine(model, tmp_path), Tokenizer.from_dir(tiny_hybrid_dir))
+    client = Client(make_engine(model, Tokenizer.from_dir(tiny_hybrid_dir), tmp_path))
     try:
         client.run([_prompt(40, 1)])
-        sched = client.sched
+        sched = client.engine
         deadline = time.monotonic() + 10
         while sched.heap.dirty and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -113,14 +113,13 @@ def test_llama_completion(daemon):
 
 def _local_text(model_dir, params: SamplingParams) -> str:
     """The same greedy run in process, for what the daemon must give."""
-    from ckptd.model.generate import generate
+    from ckptd.daemon.engine import local_engine
     from ckptd.model.loader import load_model
-    from ckptd.model.runner import Runner
     from ckptd.model.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir)
-    runner = Runner(load_model(model_dir), num_pages=16, num_slots=1, block_size=16)
-    return tok.decode([ev.token for ev in generate(runner, tok, PROMPT, params)])
+    engine = local_engine(load_model(model_dir), tok, num_pages=16)
+    return tok.decode([ev.token for ev in engine.stream(PROMPT, params)])
 
 
 def test_logit_bias_and_penalties(daemon, tiny_hybrid_dir):

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from ckptd.daemon.engine import local_engine
 from ckptd.model.default import FILENAME, default_model_path
-from ckptd.model.generate import generate
 from ckptd.model.loader import load
-from ckptd.model.runner import Runner
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.tools.cli import main
 
@@ -34,9 +33,8 @@ def test_stdout_is_exactly_the_generated_text(tiny_hybrid_dir, capsys):
     printed = capsys.readouterr().out
     model, tok = load(tiny_hybrid_dir)
     params = SamplingParams(max_tokens=12, temperature=0.8, top_k=40, seed=3)
-    runner = Runner(model, num_pages=4, num_slots=1)
-    want = "".join(e.text for e in
-                   generate(runner, tok, tok.encode("The quick brown", True), params))
+    engine = local_engine(model, tok, num_pages=4)
+    want = "".join(e.text for e in engine.stream(tok.encode("The quick brown", True), params))
     assert printed == want and want
 
 

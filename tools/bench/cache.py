@@ -132,19 +132,23 @@ def _warm_up(model, n: int, args) -> None:
     """Run the chunk shapes the cold phase will (prefill chunks, then a question) once:
     the first call of a shape pays one-time costs (allocator, oneDNN plans) that
     would otherwise land in the first cold figure."""
+    from ckptd.cache.manager import CacheManager
     from ckptd.model.runner import Runner
 
     B = args.block_size
-    runner = Runner(model, num_pages=-(-(n + args.question) // B) + 1, num_slots=1,
-                    block_size=B, max_batch_tokens=args.step_tokens)
+    pages = -(-(n + args.question) // B) + 1
+    runner = Runner(model, num_pages=pages, num_slots=1, block_size=B,
+                    max_batch_tokens=args.step_tokens)
+    cache = CacheManager(runner, runner.spec, pages, model.fingerprint)   # pages only
     ids = torch.randint(3, model.config.vocab_size, (n + args.question,),
                         generator=torch.Generator().manual_seed(0)).tolist()
-    seq = runner.add(ids)
+    seq, _ = cache.start(ids)
     for size in (min(args.interval, args.step_tokens), args.step_tokens, args.question):
         size = min(size, len(ids) - seq.num_computed)
         if size > 0:
+            cache.prepare([(seq, size)])
             runner.step([(seq, size)])
-    runner.release(seq)
+    cache.release(seq)
 
 
 def _tokens(tok, n: int) -> list[int]:
@@ -156,8 +160,8 @@ def _tokens(tok, n: int) -> list[int]:
 
 
 def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
-    from ckptd.cache.store.store import CacheStore
-    from ckptd.daemon.engine import Engine
+    from ckptd.cache.manager import CacheManager
+    from ckptd.cache.store import CacheStore
     from ckptd.model.runner import Runner
     from ckptd.tools.bench.store import drop_caches
 
@@ -166,52 +170,64 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(n)
     row = Row(name, n, n + q)
-    runner = Runner(model, num_pages=-(-(n + q) // B) * 2 + 4, num_slots=2, block_size=B,
+    pages = -(-(n + q) // B) * 2 + 4
+    runner = Runner(model, num_pages=pages, num_slots=2, block_size=B,
                     max_batch_tokens=args.step_tokens)
 
-    def engine(**options) -> Engine:
+    def manager(**options) -> CacheManager:
         store = CacheStore(path, runner.spec, model.fingerprint, **options)
-        return Engine(runner, store, snapshot_interval=args.interval)
+        return CacheManager(runner, runner.spec, pages, model.fingerprint, store,
+                            snapshot_interval=args.interval)
 
-    eng = engine()
+    eng = manager()
     for phase in PHASES:
         for _ in range(1 if phase == "cold" else args.repeat):
             if phase == "host":
-                runner.pages.evict_cached()
+                eng.device.evict_cached()
             if phase == "disk":
-                eng.store.close()
-                runner.pages.evict_cached()
+                eng.close()
                 row.page_cache_dropped = not args.keep_page_cache and drop_caches()
-                eng = engine(host_budget=0)
+                eng = manager(host_budget=0)
             question = torch.randint(3, vocab, (q,), generator=gen).tolist()
-            seconds, info = first_token(eng, context + question, args.step_tokens)
+            seconds, info = first_token(eng, runner, context + question, args.step_tokens)
             if seconds * 1000 < row.ttft_ms.get(phase, float("inf")):
                 row.ttft_ms[phase], row.restore_ms[phase] = seconds * 1000, info.restore_ms
                 row.cached[phase], row.tier[phase] = info.cached_tokens, info.tier
         if phase == "cold":
             eng.rates.update_prefill(n + q, row.ttft_ms["cold"] / 1000)   # plan by cost
+            eng.settle()
             eng.store.flush()
             disk = eng.store.stats()["disk"]
             row.stored_per_token = disk["stored_bytes"] / (n + q)
             row.logical_per_token = disk["logical_bytes"] / (n + q)
-    eng.store.close()
+    eng.close()
     return row
 
 
-def first_token(engine, tokens: list[int], step: int):
-    """(seconds from admission to the first sampled token, RestoreInfo)."""
+def first_token(cache, runner, tokens: list[int], step: int):
+    """(seconds from admission to the first sampled token, RestoreInfo), through the
+    cache manager and the runner as the engine's loop drives them."""
+    from ckptd.cache.work import Work
+    from ckptd.model.sequence import Sequence
+
     t0 = time.perf_counter()
-    seq, info = engine.admit(tokens, None, True)
+    seq = Sequence(list(tokens))
+    work = Work(seq, step, new=True)
+    cache.admit([work])
+    info = work.restored
     logits = info.logits
     while logits is None:
-        n = engine.next_chunk(seq, step)
-        out = engine.runner.step([(seq, n)])[0]
-        done = seq.num_computed == len(tokens)
-        engine.after_prefill_step(seq, out if done else None)
-        logits = out if done else None
+        out = runner.step([(seq, work.n)])
+        cache.after_step([work], out)
+        if seq.num_computed == len(tokens):
+            logits = out[0]
+        else:
+            work = Work(seq, step)
+            cache.admit([work])
     int(logits.argmax())                                    # the first token (greedy)
     seconds = time.perf_counter() - t0
-    engine.runner.release(seq)
+    cache.finish(seq, checkpoint=False)
+    cache.settle()              # the prompt's checkpoint, stored outside the timing
     return seconds, info
 
 

@@ -121,21 +121,26 @@ def _bench_pair(case: str, ours, peer, args) -> list[Figure]:
 
 def _ours(model, ids: list[int], n_decode: int) -> tuple[float, float, torch.Tensor]:
     """(prefill seconds, decode seconds, last prompt logits) through the runner."""
+    from ckptd.cache.manager import CacheManager
     from ckptd.model.runner import Runner
 
     B = 16
-    runner = Runner(model, num_pages=-(-(len(ids) + n_decode) // B) + 1, num_slots=1,
-                    block_size=B, max_batch_tokens=len(ids))
-    seq = runner.add(ids)
+    pages = -(-(len(ids) + n_decode) // B) + 1
+    runner = Runner(model, num_pages=pages, num_slots=1, block_size=B,
+                    max_batch_tokens=len(ids))
+    cache = CacheManager(runner, runner.spec, pages, model.fingerprint)   # pages only
+    seq, _ = cache.start(ids)
     t0 = time.perf_counter()
+    cache.prepare([(seq, len(ids))])
     logits = runner.step([(seq, len(ids))])[0]
     t1 = time.perf_counter()
     first = logits
     for _ in range(n_decode):
         seq.tokens.append(int(logits.argmax()))
+        cache.prepare([(seq, 1)])
         logits = runner.step([(seq, 1)])[0]
     t2 = time.perf_counter()
-    runner.release(seq)
+    cache.release(seq)
     return t1 - t0, t2 - t1, first
 
 

@@ -199,8 +199,8 @@ def is_hybrid(store) -> bool:
     (gc ranks leaf blocks by it, as the daemon does); False when there is no snapshot."""
     from ckptd.cache import codec
 
-    with store.lock:
-        snaps = [k for k, m in store.index.rows.items() if m.kind == "snapshot"]
+    with store.catalog.lock:
+        snaps = [k for k, m in store.catalog.index.rows.items() if m.kind == "snapshot"]
     for key in snaps[:16]:
         try:
             header = codec.read_header(store.disk.get(key) or b"")

@@ -1,13 +1,14 @@
 """Loading a restore plan: RAM pieces are copied; disk pieces are read and decoded on
 the reader pool straight into the output pages (two helpers run ahead of it: disk
-read-ahead, output page faults), verified, and promoted into RAM. Mixed into
-CacheStore."""
+read-ahead, output page faults), verified, and promoted into RAM."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 
 import lmdb
 import torch
@@ -15,32 +16,64 @@ import torch
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK
 from ckptd.cache.lookup import DEVICE, DISK, HOST, PieceRef, RestoredState, RestorePlan
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers import pagein
-from ckptd.cache.tiers.disk import DiskFull
+from ckptd.cache.tiers.disk import DiskFull, DiskTier
+from ckptd.cache.tiers.host import HostTier
+from ckptd.model.spec import StateSpec
 
 log = logging.getLogger(__name__)
 _MISSING, _CORRUPT = "missing", "corrupt"
-_MAX_REPLANS = 4
 _AHEAD = 8                   # values per read-ahead step
 _READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at most)
 
 
-class StoreRestore:
-    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None,
-             _depth: int = 0) -> RestoredState:
+class Reader:
+    def __init__(self, catalog: Catalog, host: HostTier, disk: DiskTier, spec: StateSpec | None,
+                 fingerprint: str | None, threads: int, readonly: bool) -> None:
+        self.catalog, self.host, self.disk = catalog, host, disk
+        self.spec, self.fp, self.readonly = spec, fingerprint, readonly
+        self.B = spec.block_size if spec is not None else None
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ckptd-read")
+        # A restore's read-ahead helpers, beside the readers (hints: loads don't wait on them).
+        self.prefetcher = ThreadPoolExecutor(2, thread_name_prefix="ckptd-prefetch")
+        # Copies of restored blocks into RAM, made after the restore returns, of blocks
+        # read from disk once before in this process (`read_once`).
+        self.promoter = ThreadPoolExecutor(1, thread_name_prefix="ckptd-promote")
+        self.read_once: set[bytes] = set()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every restored block so far is promoted into RAM."""
+        try:
+            self.promoter.submit(lambda: None).result(timeout)
+        except futures.TimeoutError:
+            return False
+        except RuntimeError:                 # closed: nothing is pending
+            pass
+        return True
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.prefetcher.shutdown()
+        self.promoter.shutdown()
+
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None
+             ) -> RestoredState:
         """The tensors of a plan: pages [n_blocks, *kv_shape()] and the snapshot. A piece
         that is gone or fails verification ends the restore there: the result is then
-        the longest good prefix (ok=False), never wrong data. The plan's device blocks
-        are the caller's: they are neither read nor part of `pages`.
+        not ok, with the position of the longest good prefix, never wrong data (the
+        caller plans again below it). The plan's device blocks are the caller's: they
+        are neither read nor part of `pages`.
 
         into_pages: where the blocks go, one [*kv_shape()] CPU tensor each (views of the
         caller's KV pool pages; any strides): they are written in place and `pages` is
         None. Memory the pool already holds is not faulted in anew, as a fresh output
         buffer is on every restore (the kernel zeroing its pages was half a restarted
         daemon's first disk restore)."""
-        self._need_model()
         first = plan.device_blocks
-        pieces, nb = plan.to_read(), len(plan.blocks) - first
+        pieces, nb = plan.pieces(), len(plan.blocks)
         pages = None
         if into_pages is not None:
             if len(into_pages) < nb:
@@ -74,11 +107,11 @@ class StoreRestore:
             if pages is not None:                 # fresh memory: fault it in ahead
                 fresh = [into[i]["kv"] for i in from_disk if into[i] is not None]
                 self.prefetcher.submit(_ahead, fresh, _write_ready, done)
-            n = self.config.read_threads
+            n = self.threads
             groups = [g for g in (from_disk[t::n] for t in range(n)) if g]
             jobs = [[(pieces[i], into[i]) for i in g] for g in groups]
             try:
-                for group, got in zip(groups, self.readers.map(self._read_group, jobs)):
+                for group, got in zip(groups, self.pool.map(self._read_group, jobs)):
                     for i, v in zip(group, got):
                         values[i] = v
             finally:
@@ -86,7 +119,7 @@ class StoreRestore:
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
-            self._drop(corrupt)
+            self.drop(corrupt)
         self._touch_and_promote(pieces, values, set(from_disk),
                                 at_once=into_pages is not None)
         snap = values[nb] if plan.snapshot is not None else None
@@ -96,23 +129,14 @@ class StoreRestore:
             snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
         if not bad:
             tier = DISK if from_disk else HOST if pieces else DEVICE
+            snap = Snapshot.from_tensors(snap) if isinstance(snap, dict) else None
             return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None,
                                  first_block=first)
-        with self.lock:
-            self.counters.missing += len(bad) - len(corrupt)
+        with self.catalog.lock:
+            self.catalog.counters.missing += len(bad) - len(corrupt)
         good = min(bad[0], nb)
-        if not self.spec.is_hybrid:
-            tier = plan.tier if good else DEVICE if first else None
-            kept = pages[:good] if good and pages is not None else None
-            return RestoredState((first + good) * self.B, kept, None,
-                                 ok=False, dropped=len(corrupt), tier=tier, first_block=first)
-        # A hybrid needs a snapshot at the restore point: plan again below the failure.
-        replan = self._plan(plan.tokens, (first + good) * self.B, plan.ctx, first)
-        if replan.position == 0 or _depth >= _MAX_REPLANS:
-            return RestoredState(0, None, None, ok=False, dropped=len(corrupt))
-        out = self.load(replan, into_pages, _depth + 1)
-        out.ok, out.dropped = False, out.dropped + len(corrupt)
-        return out
+        return RestoredState((first + good) * self.B, None, None, ok=False,
+                             dropped=len(corrupt), first_block=first)
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = {ref.key: out for ref, out in job}
@@ -143,16 +167,16 @@ class StoreRestore:
         """at_once: copy blocks into RAM before returning (they are the caller's pool pages,
         which may be reused once the restore has returned)."""
         now, promote = time.time(), []
-        with self.lock:
+        with self.catalog.lock:
             for i, p in enumerate(pieces):
                 if not isinstance(values[i], dict):
                     continue
-                self.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
-                meta = self.index.get(p.key)
+                self.catalog.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
+                meta = self.catalog.index.get(p.key)
                 if meta is None:
                     continue                 # in RAM only, not yet committed
                 meta.last_used, meta.hits = now, meta.hits + 1
-                self.touched[p.key] = meta
+                self.catalog.touched[p.key] = meta
                 if i in from_disk and self.host.accepts(meta.logical_bytes) \
                         and self._into_ram(p.key, meta):
                     promote.append((p.key, meta, values[i]))
@@ -181,24 +205,26 @@ class StoreRestore:
 
     def _promote(self, items: list) -> None:
         copies = [(k, m, {n: t.clone() for n, t in v.items()}) for k, m, v in items]
-        with self.lock:                      # deletes leave the index under it first
+        with self.catalog.lock:                      # deletes leave the index under it first
             for k, m, v in copies:
-                if self.index.get(k) is not None:
+                if self.catalog.index.get(k) is not None:
                     self.host.put(k, m, v)
 
-    def _drop(self, keys: list[bytes]) -> None:
-        """Values that failed verification: gone from every tier, never served."""
-        with self.lock:
-            self.counters.corrupt += len(keys)
-            for k in keys:
-                self.index.remove(k)
-        for k in keys:
+    def drop(self, keys: list[bytes]) -> None:
+        """Values that failed verification: gone from every tier, never served. What
+        is below them goes too, as a delete takes a subtree: a prefix stays closed."""
+        with self.catalog.lock:
+            self.catalog.counters.corrupt += len(keys)
+            gone = list(dict.fromkeys(k for bad in keys for k in self.catalog.index.subtree(bad)))
+            for k in gone:
+                self.catalog.index.remove(k)
+        for k in gone:
             self.host.delete(k)
         if not self.readonly:
             try:
-                self.disk.delete_many(keys)
+                self.disk.delete_many(gone)
             except DiskFull:        # out of the index now; after a restart, caught again on read
-                log.warning("cache: could not delete %d corrupt values: map full", len(keys))
+                log.warning("cache: could not delete %d corrupt values: map full", len(gone))
 
 
 def _ahead(items: list, fn, done: threading.Event) -> None:

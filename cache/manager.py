@@ -1,0 +1,361 @@
+"""The cache manager: every tier behind one door, for the engine's loop.
+
+    cache.admit(batch)          new sequences: a slot and the longest cached prefix;
+                                every sequence: pages for this step's tokens
+    runner.step(...)
+    cache.after_step(batch)     publish full pages, capture checkpoints
+    ...
+    cache.finish(seq)           the answer's checkpoint; pages and slot given back
+
+Tiers, fastest first: device pages (cache/device.py, shared in place), then the
+store (cache/store/: RAM, LMDB). A restore (cache/restorer.py) adopts the device
+pages of the prompt's leading blocks and reads the rest from the store.
+Checkpoints are captured right after the step that reaches them (full blocks and
+a snapshot: the recurrent state, the partial page's KV, the logits at the end of
+a prompt) and put into the store at the start of the next admit (or when the
+engine goes idle, or a sequence finishes), so a first token is never held up by
+the store's work. They are taken at snapshot_interval
+boundaries during a prefill, at the end of the prompt (with the last logits, so
+an exact repeat computes nothing) and at the end of a generation (the next chat
+turn resumes after the answer). The runner owns the state tensors; the manager
+reads and writes them only through StateIO.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ckptd.cache.device import DevicePages, OutOfPages
+from ckptd.cache.keys import KeyChain, root_key
+from ckptd.cache.restorer import Restorer
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import RestoreInfo, Work
+from ckptd.model.sequence import Sequence, check_token_ids
+from ckptd.model.spec import StateSpec
+from ckptd.model.state import OutOfSlots
+
+
+class StateIO(Protocol):
+    """What the manager asks of the runner, which owns the state tensors."""
+
+    vocab_size: int
+
+    def attach(self, seq: Sequence) -> None: ...
+    def detach(self, seq: Sequence) -> None: ...
+    def live_slots(self) -> set[int]: ...
+    def copy_page(self, src: int, dst: int) -> None: ...
+    def page_views(self, pages: list[int]) -> list[torch.Tensor] | None: ...
+    def read_pages(self, pages: list[int]) -> torch.Tensor: ...
+    def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
+    def read_partial(self, page: int, n: int) -> torch.Tensor: ...
+    def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
+    def read_recurrent(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
+
+
+@dataclass(eq=False)
+class Tracked:
+    """The manager's bookkeeping of one live sequence."""
+    seq: Sequence
+    chain: KeyChain | None        # block keys (None: the sequence does not use the cache)
+    prompt_len: int
+    prompt_done: bool = False
+    stored_blocks: int = 0        # leading blocks the store holds (no need to put them)
+    published: int = 0            # leading full pages registered on the device
+
+
+@dataclass
+class Checkpoint:
+    """A state captured after a step, put into the store at the next admit."""
+    tokens: list[int]
+    salt: str | None
+    chain: KeyChain
+    first_block: int
+    pages: torch.Tensor | None    # blocks first_block.. [n, *kv_shape()], or None
+    snapshot: Snapshot
+
+
+class CacheManager:
+    def __init__(self, io: StateIO, spec: StateSpec, num_pages: int, fingerprint: str,
+                 store: CacheStore | None = None, snapshot_interval: int = 1024,
+                 max_snapshots: int = 16) -> None:
+        B = spec.block_size
+        if store is not None and store.B != B:
+            raise ValueError("store and runner must use the same block size")
+        if snapshot_interval <= 0 or snapshot_interval % B:
+            raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a positive "
+                             f"multiple of block_size ({B})")
+        if max_snapshots < 2:
+            # 1 would keep only the newest: an answer's snapshot would delete the one at
+            # the end of its prompt, which the next question on that prompt restores from
+            raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
+        self.io, self.spec, self.B, self.fp = io, spec, B, fingerprint
+        self.store = store
+        self.interval, self.max_snapshots = snapshot_interval, max_snapshots
+        self.device = DevicePages(num_pages, B)
+        self.restorer = Restorer(self.device, store, io, spec)
+        self.rates = self.restorer.rates
+        self.live: dict[int, Tracked] = {}
+        self.pending: list[Checkpoint] = []
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is cached: without a store, sequences only get pages."""
+        return self.store is not None
+
+    # ---- keys ------------------------------------------------------------------------
+    def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
+        """A prompt's block keys: hashed here once per request, carried on it after."""
+        return KeyChain(root_key(self.fp, self.B, salt), self.B, tokens)
+
+    def computing(self, chain: KeyChain, prefills: list[tuple[KeyChain, int]]) -> bool:
+        """Whether a running prefill (its chain, tokens computed so far) computes a block
+        that a prompt with this chain starts with. That prompt waits and adopts the
+        pages once they exist, instead of computing the same prefix a second time."""
+        keys = chain.keys
+        for theirs, computed in prefills:
+            other, n = theirs.keys, 0
+            while n < len(keys) and n < len(other) and keys[n] == other[n]:
+                n += 1
+            if n * self.B > computed:
+                return True
+        return False
+
+    # ---- the step --------------------------------------------------------------------
+    def admit(self, batch: list[Work]) -> None:
+        """Restore each new sequence, decide what each computes this step (ending on a
+        snapshot boundary when one is near) and give it the pages to hold it. A new
+        sequence without room is set back (deferred), a running one fails (error)."""
+        self._store_pending()
+        for w in batch:
+            if w.new:
+                self._admit_new(w)
+        # running sequences first: they must go on; new ones only with what is left
+        for w in sorted(batch, key=lambda w: w.new):
+            if w.deferred or w.error is not None:
+                continue
+            left = len(w.seq.tokens) - w.seq.num_computed
+            w.n = self._chunk(w.seq, min(left, w.budget)) if left and w.budget else 0
+            if not w.n:
+                continue
+            try:
+                self._make_writable(w.seq, w.seq.num_computed + w.n)
+            except OutOfPages as e:
+                w.n = 0
+                if w.new:
+                    self.release(w.seq)
+                    w.deferred = True
+                else:
+                    w.error = e
+
+    def after_step(self, batch: list[Work], logits: torch.Tensor | None) -> None:
+        """After runner.step over the batch's work (logits: one row per work with n > 0,
+        in order): publish the pages that filled up, capture interval and end-of-prompt
+        checkpoints."""
+        row = 0
+        for w in batch:
+            if not w.n:
+                continue
+            rec, row = self.live[w.seq.id], row + 1
+            if rec.chain is None:
+                continue
+            self._publish(rec)
+            P = w.seq.num_computed
+            if not rec.prompt_done and P == rec.prompt_len:
+                rec.prompt_done = True
+                self._capture(rec, logits[row - 1])
+            elif not rec.prompt_done and P % self.interval == 0:
+                self._capture(rec, None)
+
+    def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
+        """A sequence is done: store its final state (checkpoint; the client has had
+        its last token, and the next turn looks for this state), then give back its
+        pages and slot. Finishing twice is harmless."""
+        rec = self.live.get(seq.id)
+        if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
+            self._capture(rec, None)
+            self._store_pending()
+        self.release(seq)
+
+    def release(self, seq: Sequence) -> None:
+        rec = self.live.pop(seq.id, None)
+        if rec is not None and seq.pages:
+            full = min(seq.num_computed // self.B, rec.published)
+            if full:
+                self.device.touch(seq.pages[full - 1])     # its run stays the freshest
+        self.device.decref(seq.pages)
+        seq.pages = []
+        self.io.detach(seq)
+
+    def settle(self) -> None:
+        """Put captured checkpoints into the store now (the engine is idle)."""
+        self._store_pending()
+
+    def close(self) -> None:
+        self._store_pending()
+        if self.store is not None:
+            self.store.close()
+
+    # ---- building blocks (also for tests and tools that drive a runner directly) -----
+    def start(self, tokens: list[int], salt: str | None = None, use_cache: bool = True,
+              chain: KeyChain | None = None) -> tuple[Sequence, RestoreInfo]:
+        """A new sequence with a slot, restored from the longest cached prefix. Raises
+        OutOfPages / OutOfSlots, holding nothing, when there is no room."""
+        check_token_ids(tokens, self.io.vocab_size)
+        self._store_pending()
+        seq = Sequence(list(tokens), salt, use_cache)
+        info = self._start(seq, chain)
+        return seq, info
+
+    def fork(self, seq: Sequence) -> Sequence:
+        """A new sequence with seq's tokens and state, sharing all its pages (the partial
+        one too: whichever of the two writes it first gets a copy)."""
+        parent = self.live[seq.id]
+        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache)
+        self.io.attach(child)
+        n = -(-seq.num_computed // self.B)
+        child.pages = seq.pages[:n]
+        self.device.incref(child.pages)
+        child.num_computed = seq.num_computed
+        if self.spec.is_hybrid and seq.num_computed:
+            self.io.load_recurrent(child.slot, *self.io.read_recurrent(seq.slot))
+        full = seq.num_computed // self.B
+        chain = None if parent.chain is None else parent.chain.copy(full)
+        self.live[child.id] = Tracked(child, chain, parent.prompt_len, parent.prompt_done,
+                                      parent.stored_blocks, min(parent.published, full))
+        return child
+
+    def prepare(self, work: list[tuple[Sequence, int]]) -> None:
+        """Pages for each (sequence, n): writable for its next n tokens."""
+        for seq, n in work:
+            self._make_writable(seq, seq.num_computed + n)
+
+    # ---- internals -------------------------------------------------------------------
+    def _admit_new(self, w: Work) -> None:
+        try:
+            w.restored = self._start(w.seq, w.chain)
+        except (OutOfPages, OutOfSlots):
+            w.deferred = True
+
+    def _start(self, seq: Sequence, chain: KeyChain | None) -> RestoreInfo:
+        self.io.attach(seq)
+        use = seq.use_cache and self.enabled
+        if use and chain is None:
+            chain = self.chain(seq.tokens, seq.salt)
+        rec = Tracked(seq, chain if use else None, len(seq.tokens))
+        self.live[seq.id] = rec
+        info = RestoreInfo()
+        if not use:
+            return info
+        try:
+            self.restorer.restore(rec, info)
+        except BaseException:
+            self.release(seq)
+            raise
+        rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
+        self._publish(rec)                               # restored pages serve the next
+        return info
+
+    def _chunk(self, seq: Sequence, n: int) -> int:
+        """At most n tokens, ending on a snapshot boundary when one comes first, so that
+        interval snapshots land exactly."""
+        rec = self.live[seq.id]
+        if rec.chain is not None and self.spec.is_hybrid and not rec.prompt_done:
+            to_boundary = self.interval - seq.num_computed % self.interval
+            n = min(n, to_boundary)
+        return max(n, 1)
+
+    def _make_writable(self, seq: Sequence, end: int) -> None:
+        """Give seq private pages up to `end` tokens: pages it shares that the step will
+        write are copied first (copy-on-write), missing ones allocated. All or nothing."""
+        B, dev = self.B, self.device
+        need = -(-end // B)
+        copies = [i for i in range(seq.num_computed // B, min(len(seq.pages), need))
+                  if dev.is_shared(seq.pages[i])]
+        grow = max(0, need - len(seq.pages))
+        if not copies and not grow:
+            return
+        fresh = dev.alloc(len(copies) + grow)
+        for i, new in zip(copies, fresh):
+            self.io.copy_page(seq.pages[i], new)
+            dev.decref([seq.pages[i]])
+            seq.pages[i] = new
+        seq.pages += fresh[len(copies):]
+
+    def _publish(self, rec: Tracked) -> None:
+        """Register the sequence's computed full pages on the device. Where an equal page
+        is there already (two sequences computed the same prefix at once), the sequence
+        switches to it and its own copy is freed: the prefix is held once."""
+        seq, B = rec.seq, self.B
+        n = seq.num_computed // B
+        if n <= rec.published or rec.chain is None:
+            return
+        chain = rec.chain
+        chain.extend(seq.tokens, n)
+        keys, data, w, dev = chain.keys, chain.data, 4 * B, self.device
+        for i in range(rec.published, n):
+            page = seq.pages[i]
+            held = dev.register(keys[i], keys[i - 1] if i else None, page,
+                                data[i * w:(i + 1) * w])
+            if held != page:
+                dev.incref([held])
+                dev.decref([page])
+                seq.pages[i] = held
+        rec.published = n
+
+    def _capture(self, rec: Tracked, logits: torch.Tensor | None) -> None:
+        """Copy what a checkpoint at seq.num_computed stores: the full blocks the store
+        lacks and a snapshot."""
+        seq, B, io = rec.seq, self.B, self.io
+        P = seq.num_computed
+        n_full = P // B
+        rec.chain.extend(seq.tokens, n_full)
+        self._publish(rec)
+        kv = self.spec.attention is not None
+        first, pages = rec.stored_blocks, None
+        if n_full > first and kv:
+            pages = io.read_pages(seq.pages[first:n_full])
+        rec.stored_blocks = max(first, n_full)
+        snap = Snapshot()
+        if P % B and kv:
+            snap.kv = io.read_partial(seq.pages[n_full], P % B)
+        if self.spec.is_hybrid:
+            snap.conv, snap.ssm = io.read_recurrent(seq.slot)
+        if logits is not None:
+            snap.logits = logits.detach().float().clone()
+        self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
+                                       snap))
+
+    def _store_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        for cp in pending:
+            if cp.pages is not None:
+                self.store.put_blocks(cp.tokens, cp.first_block, cp.pages, cp.salt,
+                                      chain=cp.chain)
+            if cp.snapshot:
+                self.store.put_snapshot(cp.tokens, cp.snapshot, cp.salt,
+                                        keep=self.max_snapshots, chain=cp.chain)
+
+    # ---- invariants ------------------------------------------------------------------
+    def sanity_check(self) -> None:
+        """Check what must always hold, between steps: every page reference has a holder
+        (a live sequence or the prefix table), slots belong to live sequences, and the
+        store's index, pins and byte counts add up. AssertionError names what broke."""
+        holders: Counter[int] = Counter()
+        for rec in self.live.values():
+            seq = rec.seq
+            holders.update(seq.pages)
+            assert seq.slot >= 0, f"live sequence {seq.id} has no slot"
+            assert rec.published <= seq.num_computed // self.B
+            assert len(seq.pages) * self.B >= seq.num_computed
+        self.device.sanity_check(holders)
+        slots = {rec.seq.slot for rec in self.live.values()}
+        assert slots == self.io.live_slots(), \
+            f"slots in use {sorted(self.io.live_slots())}, held by sequences {sorted(slots)}"
+        if self.store is not None:
+            self.store.sanity_check()

@@ -1,0 +1,45 @@
+"""What passes between the scheduler and the cache manager for one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ckptd.cache.keys import KeyChain
+from ckptd.cache.lookup import DEVICE
+from ckptd.model.sequence import Sequence
+
+
+@dataclass
+class RestoreInfo:
+    """What admission restored for a new sequence."""
+    cached_tokens: int = 0
+    tier: str | None = None       # the slowest tier read: "device", "host", "disk" or None
+    device_tokens: int = 0        # of cached_tokens, those in adopted device pages
+    restore_ms: float = 0.0
+    logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
+    fallbacks: int = 0            # plans abandoned because a piece failed verification
+
+    def tokens_by_tier(self) -> dict[str, int]:
+        """Restored tokens by the tier that held them."""
+        out = {DEVICE: self.device_tokens} if self.device_tokens else {}
+        rest = self.cached_tokens - self.device_tokens
+        if rest and self.tier is not None:
+            out[self.tier] = out.get(self.tier, 0) + rest
+        return out
+
+
+@dataclass(eq=False)
+class Work:
+    """One sequence's part of a step. The scheduler fills the first fields; `admit`
+    the rest: how many tokens the sequence computes, what a new one restored, and
+    whether it could not be given the memory it needs."""
+    seq: Sequence
+    budget: int                       # the most tokens the step may compute for it
+    new: bool = False                 # its first step: admission restores it first
+    chain: KeyChain | None = None     # a new sequence's block keys, if hashed already
+    n: int = 0                        # tokens computed this step (0: none)
+    restored: RestoreInfo | None = None
+    deferred: bool = False            # a new sequence with no room now: it waits
+    error: Exception | None = None    # a running sequence that can't go on

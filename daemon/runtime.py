@@ -1,0 +1,82 @@
+"""What a loaded daemon serves with, built once at start-up: the model, its tokenizer,
+the runner that owns the state tensors, the cache (device pages over the store) and
+the engine that drives them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.store import CacheStore
+from ckptd.daemon.config import ServeConfig
+from ckptd.daemon.engine import Engine
+from ckptd.model.loader import load
+from ckptd.model.runner import Runner
+from ckptd.model.text.tokenizer import Tokenizer
+
+log = logging.getLogger("ckptd")
+
+DEFAULT_MAX_CONTEXT = 32768
+# Set by the test suite: the engine checks the cache's invariants whenever it goes idle,
+# and a daemon that found one broken exits with CHECK_FAILED_EXIT at shutdown.
+CHECK_ENV = "CKPTD_CHECK_INVARIANTS"
+CHECK_FAILED_EXIT = 70
+
+
+@dataclass(frozen=True)
+class Runtime:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    runner: Runner
+    store: CacheStore
+    cache: CacheManager
+    engine: Engine
+    max_context: int               # tokens per sequence, prompt and answer
+
+    @classmethod
+    def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
+        """Load the model and build everything around it (blocking: seconds)."""
+        t0 = time.perf_counter()
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        model, tok = load(path, getattr(torch, cfg.dtype) if cfg.dtype else None)
+        limit = model.config.max_position_embeddings
+        if cfg.max_context and cfg.max_context > limit:
+            raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
+                             f"{limit} positions")
+        # KV pages are reserved for `parallel` full contexts up front: without a flag,
+        # stay at a size every machine can hold.
+        max_context = cfg.max_context or min(limit, DEFAULT_MAX_CONTEXT)
+        B = cfg.block_size
+        pages = cfg.parallel * (-(-max_context // B) + 1)
+        runner = Runner(model, pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
+        store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
+                           disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
+        cache = CacheManager(runner, runner.spec, pages, model.fingerprint, store,
+                             cfg.snapshot_interval, cfg.max_snapshots)
+        engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
+                        step_tokens=cfg.step_tokens,
+                        check_invariants=os.environ.get(CHECK_ENV) == "1")
+        engine.heap.freeze()           # the loaded objects leave the collector's walks
+        log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "
+                 "context %d, %d parallel, %d torch threads", path.name,
+                 time.perf_counter() - t0, model.config.arch, len(model.config.layer_types), B,
+                 pages, pages * runner.spec.page_bytes() / 2**20, max_context,
+                 cfg.parallel, torch.get_num_threads())
+        return cls(model, tok, runner, store, cache, engine, max_context)
+
+    @property
+    def vocab_size(self) -> int:
+        """Valid token ids are those the model embeds (the tokenizer may name fewer)."""
+        return self.model.config.vocab_size
+
+    def close(self) -> None:
+        """Cancel what still runs, then store what the cache captured, flush and close."""
+        self.engine.stop()
+        self.cache.close()

@@ -1,0 +1,156 @@
+"""Admission overhead at long prompts: the cache's bookkeeping between taking a request
+off the queue and its first model step.
+
+    python -m ckptd.tools.bench.admission [--lengths 16384,65536,262144] [--snapshots 250]
+                                          [--repeat 5] [--json FILE]
+
+For each length L, a store is filled as a long prefill leaves it, without running
+the model: the tiny hybrid's state shapes, every block of an L-token context (random
+KV) and `--snapshots` snapshots spread over it plus one at its end. Then questions
+of 20 new tokens after the context are admitted the way the engine does it (the
+scheduler hashes the prompt's block keys once, `cache.admit` restores and gives the
+pages for the first step), each phase with new questions:
+
+    device  the context's pages are still on the device: nothing is read but the
+            snapshot, from RAM. This is the bookkeeping alone.
+    host    the device pages dropped: the blocks are copied from RAM.
+    disk    a restart (a new store on the same folder, RAM budget 0): the blocks
+            are read from LMDB (the OS page cache is not dropped).
+
+Reported per phase: the median time of keys + admit (ms), and of the keys alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+QUESTION = 20
+B = 16
+
+
+def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
+    from ckptd.cache.snapshot import Snapshot
+
+    n_blocks = len(context) // B
+    chain = store.chain(context)
+    for first in range(0, n_blocks, 1024):
+        n = min(1024, n_blocks - first)
+        pages = torch.randn((n, *spec.kv_shape())).to(spec.attention.dtype)
+        store.put_blocks(context, first, pages, chain=chain)
+    gap = len(context) // n_snapshots // B * B
+
+    def snap() -> Snapshot:
+        return Snapshot(conv=torch.randn(spec.conv_shape()).to(spec.recurrent.conv_dtype),
+                        ssm=torch.randn(spec.ssm_shape()))
+    for i in range(1, n_snapshots + 1):
+        store.put_snapshot(context[:i * gap], snap(), chain=chain)
+    if len(context) % gap:
+        store.put_snapshot(context, snap(), chain=chain)
+    store.flush()
+
+
+def _admit(cache, tokens: list[int]) -> tuple[float, float, int]:
+    """(ms for keys + admit, ms for the keys, tokens restored) of one new request."""
+    from ckptd.cache.work import Work
+    from ckptd.model.sequence import Sequence
+
+    t0 = time.perf_counter()
+    chain = cache.chain(tokens, None)
+    t1 = time.perf_counter()
+    work = Work(Sequence(tokens), 256, new=True, chain=chain)
+    cache.admit([work])
+    t2 = time.perf_counter()
+    cache.finish(work.seq, checkpoint=False)
+    return (t2 - t0) * 1000, (t1 - t0) * 1000, work.restored.cached_tokens
+
+
+def bench(length: int, n_snapshots: int, repeat: int, root: Path, model) -> dict:
+    from ckptd.cache.manager import CacheManager
+    from ckptd.cache.store import CacheStore
+    from ckptd.model.runner import Runner
+
+    gen = torch.Generator().manual_seed(length)
+    vocab = model.config.vocab_size
+    context = torch.randint(3, vocab, (length,), generator=gen).tolist()
+    pages = length // B + 64
+    runner = Runner(model, pages, 2, B)
+    path = root / f"store-{length}"
+    budget = {"disk_budget": 64 << 30, "host_budget": 16 << 30}
+
+    def manager(**options):
+        store = CacheStore(path, runner.spec, model.fingerprint, **{**budget, **options})
+        return CacheManager(runner, runner.spec, pages, model.fingerprint, store,
+                            max_snapshots=1 << 20)
+
+    cache = manager()
+    t0 = time.perf_counter()
+    _fill(cache.store, runner.spec, context, n_snapshots)
+    fill_s = time.perf_counter() - t0
+    row = {"length": length, "snapshots": n_snapshots, "fill_s": round(fill_s, 1)}
+
+    def questions() -> list[int]:
+        return context + torch.randint(3, vocab, (QUESTION,), generator=gen).tolist()
+
+    _admit(cache, questions())                            # the pages land on the device
+    for phase in ("device", "host", "disk"):
+        if phase == "disk":
+            cache.close()
+            cache = manager(host_budget=0)
+        runs = []
+        for _ in range(repeat):
+            if phase != "device":
+                cache.device.evict_cached()
+            runs.append(_admit(cache, questions()))
+        restored = {r[2] for r in runs}
+        row[phase] = {"admit_ms": round(statistics.median(r[0] for r in runs), 2),
+                      "keys_ms": round(statistics.median(r[1] for r in runs), 2),
+                      "restored": sorted(restored)}
+    cache.close()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ckptd.tools.bench.admission",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", default="16384,65536,262144")
+    p.add_argument("--snapshots", type=int, default=250)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError:
+        print(f"admission: --lengths: not a list of integers: {args.lengths!r}", file=sys.stderr)
+        return 2
+    if any(n < B * args.snapshots for n in lengths) or args.repeat < 1:
+        print("admission: each length needs at least 16 tokens per snapshot, --repeat >= 1",
+              file=sys.stderr)
+        return 2
+    from ckptd.model.loader import load_model
+    from ckptd.tools.make_tiny import make_tiny
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model = load_model(make_tiny("qwen3_5_text", root / "model"))
+        for n in lengths:
+            row = bench(n, args.snapshots, args.repeat, root, model)
+            rows.append(row)
+            print(f"{n:>7} tokens, {args.snapshots} snapshots: " + ", ".join(
+                f"{ph} {row[ph]['admit_ms']:.1f} ms (keys {row[ph]['keys_ms']:.1f})"
+                for ph in ("device", "host", "disk")), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
