@@ -7,6 +7,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 BLOCK, SNAPSHOT = "block", "snapshot"
+# Why a snapshot was taken: at a snapshot_interval boundary of a prefill, at the end of
+# a prompt or an answer, or where prompts part from a shared prefix. Interval ones are
+# thinned and shed first; "" is a block's (or a snapshot stored before roles existed).
+INTERVAL, END, BRANCH = "interval", "end", "branch"
+ROLES = ("", INTERVAL, END, BRANCH)
 
 
 @dataclass
@@ -23,6 +28,13 @@ class EntryMeta:
     hits: int = 0
     pinned: bool = False
     plain: bool = True        # keyed without positions or extras: its tokens alone define it
+    role: str = ""            # a snapshot's: INTERVAL, END or BRANCH
+
+    @property
+    def keep_first(self) -> bool:
+        """A snapshot worth more than an interval one: kept longer when thinning, shed
+        last when the writer falls behind."""
+        return self.role in (END, BRANCH)
 
     @property
     def has_block_parent(self) -> bool:
@@ -58,5 +70,6 @@ class EntryMeta:
                 or (self.kind == BLOCK and not self.tokens) \
                 or not isinstance(self.fingerprint, str) \
                 or not all(type(b) is bool for b in (self.pinned, self.plain)) \
+                or self.role not in ROLES \
                 or not all(isinstance(t, (int, float)) for t in (self.created, self.last_used)):
             raise ValueError("not an entry meta: a field is out of range")

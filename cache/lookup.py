@@ -62,6 +62,8 @@ class RestorePlan:
     tokens: list[int] = field(repr=False, default_factory=list)   # the prompt
     ctx: KeyContext = field(repr=False, default_factory=KeyContext)
     device_blocks: int = 0             # leading blocks the caller maps from its device pages
+    shared: int = 0                    # prompt tokens that cached entries share: where
+                                       # the prompt parts from what is cached
 
     def pieces(self) -> list[PieceRef]:
         """What the store loads: the stored blocks, then the snapshot."""
@@ -116,11 +118,12 @@ def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,
             break
         blocks.append(_ref(key, *found))
     depth = dev + len(blocks)
+    shared = depth * B + _shared_after(tokens, chain, depth, view)
     if not hybrid:
         cut = _partial_page(tokens, limit, chain, depth, view)
         if cut is not None:
-            return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx, dev)
-        return RestorePlan(depth * B, blocks, None, tokens, ctx, dev)
+            return RestorePlan(depth * B + cut[0], blocks, cut[1], tokens, ctx, dev, shared)
+        return RestorePlan(depth * B, blocks, None, tokens, ctx, dev, shared)
     for d in range(depth, -1, -1):
         parent = chain.parent(d)
         if not view.has_snapshots(parent):
@@ -138,8 +141,22 @@ def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,
                 best = _ref(key, meta, tier)
         if best is not None:
             return RestorePlan(best.position, blocks[:max(0, d - dev)], best, tokens, ctx,
-                               min(dev, d))
-    return RestorePlan(0, [], None, tokens, ctx)
+                               min(dev, d), shared)
+    return RestorePlan(0, [], None, tokens, ctx, shared=shared)
+
+
+def _shared_after(tokens: list[int], chain: KeyChain, depth: int, view: IndexView) -> int:
+    """How many of the prompt's tokens after block `depth` some entry after that block
+    (another prompt's next block, a snapshot's tail) starts with."""
+    B = chain.block_size
+    want = tokens[depth * B:(depth + 1) * B]
+    best = 0
+    for _, meta, _ in view.children_after(chain.parent(depth)):
+        have, m = meta.tokens, 0
+        while m < min(len(have), len(want)) and have[m] == want[m]:
+            m += 1
+        best = max(best, m)
+    return best
 
 
 def _partial_page(tokens: list[int], limit: int, chain: KeyChain, depth: int,

@@ -9,32 +9,28 @@
 
 Tiers, fastest first: device pages (cache/device.py, shared in place), then the
 store (cache/store/: RAM, LMDB). A restore (cache/restorer.py) adopts the device
-pages of the prompt's leading blocks and reads the rest from the store.
-Checkpoints are captured right after the step that reaches them (full blocks and
-a snapshot: the recurrent state, the partial page's KV, the logits at the end of
-a prompt) and put into the store at the start of the next admit (or when the
-engine goes idle, or a sequence finishes), so a first token is never held up by
-the store's work. They are taken at snapshot_interval
-boundaries during a prefill, at the end of the prompt (with the last logits, so
-an exact repeat computes nothing) and at the end of a generation (the next chat
-turn resumes after the answer). The runner owns the state tensors; the manager
-reads and writes them only through StateIO.
+pages of the prompt's leading blocks and reads the rest from the store. Each new
+sequence gets a plan of where its prefill stops to leave a snapshot (branch
+points, interval positions within a byte budget) and the end of its prompt; the
+checkpoints are captured after the step that reaches them and stored off the
+first token's path (cache/checkpoints.py). The runner owns the state tensors; the
+manager reads and writes them only through StateIO.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from ckptd.cache.checkpoints import Checkpointer, interval_stops, snapshot_budget
 from ckptd.cache.device import DevicePages, OutOfPages
+from ckptd.cache.entry import BRANCH, END, INTERVAL
 from ckptd.cache.keys import KeyChain, root_key
 from ckptd.cache.restorer import Restorer
-from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
-from ckptd.cache.work import RestoreInfo, Work
+from ckptd.cache.work import RestoreInfo, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
 from ckptd.model.spec import StateSpec
 from ckptd.model.state import OutOfSlots
@@ -58,32 +54,12 @@ class StateIO(Protocol):
     def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
 
 
-@dataclass(eq=False)
-class Tracked:
-    """The manager's bookkeeping of one live sequence."""
-    seq: Sequence
-    chain: KeyChain | None        # block keys (None: the sequence does not use the cache)
-    prompt_len: int
-    prompt_done: bool = False
-    stored_blocks: int = 0        # leading blocks the store holds (no need to put them)
-    published: int = 0            # leading full pages registered on the device
-
-
-@dataclass
-class Checkpoint:
-    """A state captured after a step, put into the store at the next admit."""
-    tokens: list[int]
-    salt: str | None
-    chain: KeyChain
-    first_block: int
-    pages: torch.Tensor | None    # blocks first_block.. [n, *kv_shape()], or None
-    snapshot: Snapshot
-
-
 class CacheManager:
     def __init__(self, io: StateIO, spec: StateSpec, num_pages: int, fingerprint: str,
                  store: CacheStore | None = None, snapshot_interval: int = 1024,
-                 max_snapshots: int = 16) -> None:
+                 max_snapshots: int = 16, snapshot_budget: float = 1.0) -> None:
+        """snapshot_budget: a prefill's interval snapshots take at most this many times
+        its context's KV bytes (cache/checkpoints.py)."""
         B = spec.block_size
         if store is not None and store.B != B:
             raise ValueError("store and runner must use the same block size")
@@ -96,42 +72,64 @@ class CacheManager:
             raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
         self.io, self.spec, self.B, self.fp = io, spec, B, fingerprint
         self.store = store
+        if snapshot_budget <= 0:
+            raise ValueError(f"snapshot_budget must be positive, got {snapshot_budget}")
         self.interval, self.max_snapshots = snapshot_interval, max_snapshots
+        self.snapshot_ratio = snapshot_budget
         self.device = DevicePages(num_pages, B)
         self.restorer = Restorer(self.device, store, io, spec)
+        self.checkpoints = Checkpointer(io, spec, store, max_snapshots)
         self.rates = self.restorer.rates
         self.live: dict[int, Tracked] = {}
-        self.pending: list[Checkpoint] = []
+        self.branches: dict[int, set[int]] = {}   # seq id -> branch points asked before
+        #                                           it was admitted
 
     @property
     def enabled(self) -> bool:
         """Whether anything is cached: without a store, sequences only get pages."""
         return self.store is not None
 
-    # ---- keys ------------------------------------------------------------------------
+    @property
+    def pending(self) -> list:
+        return self.checkpoints.pending
+
+    # ---- keys and branch points ------------------------------------------------------
     def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
         """A prompt's block keys: hashed here once per request, carried on it after."""
         return KeyChain(root_key(self.fp, self.B, salt), self.B, tokens)
 
-    def computing(self, chain: KeyChain, prefills: list[tuple[KeyChain, int]]) -> bool:
-        """Whether a running prefill (its chain, tokens computed so far) computes a block
-        that a prompt with this chain starts with. That prompt waits and adopts the
-        pages once they exist, instead of computing the same prefix a second time."""
-        keys = chain.keys
-        for theirs, computed in prefills:
-            other, n = theirs.keys, 0
-            while n < len(keys) and n < len(other) and keys[n] == other[n]:
-                n += 1
-            if n * self.B > computed:
-                return True
-        return False
+    def common_prefix(self, a: KeyChain, a_tokens: list[int], b: KeyChain,
+                      b_tokens: list[int]) -> int:
+        """How many leading tokens two prompts share: whole blocks by their keys (a
+        binary search: equal keys mean equal prefixes), then token by token."""
+        ka, kb = a.keys, b.keys
+        lo, hi = 0, min(len(ka), len(kb))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ka[mid - 1] == kb[mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        n, end = lo * self.B, min(len(a_tokens), len(b_tokens))
+        while n < end and a_tokens[n] == b_tokens[n]:
+            n += 1
+        return n
+
+    def add_branch(self, seq: Sequence, position: int) -> None:
+        """Ask a prefill to stop at `position` and leave a snapshot there (a waiting
+        prompt parts from it there). Before the sequence is admitted, kept for then."""
+        rec = self.live.get(seq.id)
+        if rec is None:
+            self.branches.setdefault(seq.id, set()).add(position)
+        elif rec.chain is not None and seq.num_computed < position < rec.prompt_len:
+            rec.stops[position] = BRANCH
 
     # ---- the step --------------------------------------------------------------------
     def admit(self, batch: list[Work]) -> None:
-        """Restore each new sequence, decide what each computes this step (ending on a
-        snapshot boundary when one is near) and give it the pages to hold it. A new
-        sequence without room is set back (deferred), a running one fails (error)."""
-        self._store_pending()
+        """Restore each new sequence, decide what each computes this step (ending at
+        its next planned stop) and give it the pages to hold it. A new sequence without
+        room is set back (deferred); a running one waits a step (stalled)."""
+        self.checkpoints.store_pending()
         for w in batch:
             if w.new:
                 self._admit_new(w)
@@ -145,18 +143,18 @@ class CacheManager:
                 continue
             try:
                 self._make_writable(w.seq, w.seq.num_computed + w.n)
-            except OutOfPages as e:
+            except OutOfPages:
                 w.n = 0
                 if w.new:
                     self.release(w.seq)
                     w.deferred = True
                 else:
-                    w.error = e
+                    w.stalled = True
 
     def after_step(self, batch: list[Work], logits: torch.Tensor | None) -> None:
         """After runner.step over the batch's work (logits: one row per work with n > 0,
-        in order): publish the pages that filled up, capture interval and end-of-prompt
-        checkpoints."""
+        in order): publish the pages that filled up, capture the checkpoints planned
+        at the positions reached."""
         row = 0
         for w in batch:
             if not w.n:
@@ -166,11 +164,13 @@ class CacheManager:
                 continue
             self._publish(rec)
             P = w.seq.num_computed
-            if not rec.prompt_done and P == rec.prompt_len:
+            if rec.prompt_done:
+                continue
+            if P == rec.prompt_len:
                 rec.prompt_done = True
-                self._capture(rec, logits[row - 1])
-            elif not rec.prompt_done and P % self.interval == 0:
-                self._capture(rec, None)
+                self.checkpoints.capture(rec, logits[row - 1], END)
+            elif P in rec.stops:
+                self.checkpoints.capture(rec, None, rec.stops.pop(P))
 
     def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
         """A sequence is done: store its final state (checkpoint; the client has had
@@ -178,12 +178,14 @@ class CacheManager:
         pages and slot. Finishing twice is harmless."""
         rec = self.live.get(seq.id)
         if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
-            self._capture(rec, None)
-            self._store_pending()
+            self._publish(rec)
+            self.checkpoints.capture(rec, None, END)
+            self.checkpoints.store_pending()
         self.release(seq)
 
     def release(self, seq: Sequence) -> None:
         rec = self.live.pop(seq.id, None)
+        self.branches.pop(seq.id, None)
         if rec is not None and seq.pages:
             full = min(seq.num_computed // self.B, rec.published)
             if full:
@@ -194,10 +196,10 @@ class CacheManager:
 
     def settle(self) -> None:
         """Put captured checkpoints into the store now (the engine is idle)."""
-        self._store_pending()
+        self.checkpoints.store_pending()
 
     def close(self) -> None:
-        self._store_pending()
+        self.checkpoints.store_pending()
         if self.store is not None:
             self.store.close()
 
@@ -207,7 +209,7 @@ class CacheManager:
         """A new sequence with a slot, restored from the longest cached prefix. Raises
         OutOfPages / OutOfSlots, holding nothing, when there is no room."""
         check_token_ids(tokens, self.io.vocab_size)
-        self._store_pending()
+        self.checkpoints.store_pending()
         seq = Sequence(list(tokens), salt, use_cache)
         info = self._start(seq, chain)
         return seq, info
@@ -241,6 +243,8 @@ class CacheManager:
             w.restored = self._start(w.seq, w.chain)
         except (OutOfPages, OutOfSlots):
             w.deferred = True
+        except Exception as e:           # this request fails, the step goes on
+            w.error = e
 
     def _start(self, seq: Sequence, chain: KeyChain | None) -> RestoreInfo:
         self.io.attach(seq)
@@ -258,16 +262,32 @@ class CacheManager:
             self.release(seq)
             raise
         rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
+        self._plan_stops(rec)
         self._publish(rec)                               # restored pages serve the next
         return info
 
+    def _plan_stops(self, rec: Tracked) -> None:
+        """Where this prefill stops for a snapshot: where the prompt parts from what is
+        cached (or from a prompt waiting for this one), and, for a hybrid, interval
+        positions within the snapshot byte budget."""
+        P, end = rec.seq.num_computed, rec.prompt_len
+        for p in {rec.shared, *self.branches.pop(rec.seq.id, ())}:
+            if P < p < end:
+                rec.stops[p] = BRANCH
+        if self.spec.is_hybrid:
+            budget = min(snapshot_budget(end, self.spec, self.snapshot_ratio),
+                         self.max_snapshots)
+            for p in interval_stops(P, end, self.interval, budget):
+                rec.stops.setdefault(p, INTERVAL)
+
     def _chunk(self, seq: Sequence, n: int) -> int:
-        """At most n tokens, ending on a snapshot boundary when one comes first, so that
-        interval snapshots land exactly."""
+        """At most n tokens, ending at the next planned stop when that comes first."""
         rec = self.live[seq.id]
-        if rec.chain is not None and self.spec.is_hybrid and not rec.prompt_done:
-            to_boundary = self.interval - seq.num_computed % self.interval
-            n = min(n, to_boundary)
+        if rec.stops and not rec.prompt_done:
+            P = seq.num_computed
+            ahead = [p for p in rec.stops if p > P]
+            if ahead:
+                n = min(n, min(ahead) - P)
         return max(n, 1)
 
     def _make_writable(self, seq: Sequence, end: int) -> None:
@@ -307,39 +327,6 @@ class CacheManager:
                 dev.decref([page])
                 seq.pages[i] = held
         rec.published = n
-
-    def _capture(self, rec: Tracked, logits: torch.Tensor | None) -> None:
-        """Copy what a checkpoint at seq.num_computed stores: the full blocks the store
-        lacks and a snapshot."""
-        seq, B, io = rec.seq, self.B, self.io
-        P = seq.num_computed
-        n_full = P // B
-        rec.chain.extend(seq.tokens, n_full)
-        self._publish(rec)
-        kv = self.spec.attention is not None
-        first, pages = rec.stored_blocks, None
-        if n_full > first and kv:
-            pages = io.read_pages(seq.pages[first:n_full])
-        rec.stored_blocks = max(first, n_full)
-        snap = Snapshot()
-        if P % B and kv:
-            snap.kv = io.read_partial(seq.pages[n_full], P % B)
-        if self.spec.is_hybrid:
-            snap.conv, snap.ssm = io.read_recurrent(seq.slot)
-        if logits is not None:
-            snap.logits = logits.detach().float().clone()
-        self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
-                                       snap))
-
-    def _store_pending(self) -> None:
-        pending, self.pending = self.pending, []
-        for cp in pending:
-            if cp.pages is not None:
-                self.store.put_blocks(cp.tokens, cp.first_block, cp.pages, cp.salt,
-                                      chain=cp.chain)
-            if cp.snapshot:
-                self.store.put_snapshot(cp.tokens, cp.snapshot, cp.salt,
-                                        keep=self.max_snapshots, chain=cp.chain)
 
     # ---- invariants ------------------------------------------------------------------
     def sanity_check(self) -> None:

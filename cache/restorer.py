@@ -53,8 +53,10 @@ class Restorer:
         n = len(seq.tokens)
         device = self.device.find(chain, n // self.B)
         dev, limit = len(device), n
-        for _ in range(_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             plan = self._plan(rec, limit, dev)
+            if not attempt:
+                rec.shared = max(plan.shared, dev * self.B)
             if plan.position == n and plan.snapshot is None:
                 plan = self._plan(rec, n - 1, dev)     # keep one token to compute
             if plan.position == 0:
@@ -96,7 +98,7 @@ class Restorer:
         if dev and not self.hybrid:
             return store.lookup(seq.tokens, seq.salt, max_tokens=min(limit, dev * self.B),
                                 device_blocks=dev, chain=rec.chain)
-        return RestorePlan(0, [], None)
+        return RestorePlan(0, [], None, shared=plan.shared)
 
     def _worth_it(self, plan: RestorePlan) -> bool:
         read_s = sum(n / self.rates.bytes_per_s[t] for t, n in plan.bytes_by_tier().items())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,19 @@ class RestoreInfo:
 
 
 @dataclass(eq=False)
+class Tracked:
+    """The cache manager's bookkeeping of one live sequence."""
+    seq: Sequence
+    chain: KeyChain | None        # block keys (None: the sequence does not use the cache)
+    prompt_len: int
+    prompt_done: bool = False
+    stored_blocks: int = 0        # leading blocks the store holds (no need to put them)
+    published: int = 0            # leading full pages registered on the device
+    stops: dict[int, str] = field(default_factory=dict)   # position -> snapshot role
+    shared: int = 0               # prompt tokens something cached or running shares
+
+
+@dataclass(eq=False)
 class Work:
     """One sequence's part of a step. The scheduler fills the first fields; `admit`
     the rest: how many tokens the sequence computes, what a new one restored, and
@@ -42,4 +55,5 @@ class Work:
     n: int = 0                        # tokens computed this step (0: none)
     restored: RestoreInfo | None = None
     deferred: bool = False            # a new sequence with no room now: it waits
-    error: Exception | None = None    # a running sequence that can't go on
+    stalled: bool = False             # a running one with no pages this step: it waits
+    error: Exception | None = None    # it can't go on

@@ -46,11 +46,14 @@ class ServeConfig:
     port: int = 8080
     cache_dir: Path = Path("ckptd-cache")
     disk_budget: int = 20 * 10**9          # bytes
-    host_budget: int = 2 * 10**9           # bytes
+    host_budget: int | None = None         # bytes; None: a fifth of the memory available
+    kv_budget: int | None = None           # bytes of KV pages; None: daemon/memory.py
+    write_queue: int = 256 * 2**20         # bytes waiting to be written to disk
     block_size: int = 16
     snapshot_interval: int = 1024          # tokens; a multiple of block_size
     max_snapshots: int = 16                # kept per prefix; older ones are thinned
-    max_context: int | None = None         # tokens per sequence; None: min(model's, 32768)
+    snapshot_budget: float = 1.0           # interval snapshot bytes / the context's KV bytes
+    max_context: int | None = None         # tokens per sequence; None: the model's limit
     parallel: int = 4                      # sequences computed together
     queue_size: int = 64                   # requests waiting beyond `parallel`
     step_tokens: int = 256                 # tokens per model step (decodes + prefill chunk)
@@ -75,12 +78,16 @@ class ServeConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("disk_budget", "host_budget"):
-            if getattr(self, name) < 0:
+        for name in ("disk_budget", "host_budget", "kv_budget"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.write_queue <= 0:
+            raise ValueError(f"write_queue must be positive, got {self.write_queue}")
         if self.snapshot_interval % self.block_size:
             raise ValueError(f"snapshot_interval ({self.snapshot_interval}) must be a multiple "
                              f"of block_size ({self.block_size})")
+        if self.snapshot_budget <= 0:
+            raise ValueError(f"snapshot_budget must be positive, got {self.snapshot_budget}")
         if self.max_snapshots < 2:
             raise ValueError(f"max_snapshots must be >= 2, got {self.max_snapshots}")
         if self.threads is not None and self.threads < 1:
@@ -126,13 +133,20 @@ SETTINGS: dict[str, tuple] = {
     "port": (_INT, "port to bind (default 8080; 0 picks a free one)"),
     "cache_dir": (Path, "cache folder (default $XDG_DATA_HOME/ckptd)"),
     "disk_budget": ("size", "disk tier budget, e.g. 20GB"),
-    "host_budget": ("size", "host RAM tier budget, e.g. 2GB"),
+    "host_budget": ("size", "host RAM tier budget, e.g. 2GB (default: a fifth of the memory "
+                            "available at start)"),
+    "kv_budget": ("size", "memory for KV pages, e.g. 8GB (default: 40% of the memory "
+                          "available at start, 80% of a GPU's free memory, at most room for "
+                          "--parallel + 1 full contexts)"),
+    "write_queue": ("size", "checkpoints waiting for the disk writer, e.g. 256MiB (default); "
+                            "beyond it the least useful are shed"),
     "block_size": (_INT, "tokens per KV page and stored block (default 16)"),
     "snapshot_interval": (_INT, "tokens between prefill snapshots (default 1024)"),
     "max_snapshots": (_INT, "snapshots kept per prefix, older ones thinned out (default 16, "
                             "at least 2)"),
-    "max_context": (_INT, "most tokens per sequence (default: the model's limit, "
-                          "at most 32768)"),
+    "snapshot_budget": (float, "a long prefill's interval snapshots take at most this many "
+                               "times its context's KV bytes (default 1)"),
+    "max_context": (_INT, "most tokens per sequence (default: the model's limit)"),
     "parallel": (_INT, "sequences computed together (default 4)"),
     "queue_size": (_INT, "requests that may wait for a sequence slot (default 64)"),
     "step_tokens": (_INT, "tokens per model step: decodes plus a prefill chunk (default 256)"),

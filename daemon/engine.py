@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.work import RestoreInfo
 from ckptd.daemon.heap import Heap
+from ckptd.daemon.progress import PrefillLog
 from ckptd.daemon.request import (
     EngineError,
     Finished,
@@ -54,6 +56,7 @@ class Engine:
         self.cached_by_tier: dict[str, int] = {}        # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []  # (histogram, seconds), for metrics
         self.heap = Heap()                                # collects while idle (daemon/heap.py)
+        self.progress = PrefillLog()                      # INFO lines for long prefills
         self.worker: threading.Thread | None = None      # the thread in run()
         self.done = threading.Event()                    # set when run() returns
 
@@ -85,9 +88,12 @@ class Engine:
         self.cache.admit(batch.work)
         admitted = time.perf_counter()
         work = [(w.seq, w.n) for w in batch.work if w.n]
+        if not work:
+            self._preempt(batch)
         logits = self.runner.step(work) if work else None
         self.cache.after_step(batch.work, logits)
         self._postprocess(batch, logits, admitted)
+        self.progress.update(self.scheduler.running)
         return bool(batch)
 
     def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float) -> None:
@@ -111,6 +117,22 @@ class Engine:
             elif w.n and live.seq.num_computed == len(live.seq.tokens):
                 self._prompt_done(live, now)
                 self._sample(live, out)
+
+    def _preempt(self, batch: Batch) -> None:
+        """Nothing could run this step: the KV pages are all held. The newest running
+        sequence that waits for pages gives them back: a prefill goes back to the front
+        of the queue (its checkpoints make the second try cheap), a decode fails."""
+        stalled = [(live, w) for live, w in zip(batch.lives, batch.work) if w.stalled]
+        if not stalled:
+            return
+        live, w = stalled[-1]
+        w.stalled = False
+        if live.t_decode:
+            w.error = OutOfPages("out of KV cache memory: the running sequences need more "
+                                 "pages than the pool holds (--kv-budget)")
+        else:
+            self.cache.finish(live.seq, checkpoint=False)
+            w.deferred = True
 
     def _started(self, live: Live, info: RestoreInfo | None, admitted: float) -> None:
         req, st = live.req, live.req.stats
@@ -212,8 +234,10 @@ class Engine:
             raise EngineError(failed[0].message)
         return events
 
-    def stream(self, prompt: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
-        """One prompt's events as they are generated, stepping on this thread."""
+    def stream(self, prompt: list[int], params: SamplingParams,
+               on_prefill: Callable[[int, int], None] | None = None) -> Iterator[TokenEvent]:
+        """One prompt's events as they are generated, stepping on this thread.
+        on_prefill(done, total): after each step while the prompt is computed."""
         if not prompt:
             raise ValueError("prompt is empty")
         if params.max_tokens <= 0:
@@ -225,6 +249,10 @@ class Engine:
         try:
             while ended[0] is None:
                 self.step()
+                if on_prefill is not None and not events:
+                    live = next((x for x in self.scheduler.running if x.req is req), None)
+                    if live is not None:
+                        on_prefill(live.seq.num_computed, len(prompt))
                 yield from events
                 events.clear()
         finally:

@@ -31,6 +31,9 @@ _SCHEDULER = {
 }
 
 
+SHED_REASONS = ("interval", "end", "branch", "block")   # what a shed write was
+
+
 class Histogram:
     def __init__(self, buckets: tuple[float, ...] = SECONDS) -> None:
         self.buckets = buckets
@@ -139,8 +142,10 @@ def _cache_lines(put: _Writer, s: dict) -> None:
               [("", wq.get("depth", 0))])
     put.gauge("ckptd_cache_write_queue_bytes", "Bytes waiting for the disk writer",
               [("", wq.get("bytes", 0))])
-    put.counter("ckptd_cache_dropped_writes_total", "Writes dropped: the write queue was full",
-                [("", wq.get("dropped", 0))])
+    put.counter("ckptd_cache_dropped_writes_total", "Writes shed because the disk writer fell "
+                "behind (kept in RAM only), by what they were: interval, end or branch "
+                "snapshots, blocks", [(f'reason="{r}"', wq.get("shed", {}).get(r, 0))
+                                      for r in SHED_REASONS])
     put.counter("ckptd_cache_committed_writes_total", "Entries committed to disk",
                 [("", wq.get("committed", 0))])
 

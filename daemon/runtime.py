@@ -14,6 +14,7 @@ import torch
 
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.store import CacheStore
+from ckptd.daemon import memory
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
 from ckptd.model.loader import load
@@ -22,7 +23,6 @@ from ckptd.model.text.tokenizer import Tokenizer
 
 log = logging.getLogger("ckptd")
 
-DEFAULT_MAX_CONTEXT = 32768
 # Set by the test suite: the engine checks the cache's invariants whenever it goes idle,
 # and a daemon that found one broken exits with CHECK_FAILED_EXIT at shutdown.
 CHECK_ENV = "CKPTD_CHECK_INVARIANTS"
@@ -38,6 +38,7 @@ class Runtime:
     cache: CacheManager
     engine: Engine
     max_context: int               # tokens per sequence, prompt and answer
+    kv_tokens: int                 # tokens the KV pool holds, all sequences together
 
     @classmethod
     def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
@@ -50,26 +51,27 @@ class Runtime:
         if cfg.max_context and cfg.max_context > limit:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
                              f"{limit} positions")
-        # KV pages are reserved for `parallel` full contexts up front: without a flag,
-        # stay at a size every machine can hold.
-        max_context = cfg.max_context or min(limit, DEFAULT_MAX_CONTEXT)
+        max_context = cfg.max_context or limit
         B = cfg.block_size
-        pages = cfg.parallel * (-(-max_context // B) + 1)
-        runner = Runner(model, pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
+        spec = model.state_spec(B)
+        sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
+                            -(-max_context // B) + 1, cfg.parallel)
+        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
-                           disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
-        cache = CacheManager(runner, runner.spec, pages, model.fingerprint, store,
-                             cfg.snapshot_interval, cfg.max_snapshots)
+                           disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
+                           queue_bytes=cfg.write_queue)
+        cache = CacheManager(runner, runner.spec, sizes.kv_pages, model.fingerprint, store,
+                             cfg.snapshot_interval, cfg.max_snapshots, cfg.snapshot_budget)
         engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
                         step_tokens=cfg.step_tokens,
                         check_invariants=os.environ.get(CHECK_ENV) == "1")
         engine.heap.freeze()           # the loaded objects leave the collector's walks
-        log.info("loaded %s in %.1f s: %s, %d layers, block %d, %d pages (%.0f MiB KV), "
-                 "context %d, %d parallel, %d torch threads", path.name,
+        log.info("loaded %s in %.1f s: %s, %d layers, block %d, %s (%d tokens), RAM tier "
+                 "%.0f MiB, context %d, %d parallel, %d torch threads", path.name,
                  time.perf_counter() - t0, model.config.arch, len(model.config.layer_types), B,
-                 pages, pages * runner.spec.page_bytes() / 2**20, max_context,
+                 sizes.source, sizes.kv_pages * B, sizes.host_bytes / 2**20, max_context,
                  cfg.parallel, torch.get_num_threads())
-        return cls(model, tok, runner, store, cache, engine, max_context)
+        return cls(model, tok, runner, store, cache, engine, max_context, sizes.kv_pages * B)
 
     @property
     def vocab_size(self) -> int:

@@ -135,9 +135,9 @@ class Scheduler:
 
     def _next_waiting(self) -> Request | None:
         """The oldest waiting request, taken off the queue, that is not waiting for a
-        running prefill computing its prefix (it adopts those pages once they exist)."""
+        running prefill computing part of its prompt."""
         cache = self.cache
-        prefills = [(live.req.chain, live.seq.num_computed) for live in self.running
+        prefills = [live for live in self.running
                     if not live.t_decode and live.req.chain is not None]
         with self.cond:
             queue = list(self.waiting)
@@ -147,7 +147,7 @@ class Scheduler:
             if req.use_cache and cache.enabled:
                 if req.chain is None:          # hashed once; admission and puts reuse it
                     req.chain = cache.chain(req.tokens, req.salt)
-                if prefills and cache.computing(req.chain, prefills):
+                if self._waits_for(req, prefills):
                     continue
             with self.cond:
                 for i, queued in enumerate(self.waiting):
@@ -155,3 +155,19 @@ class Scheduler:
                         del self.waiting[i]
                         return req
         return None
+
+    def _waits_for(self, req: Request, prefills: list[Live]) -> bool:
+        """Whether a running prefill is computing tokens this prompt starts with. The
+        request then waits, and the prefill is asked to leave a snapshot where the two
+        part: admitted once it is there, the request computes only its own tokens (N
+        clients sending one new document compute it once)."""
+        waits = False
+        for live in prefills:
+            if live.req.salt != req.salt:
+                continue
+            p = self.cache.common_prefix(req.chain, req.tokens, live.req.chain,
+                                         live.req.tokens)
+            if p > live.seq.num_computed:
+                self.cache.add_branch(live.seq, p)
+                waits = True
+        return waits

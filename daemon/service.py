@@ -147,14 +147,17 @@ class Service:
 
     def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
                param: str = "max_tokens", prompt_param: str = "prompt") -> SamplingParams:
-        """Check the prompt against the context limit and fix max_tokens. A request for 0
-        tokens computes its prompt (and caches it) and returns no text: it runs one."""
-        n, limit = len(tokens), self.max_context
+        """Check the prompt against the context limit (or what the KV memory holds, when
+        that is less) and fix max_tokens. A request for 0 tokens computes its prompt (and
+        caches it) and returns no text: it runs one."""
+        n, limit, what = len(tokens), self.max_context, "context limit"
+        if self.rt.kv_tokens < limit:
+            limit, what = self.rt.kv_tokens, "KV memory (--kv-budget)"
         if n == 0:
             raise bad_request("the prompt is empty", prompt_param)
         if n >= limit:
-            raise bad_request(f"the prompt is {n} tokens; this server's context limit is "
-                              f"{limit} (prompt plus at least one generated token)", prompt_param,
+            raise bad_request(f"the prompt is {n} tokens; this server's {what} holds {limit} "
+                              "(prompt plus at least one generated token)", prompt_param,
                               "context_length_exceeded")
         cap = self.cfg.max_tokens
         if max_tokens is None:
@@ -164,8 +167,7 @@ class Service:
                               f"one request ({cap}, --max-tokens)", param)
         elif n + max_tokens > limit:
             raise bad_request(f"{param} = {max_tokens} with a {n}-token prompt is beyond the "
-                              f"context limit of {limit} tokens", param,
-                              "context_length_exceeded")
+                              f"{what} of {limit} tokens", param, "context_length_exceeded")
         return replace(params, max_tokens=max(1, max_tokens))
 
     def generation(self, tokens: list[int], params: SamplingParams, salt: str | None,

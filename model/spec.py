@@ -81,6 +81,9 @@ class StateSpec:
             return 0
         return _numel(self.kv_shape()) * _itemsize(self.attention.dtype)
 
+    def kv_bytes_per_token(self) -> int:
+        return self.page_bytes() // self.block_size
+
     def snapshot_bytes(self, partial_tokens: int = 0) -> int:
         """Bytes of one recurrent snapshot plus `partial_tokens` of unpaged KV."""
         n = 0

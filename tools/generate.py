@@ -9,11 +9,14 @@ from __future__ import annotations
 import sys
 
 _DTYPES = ("float32", "bfloat16")
+LONG_PROMPT = 4096          # tokens from which the prefill shows a progress bar
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model", help="HF folder or .gguf file (default: the embedded SmolLM2)")
-    p.add_argument("--prompt", required=True)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file", help="read the prompt from this file ('-': stdin)")
     p.add_argument("--system", help="system message (chat mode; default: the template's)")
     p.add_argument("--raw", action="store_true", help="no chat template: complete the prompt")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -41,12 +44,13 @@ def run(args) -> int:
                             seed=args.seed, stop=tuple(args.stop))
     if args.block_size <= 0:
         raise ValueError(f"--block-size must be positive, got {args.block_size}")
+    text_in = args.prompt if args.prompt is not None else _read(args.prompt_file)
     model, tok = load(args.model or default_model_path(), dtype=getattr(torch, args.dtype))
     if args.raw:
-        prompt = tok.encode(args.prompt, add_special_tokens=True)
+        prompt = tok.encode(text_in, add_special_tokens=True)
     else:
         msgs = [{"role": "system", "content": args.system}] if args.system else []
-        msgs.append({"role": "user", "content": args.prompt})
+        msgs.append({"role": "user", "content": text_in})
         prompt = tok.encode(tok.apply_chat_template(msgs))
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")
@@ -57,10 +61,59 @@ def run(args) -> int:
                          f"exceeds the model's context of {limit} tokens")
     engine = local_engine(model, tok, -(-total // args.block_size) + 1, args.block_size)
     text = ""
-    for ev in engine.stream(prompt, params):
-        text += ev.text
-        sys.stdout.write(ev.text)
-        sys.stdout.flush()
+    with _PrefillBar(len(prompt)) as bar:
+        for ev in engine.stream(prompt, params, on_prefill=bar.update):
+            bar.close()
+            text += ev.text
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
     if sys.stdout.isatty() and not text.endswith("\n"):
         sys.stdout.write("\n")
     return 0
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--prompt-file {path}: {e}") from None
+
+
+class _PrefillBar:
+    """A progress bar on stderr while a long prompt is computed (stdout stays the
+    generated text alone)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.progress, self.task = total, None, None
+        if total >= LONG_PROMPT:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+            self.progress = Progress(TextColumn("prefill"), BarColumn(), MofNCompleteColumn(),
+                                     TimeRemainingColumn(), console=Console(stderr=True),
+                                     transient=True)
+            self.task = self.progress.add_task("", total=total)
+            self.progress.start()
+
+    def update(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def __enter__(self) -> _PrefillBar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

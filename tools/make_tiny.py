@@ -34,7 +34,7 @@ def _config(arch: str) -> dict:
     common = {
         "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "tie_word_embeddings": False,
         "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "silu", "torch_dtype": "float32",
         "attention_bias": False,
     }
@@ -96,7 +96,7 @@ def _tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
-        "add_bos_token": False, "model_max_length": 131072,
+        "add_bos_token": False, "model_max_length": 262144,
     }, indent=1))
 
 

@@ -112,6 +112,7 @@ class StoreAdmin:
                                 "bytes": w.queued_bytes if w else 0,
                                 "bound_bytes": self.store.config.queue_bytes,
                                 "dropped": w.dropped if w else 0,
+                                "shed": dict(w.shed) if w else {},
                                 "committed": w.committed if w else 0,
                                 "failed": w.failed if w else 0,
                                 "lost_no_room": c.lost_writes,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
+from ckptd.cache.entry import BLOCK, BRANCH, END, INTERVAL, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import KeyChain, KeyContext, root_key, snapshot_key
 from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
 from ckptd.cache.snapshot import Snapshot
@@ -94,7 +94,7 @@ class CacheStore:
         self.put_lock = threading.Lock()
         self.writer = None if readonly else Writer(
             self.committer.encode, self.committer.commit, cfg.queue_bytes, cfg.write_threads,
-            cfg.batch, cfg.block_when_full)
+            cfg.batch, cfg.block_when_full, on_shed=self._shed)
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
         self.admin = StoreAdmin(self)
 
@@ -208,10 +208,13 @@ class CacheStore:
 
     def put_snapshot(self, tokens, snapshot: Snapshot, salt: str | bytes | None = None,
                      extras=None, positions=None, keep: int | None = None,
-                     chain: KeyChain | None = None) -> bytes:
+                     chain: KeyChain | None = None, role: str = END) -> bytes:
         """Store the state after exactly `tokens`. Returns its key. With `keep`, a new
         snapshot thins the older ones on its path to at most `keep` in all
-        (cache/store/thin.py)."""
+        (cache/store/thin.py). role: why it was taken (cache/entry.py); interval ones
+        are thinned and shed first."""
+        if role not in (INTERVAL, END, BRANCH):
+            raise ValueError(f"a snapshot's role is one of interval, end, branch; got {role!r}")
         self.writable()
         self.need_model()
         if keep is not None and keep < 1:
@@ -231,7 +234,7 @@ class CacheStore:
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self.catalog.known(key):
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
-                             plain=ctx.plain(d, self.B))
+                             plain=ctx.plain(d, self.B), role=role)
             self._put(key, meta, {k: v.detach().clone() for k, v in tensors.items()})
             if keep is not None:
                 self.thinner.thin(tokens, parents, keep, ctx)
@@ -269,11 +272,19 @@ class CacheStore:
         with self.put_lock:
             with cat.lock:
                 cat.queued[key] = meta.parent
-            if self.writer.put((key, meta, tensors), meta.logical_bytes):
+            if self.writer.put((key, meta, tensors), meta.logical_bytes,
+                               priority=1 if meta.kind == BLOCK or meta.keep_first else 0,
+                               label=meta.role or meta.kind):
                 return True
             with cat.lock:
                 cat.queued.pop(key, None)
         return False
+
+    def _shed(self, item) -> None:
+        """The writer shed a queued put to make room: it is no longer on its way."""
+        key = item[0]
+        with self.catalog.lock:
+            self.catalog.queued.pop(key, None)
 
     def _queue_forget(self, item: Forget) -> None:
         with self.put_lock:

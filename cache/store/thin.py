@@ -36,26 +36,27 @@ class Forget:
 
 
 def thin_victims(positions: Sequence[int], end: int, keep: int,
-                 pinned: Collection[int] = (), hits: Mapping[int, int] | None = None
-                 ) -> list[int]:
+                 pinned: Collection[int] = (), hits: Mapping[int, int] | None = None,
+                 firm: Collection[int] = ()) -> list[int]:
     """Which of `positions` (snapshot positions on one path, all below `end`) to drop
     so that at most `keep` remain together with the one at `end`. Fewer are dropped
-    when only pinned ones are left. hits: restores served per position."""
+    when only pinned ones are left. hits: restores served per position. firm: end and
+    branch snapshots, dropped only once no interval one is left to drop."""
     hits = hits or {}
     kept = sorted({p for p in positions if p < end} | {end})
     victims: list[int] = []
     while len(kept) > keep:
-        best: tuple[float, int] | None = None
+        best: tuple[bool, float, int] | None = None
         for i, p in enumerate(kept[:-1]):
             if p in pinned:
                 continue
             gap = kept[i + 1] - (kept[i - 1] if i else 0)
-            score = gap / (end - p) * (1 + hits.get(p, 0))
-            if best is None or score < best[0]:
-                best = (score, i)
+            score = (p in firm, gap / (end - p) * (1 + hits.get(p, 0)), i)
+            if best is None or score < best:
+                best = score
         if best is None:
             break
-        victims.append(kept.pop(best[1]))
+        victims.append(kept.pop(best[2]))
     return victims
 
 
@@ -86,7 +87,8 @@ class Thinner:
             return 0
         pinned = {p for p, (_, m) in found.items() if m.pinned}
         hits = {p: m.hits for p, (_, m) in found.items()}
-        victims = thin_victims(list(found), end, keep, pinned, hits)
+        firm = {p for p, (_, m) in found.items() if m.keep_first}
+        victims = thin_victims(list(found), end, keep, pinned, hits, firm)
         return self.forget([found[p][0] for p in victims])
 
     def forget(self, keys: Sequence[bytes]) -> int:

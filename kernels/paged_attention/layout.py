@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import torch
 
+RESIDENT_BYTES = 256 << 20     # of a CPU pool, written at start so it is resident
+
 
 def new_pool(num_pages: int, kv_shape: tuple[int, ...], dtype: torch.dtype,
              device: torch.device, head_major: bool) -> torch.Tensor:
-    """A zeroed pool [num_pages, *kv_shape] with kv_shape = (n_attn, 2, B, Hkv, D)."""
+    """A pool [num_pages, *kv_shape] with kv_shape = (n_attn, 2, B, Hkv, D).
+
+    On a GPU it is zeroed (masked kernels may read a page's unwritten rows). On the
+    CPU attention reads only computed tokens, and the pool is sized by a memory
+    budget, so its memory is left for the kernel to commit as pages are first
+    written, but for the lowest pages (handed out first), written now: a restore
+    into them after a restart would otherwise fault its output in page by page."""
     if not head_major:
         return torch.zeros((num_pages, *kv_shape), dtype=dtype, device=device)
     n_attn, two, B, Hkv, D = kv_shape
-    memory = torch.zeros((n_attn, two, Hkv, num_pages, B, D), dtype=dtype, device=device)
+    memory = torch.empty((n_attn, two, Hkv, num_pages, B, D), dtype=dtype, device=device)
+    page_bytes = memory[:, :, :, :1].numel() * memory.element_size()
+    memory[:, :, :, :RESIDENT_BYTES // max(page_bytes, 1)].zero_()
     return memory.permute(3, 0, 1, 4, 2, 5)
 
 

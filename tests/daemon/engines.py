@@ -20,12 +20,13 @@ made: list[Engine] = []
 
 def make_engine(model, tokenizer, path, *, block_size: int = 8, pages: int = 512,
                 slots: int = 4, interval: int = 32, max_snapshots: int = 16,
-                step_tokens: int = 48, **store_options) -> Engine:
+                step_tokens: int = 48, snapshot_budget: float = 1.0,
+                **store_options) -> Engine:
     """path None: no store (nothing cached)."""
     runner = Runner(model, pages, slots, block_size, max_batch_tokens=step_tokens)
     store = CacheStore(path, runner.spec, model.fingerprint, **store_options) if path else None
     cache = CacheManager(runner, runner.spec, pages, model.fingerprint, store, interval,
-                         max_snapshots)
+                         max_snapshots, snapshot_budget)
     eng = Engine(runner, cache, tokenizer, max_running=slots, step_tokens=step_tokens)
     made.append(eng)
     return eng

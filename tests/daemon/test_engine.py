@@ -19,6 +19,8 @@ B, INTERVAL = 8, 32
 
 
 def make_engine(model, path, tok=None, **kw):
+    # every interval snapshot (no byte budget): these tests restore from them
+    kw.setdefault("snapshot_budget", 1000.0)
     return _make(model, tok, path, block_size=B, interval=INTERVAL, **kw)
 
 

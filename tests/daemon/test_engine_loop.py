@@ -128,3 +128,15 @@ def test_max_tokens_and_closing_early(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="arrivals"):
         eng.generate([[1], [2]], GREEDY, arrivals=[0])
     eng.cache.sanity_check()
+
+
+def test_prefills_that_outgrow_the_pool_take_turns(tiny_model, tokenizer):
+    """Two prompts of 7 pages each in a pool of 10: computed side by side they both run
+    out; the newer goes back to the queue, and both answer as they do alone."""
+    prompts = [_prompt(100, 21), _prompt(100, 22)]
+    eng = engine(tiny_model, tokenizer, num_pages=10, num_slots=2, step_tokens=32)
+    got = eng.generate(prompts, GREEDY)
+    alone = [_tokens(eng.stream(p, GREEDY)) for p in prompts]
+    assert [_tokens(t) for t in got] == alone
+    assert eng.counters["errors"] == 0
+    eng.cache.sanity_check()

@@ -53,7 +53,8 @@ def test_device_sharing_equals_uncached(tiny_dir, tiny_model, tmp_path):
               prefix[:40] + [12] * 7]                           # leaves it mid-page
     want = _uncached(tiny_model, tok, round1 + round2)
 
-    eng = make_engine(tiny_model, tok, tmp_path)
+    # every interval snapshot (32): the third prompt of round 2 restores from one
+    eng = make_engine(tiny_model, tok, tmp_path, snapshot_budget=1000.0)
     client = Client(eng)
     probes = []
     first = [client.submit(p, on_token=lambda r: probes.append(_page_probe(client.engine)))
@@ -66,16 +67,16 @@ def test_device_sharing_equals_uncached(tiny_dir, tiny_model, tmp_path):
 
     assert [r.tokens for r in first + second] == want
     assert other.tokens == want[2]
-    # Computed side by side from scratch, the two prompts still hold the prefix once:
-    # the second one to publish a page switched to the first one's.
+    # Sent together, the two prompts hold the prefix once: the second waits for the
+    # first's prefill to pass where they part (a branch snapshot there) and adopts it.
     both = [p for p in probes if p["decoding"] and len(p["pages"]) == 2]
     assert both
     a, b = both[-1]["pages"]
     assert a[:5] == b[:5] and all(both[-1]["refs"][p] == 3 for p in a[:5])
 
     edge = second[0].fin.stats
-    if eng.runner.spec.is_hybrid:      # pages up to the deepest snapshot, the snapshot from RAM
-        assert edge.cache_n == 64 and edge.cache_tier == "host"
+    if eng.runner.spec.is_hybrid:      # round 1's branch snapshot at 80, from RAM
+        assert edge.cache_n == 80 and edge.cache_tier == "host"
     else:               # any block boundary, from the device pages alone
         assert edge.cache_n == 80 and edge.cache_tier == "device"
     assert client.cached_by_tier.get("device", 0) >= 3 * 32
@@ -176,21 +177,23 @@ def test_snapshot_thinning_keeps_recent_dense(tiny_hybrid_dir, tmp_path):
     prompt = _prompt(1024, 6)
     later = prompt[:700] + [9, 8, 7, 6, 5]
     want = _uncached(model, tok, [prompt, later])
-    eng = make_engine(model, tok, tmp_path, pages=160, interval=32, max_snapshots=6)
+    eng = make_engine(model, tok, tmp_path, pages=160, interval=32, max_snapshots=6,
+                      snapshot_budget=1000.0)     # no byte limit: max_snapshots decides
     client = Client(eng)
     got = client.run([prompt])[0]
     eng.cache.store.flush()
     kept = _path_snapshots(eng.cache.store, 1024 + 6)
-    # 32 interval snapshots and the prompt's and answer's ends, thinned as they came
+    # The prefill planned 6 of its 31 interval positions, spaced back from the end, and
+    # the prompt's and answer's ends came after: thinned to 6 as they came.
     assert 4 <= len(kept) <= 6 and kept[-1] == 1024 + 5 and 1024 in kept
     gaps = [b - a for a, b in zip(kept, kept[1:])]
     assert gaps == sorted(gaps, reverse=True) and gaps[0] >= 4 * 32   # sparse far back
-    assert eng.cache.store.stats()["snapshots_thinned"] == 33 - len(kept)
+    assert eng.cache.store.stats()["snapshots_thinned"] <= 2   # few written to be dropped
 
     client.close()
     eng.cache.close()                                 # the disk was thinned too
     eng = make_engine(model, tok, tmp_path, pages=160, interval=32, max_snapshots=6,
-                      host_budget=0)
+                      snapshot_budget=1000.0, host_budget=0)
     assert _path_snapshots(eng.cache.store, 1024 + 6) == kept
     client = Client(eng)
     again = client.run([later])[0]

@@ -74,7 +74,9 @@ def test_full_filesystem_skips_writes_and_keeps_serving(fault, tiny_hybrid_dir, 
         # The store file may not grow past 600 KB: writes past it fail (EFBIG) like
         # writes to a full disk. Python ignores SIGXFSZ, so the write just fails.
         wrap = ("prlimit", f"--fsize={600_000}", "--")
-    d = start(tiny_hybrid_dir, cache, *ARGS, "--host-budget", "0", wrap=wrap, env=ENV)
+    # every interval snapshot (no byte budget): enough writes to fill the disk
+    d = start(tiny_hybrid_dir, cache, *ARGS, "--host-budget", "0", "--snapshot-budget", "100",
+              wrap=wrap, env=ENV)
     prompts = _prompts(2, 10, 120)
     try:
         for p in prompts:

@@ -80,6 +80,13 @@ class ManagedDaemon:
                 proc.wait()
         return proc.returncode
 
+    def kill(self) -> None:
+        """SIGKILL: no drain, no flush; only what LMDB committed survives."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
     def restart(self) -> Client:
         code = self.stop()
         if code != 0:
@@ -136,6 +143,13 @@ class ManagedPeer:
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL to its process group."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 

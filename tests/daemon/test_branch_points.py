@@ -1,0 +1,75 @@
+"""Branch points: a prefill stops where prompts part and leaves a snapshot there, so
+requests over one document compute it once and then only their own tokens. Every
+answer is compared with the uncached one."""
+
+from __future__ import annotations
+
+import torch
+
+from ckptd.model.loader import load_model
+from ckptd.model.text.tokenizer import Tokenizer
+from tests.daemon.engines import Client, make_engine
+
+B = 16
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _computed(results) -> int:
+    return sum(r.fin.stats.prompt_n - r.fin.stats.cache_n for r in results)
+
+
+def _engine(model, tok, path, **kw):
+    return make_engine(model, tok, path, block_size=B, pages=8192, interval=1024,
+                       step_tokens=1024, **kw)
+
+
+def test_a_burst_of_questions_over_one_new_document_computes_it_once(tiny_hybrid_dir,
+                                                                        tmp_path):
+    model = load_model(tiny_hybrid_dir)
+    tok = Tokenizer.from_dir(tiny_hybrid_dir)
+    doc = _prompt(16384, 1)
+    # questions that share some of their first tokens, as chat turns do
+    questions = [[7, 8, 9, *_prompt(9 + i, 100 + i)] for i in range(8)]
+    prompts = [doc + q for q in questions]
+    plain = Client(_engine(model, tok, None))
+    want = [r.tokens for r in plain.run(prompts, max_tokens=4, use_cache=False)]
+    plain.close()
+
+    client = Client(_engine(model, tok, tmp_path))
+    got = client.run(prompts, max_tokens=4)
+    client.close()
+    client.engine.cache.close()
+    assert [r.tokens for r in got] == want
+    longest = max(len(q) for q in questions)
+    assert _computed(got) <= len(doc) + 8 * (longest + 16) + 1024
+    # the document's end is a branch point now: every later question after it
+    # computes only itself, from a snapshot where the questions part
+    again = Client(_engine(model, tok, tmp_path, host_budget=0))     # a restart
+    q = [7, 8, 9, *_prompt(5, 999)]
+    one = again.run([doc + q], max_tokens=4)[0]
+    again.close()
+    assert one.fin.stats.prompt_n - one.fin.stats.cache_n <= len(q)
+
+
+def test_questions_after_a_document_compute_only_themselves_from_the_third(tiny_hybrid_dir,
+                                                                          tmp_path):
+    """One at a time: the first computes everything, the second from the last interval
+    snapshot up to where it parts from the first (leaving a branch snapshot there),
+    and every later one only its own tokens."""
+    model = load_model(tiny_hybrid_dir)
+    tok = Tokenizer.from_dir(tiny_hybrid_dir)
+    doc = _prompt(6000, 2)
+    questions = [_prompt(10 + 3 * i, 200 + i) for i in range(5)]
+    plain = Client(_engine(model, tok, None))
+    want = [r.tokens for r in plain.run([doc + q for q in questions], max_tokens=4,
+                                        use_cache=False)]
+    plain.close()
+    client = Client(_engine(model, tok, tmp_path))
+    got = [client.run([doc + q], max_tokens=4)[0] for q in questions]
+    client.close()
+    assert [r.tokens for r in got] == want
+    for q, r in list(zip(questions, got))[2:]:
+        assert r.fin.stats.prompt_n - r.fin.stats.cache_n <= len(q)
