@@ -7,7 +7,7 @@ is a batch: one generation each. Multimodal data is refused with a 501.
 
 from __future__ import annotations
 
-from ckptd.daemon.http.errors import bad_request, not_supported
+from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import check_tokens
 
 Prompt = str | list          # text, or ids with text pieces in between
@@ -30,7 +30,7 @@ def prompts(v: object, vocab_size: int, name: str = "prompt") -> list[Prompt]:
 def _one(v: object, vocab_size: int, name: str) -> Prompt:
     if isinstance(v, dict):
         if v.get("multimodal_data"):
-            raise not_supported("multimodal input (multimodal_data)", name)
+            raise _no_media("multimodal_data", name)
         text = v.get("prompt_string")
         if not isinstance(text, str):
             raise bad_request(f"{name}.prompt_string must be a string", f"{name}.prompt_string",
@@ -51,6 +51,13 @@ def _one(v: object, vocab_size: int, name: str) -> Prompt:
         return v
     raise bad_request(f"{name} must be a string, a list of token ids or a list of prompts",
                       name, "invalid_type")
+
+
+def _no_media(what: str, where: str):
+    # a field of the request, not a route: a 400 (llama-server's answer to media its
+    # model can't take), with the code saying it is not supported
+    return bad_request(f"multimodal input ({what}) is not supported by this server (ckptd)",
+                       where, "not_supported")
 
 
 def messages(v: object, name: str = "messages") -> list[dict]:
@@ -85,7 +92,7 @@ def _content(c: object, where: str) -> str:
         for p in c:
             if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio", "file",
                                                          "input_image", "image"):
-                raise not_supported(f"multimodal input ({p.get('type')} parts)", where)
+                raise _no_media(f"{p.get('type')} parts", where)
             if not isinstance(p, dict) or p.get("type") != "text" or \
                     not isinstance(p.get("text"), str):
                 raise bad_request(f"{where}: only text parts are supported", where)
