@@ -6,6 +6,7 @@ from the environment fails the same way: one `ValueError` naming the setting.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import ipaddress
 import os
@@ -67,6 +68,23 @@ class ServeConfig:
     log_format: str = "text"
     dtype: str | None = None               # None: float32
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
+    alias: str | None = None               # the model id clients see; None: the file's name
+    strict_model_name: bool = False        # a request naming another model gets 404
+    # Server-wide sampling defaults (llama-server's flags); None: each API's own default.
+    seed: int | None = None
+    temp: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    chat_template: str | None = None       # a built-in name or jinja source
+    chat_template_file: Path | None = None
+    metrics: bool = True                   # False: /metrics answers 501
+    slots: bool = True                     # False: /slots answers 501
+    slot_save_path: Path | None = None     # where /slots/{id}?action=save|restore keep files
+    cors_origins: str | None = None        # "*", "localhost" or a comma-separated list
+    cors_credentials: bool = False         # preflights allow credentials (cookies)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -114,6 +132,29 @@ class ServeConfig:
             raise ValueError("give admin_key or no_admin, not both")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        self._check_sampling()
+        if self.alias is not None and not self.alias.strip():
+            raise ValueError("alias must not be empty")
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise ValueError("give chat_template or chat_template_file, not both")
+        if self.chat_template_file is not None and not Path(self.chat_template_file).is_file():
+            raise ValueError(f"chat_template_file: no such file: {self.chat_template_file}")
+        if self.slot_save_path is not None and not Path(self.slot_save_path).is_dir():
+            raise ValueError(f"slot_save_path: no such folder: {self.slot_save_path}")
+        if self.cors_origins is not None and not self.cors_origins.strip():
+            raise ValueError("cors_origins must not be empty")
+
+    def _check_sampling(self) -> None:
+        checks = {"temp": (0.0, 100.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+                  "repeat_penalty": (0.0, 100.0), "top_k": (0, None),
+                  "repeat_last_n": (-1, None)}
+        for name, (lo, hi) in checks.items():
+            v = getattr(self, name)
+            if v is not None and (v < lo or (hi is not None and v > hi)):
+                raise ValueError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}]"
+                                 f", got {v}")
+        if self.top_p == 0.0 or self.repeat_penalty == 0.0:
+            raise ValueError("top_p and repeat_penalty must be > 0")
 
     @property
     def loopback(self) -> bool:
@@ -163,6 +204,27 @@ SETTINGS: dict[str, tuple] = {
     "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
+    "alias": (str, "the model id /v1/models reports (default: the model file's name)"),
+    "strict_model_name": ("flag", "answer 404 to a request naming another model (default: "
+                                  "any name is served by the one model)"),
+    "seed": (_INT, "default seed of a request that gives none (default: random; -1: random)"),
+    "temp": (float, "default temperature (default: 0.8 on /completion, 1.0 on /v1/*)"),
+    "top_k": (_INT, "default top-k (default: 40 on /completion, off on /v1/*)"),
+    "top_p": (float, "default top-p (default: 0.95 on /completion, 1.0 on /v1/*)"),
+    "min_p": (float, "default min-p (default: 0.05 on /completion, 0 on /v1/*)"),
+    "repeat_penalty": (float, "default repetition penalty (default 1.0: off)"),
+    "repeat_last_n": (_INT, "default window of the repetition penalties (default 64)"),
+    "chat_template": (str, "chat template: a built-in name (chatml, llama3, llama2, "
+                           "mistral, gemma, phi3, zephyr, command-r, vicuna, deepseek) or "
+                           "jinja source (default: the model's)"),
+    "chat_template_file": (Path, "read the chat template (jinja) from this file"),
+    "metrics": ("bool", "serve /metrics (default on; --no-metrics: 501)"),
+    "slots": ("bool", "serve /slots (default on; --no-slots: 501)"),
+    "slot_save_path": (Path, "folder for /slots/{id}?action=save|restore files (default: "
+                             "none, the actions answer 501)"),
+    "cors_origins": (str, "origins browsers may call from: '*', 'localhost' or a "
+                          "comma-separated list (default: none, no CORS headers)"),
+    "cors_credentials": ("flag", "let CORS requests carry credentials (cookies)"),
 }
 
 
@@ -184,6 +246,12 @@ def add_arguments(parser) -> None:
             parser.add_argument(flag, dest=name, default=None, action="store_const",
                                 const="1", help=f"{help_text} [env {env}=1]")
             continue
+        if conv == "bool":                 # --name / --no-name; the variable takes 1/0
+            parser.add_argument(flag, dest=name, default=None, action="store_const",
+                                const="1", help=f"{help_text} [env {env}=1/0]")
+            parser.add_argument("--no-" + flag[2:], dest=name, action="store_const",
+                                const="0", help=argparse.SUPPRESS)
+            continue
         parser.add_argument(flag, dest=name, default=None, metavar="VALUE",
                             help=f"{help_text} [env {env}]")
 
@@ -201,13 +269,15 @@ def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
         if conv == "size":
             values[name] = parse_size(raw, flag)
             continue
-        if conv == "flag":
+        if conv in ("flag", "bool"):
             values[name] = parse_flag(raw, flag)
             continue
         try:
             values[name] = conv(raw)
         except ValueError:
             raise ValueError(f"{flag}: invalid value {raw!r}") from None
+    if values.get("seed", 0) < 0:             # llama-server's -1: a random seed per request
+        values.pop("seed")
     values.setdefault("cache_dir", default_cache_dir(env))
     known = {f.name for f in fields(ServeConfig)}
     assert set(values) <= known

@@ -30,6 +30,7 @@ from ckptd.daemon.request import (
     EngineError,
     Finished,
     Live,
+    Progress,
     QueueFull,
     Request,
     RequestTimeout,
@@ -52,11 +53,16 @@ class Engine:
         self.check_invariants = check_invariants
         self.broken: str | None = None      # a failed invariant check (check_invariants)
         self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                         "generated_tokens": 0, "rejected": 0, "cancelled": 0, "errors": 0}
+                         "generated_tokens": 0, "rejected": 0, "cancelled": 0, "errors": 0,
+                         # llama-server's figures (daemon/metrics.py: llamacpp:*)
+                         "model_calls": 0, "busy_in_calls": 0, "prompt_ms": 0.0,
+                         "predicted_ms": 0.0, "max_sequence_tokens": 0}
         self.cached_by_tier: dict[str, int] = {}        # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []  # (histogram, seconds), for metrics
         self.heap = Heap()                                # collects while idle (daemon/heap.py)
         self.progress = PrefillLog()                      # INFO lines for long prefills
+        # slot -> (tokens, salt) of the last sequence that ran there: what /slots saves
+        self.last_in_slot: dict[int, tuple[list[int], str | None]] = {}
         self.worker: threading.Thread | None = None      # the thread in run()
         self.done = threading.Event()                    # set when run() returns
 
@@ -91,6 +97,9 @@ class Engine:
         if not work:
             self._preempt(batch)
         logits = self.runner.step(work) if work else None
+        if work:
+            self.counters["model_calls"] += 1
+            self.counters["busy_in_calls"] += len(work)
         self.cache.after_step(batch.work, logits)
         self._postprocess(batch, logits, admitted)
         self.progress.update(self.scheduler.running)
@@ -107,6 +116,8 @@ class Engine:
                 continue
             if w.new:
                 self._started(live, w.restored, admitted)
+            if live.req.progress and not live.t_decode and w.n and w.error is None:
+                self._progress(live, now)
             if w.error is not None:
                 self._finish(live, FinishReason.ERROR, w.error)
             elif live.t_decode:
@@ -144,14 +155,22 @@ class Engine:
         st.queued_ms = (live.t_prefill - req.created) * 1000 - info.restore_ms
         self.counters["prompt_tokens"] += st.prompt_n
         self.counters["cached_tokens"] += st.cache_n
+        if req.progress:                          # the first report: what was restored
+            req.emit(Progress(st.prompt_n, st.cache_n, st.cache_n, 0.0))
         if info.tier:
             for tier, n in info.tokens_by_tier().items():
                 self.cached_by_tier[tier] = self.cached_by_tier.get(tier, 0) + n
             self.observations.append(("restore", info.restore_ms / 1000))
 
+    def _progress(self, live: Live, now: float) -> None:
+        st = live.req.stats
+        done = min(live.seq.num_computed, st.prompt_n)
+        live.req.emit(Progress(st.prompt_n, st.cache_n, done, (now - live.t_prefill) * 1000))
+
     def _prompt_done(self, live: Live, t: float) -> None:
         st = live.req.stats
         st.prompt_ms = (t - live.t_prefill) * 1000
+        self.counters["prompt_ms"] += st.prompt_ms
         self.cache.rates.update_prefill(st.prompt_n - st.cache_n, st.prompt_ms / 1000)
         self.observations.append(("prefill", st.prompt_ms / 1000))
         live.t_decode = t
@@ -184,9 +203,15 @@ class Engine:
         st = live.req.stats
         if live.t_decode:
             st.predicted_ms = (time.perf_counter() - live.t_decode) * 1000
+            self.counters["predicted_ms"] += st.predicted_ms
             self.observations.append(("decode", st.predicted_ms / 1000))
+        self.counters["max_sequence_tokens"] = max(self.counters["max_sequence_tokens"],
+                                                   len(live.seq.tokens))
         # the next turn resumes after this answer
         self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
+        if reason != FinishReason.ERROR and live.seq.num_computed:
+            seq = live.seq
+            self.last_in_slot[live.slot] = (seq.tokens[:seq.num_computed], seq.salt)
         if reason == FinishReason.CANCELLED:
             self.counters["cancelled"] += 1
         elif reason == FinishReason.ERROR:

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 
 from ckptd.daemon.engine import Engine
 from ckptd.daemon.http.errors import ApiError, error_for
-from ckptd.daemon.request import EngineError, Finished, QueueFull, Request, RequestTimeout
+from ckptd.daemon.request import (
+    EngineError,
+    Finished,
+    Progress,
+    QueueFull,
+    Request,
+    RequestTimeout,
+)
 from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.sequence import FinishReason
@@ -36,12 +43,13 @@ class Result:
 class Generation:
     def __init__(self, engine: Engine, tokens: list[int], params: SamplingParams,
                  salt: str | None, use_cache: bool, timeout_s: float,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, progress: bool = False,
+                 id_slot: int | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = engine
         self.req = Request(tokens, params, self._emit, salt=salt, use_cache=use_cache,
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, progress=progress, id_slot=id_slot)
         self.finished: Finished | None = None
         self.created = time.time()
         self.on_close = on_close
@@ -71,8 +79,9 @@ class Generation:
             if self.on_close is not None:
                 self.on_close()
 
-    async def events(self) -> AsyncIterator[TokenEvent]:
-        """Token events until the end; `self.finished` is set when this returns normally.
+    async def events(self) -> AsyncIterator[TokenEvent | Progress]:
+        """Token events (and Progress, when asked for) until the end; `self.finished` is
+        set when this returns normally.
         The engine enforces the time limit; past it (and a grace period) the request
         is ended here too, so a client never waits on a request the worker lost."""
         deadline = self.loop.time() + self.req.timeout_s + GRACE_S
@@ -93,6 +102,8 @@ class Generation:
     async def collect(self) -> Result:
         out = Result()
         async for ev in self.events():
+            if isinstance(ev, Progress):
+                continue
             out.tokens.append(ev.token)
             out.text += ev.text
             out.events.append(ev)

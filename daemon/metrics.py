@@ -110,6 +110,7 @@ class Metrics:
                       [("", load["running"])])
             put.gauge("ckptd_requests_waiting", "Requests waiting for a sequence",
                       [("", load["waiting"])])
+            _llamacpp_lines(put, counters, load)
         with self.lock:
             for name, help_text in HISTOGRAMS.items():
                 out.append(f"# HELP ckptd_{name}_seconds {help_text}")
@@ -118,6 +119,38 @@ class Metrics:
         if cache_stats is not None:
             _cache_lines(put, cache_stats)
         return "\n".join(out) + "\n"
+
+
+def _llamacpp_lines(put: _Writer, c: dict, load: dict) -> None:
+    """llama-server's series, same names and meanings, for dashboards built for it."""
+    computed = c["prompt_tokens"] - c["cached_tokens"]
+    prompt_s, predicted_s = c["prompt_ms"] / 1000, c["predicted_ms"] / 1000
+    calls = c["model_calls"]
+    for name, help_text, v in (
+            ("prompt_tokens_total", "Number of prompt tokens processed.", computed),
+            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.",
+             c["cached_tokens"]),
+            ("prompt_seconds_total", "Prompt process time", prompt_s),
+            ("tokens_predicted_total", "Number of generation tokens processed.",
+             c["generated_tokens"]),
+            ("tokens_predicted_seconds_total", "Predict process time", predicted_s),
+            ("n_decode_total", "Total number of llama_decode() calls", calls),
+            ("n_tokens_max", "Largest observed n_tokens.", c["max_sequence_tokens"]),
+            # ckptd does not decode speculatively: these stay 0
+            ("spec_decode_num_draft_tokens_total", "Number of draft tokens generated.", 0),
+            ("spec_decode_num_accepted_tokens_total", "Number of draft tokens accepted.", 0),
+            ("spec_decode_num_drafts_total", "Number of speculative drafts.", 0)):
+        put.counter(f"llamacpp:{name}", help_text, [("", v)])
+    for name, help_text, v in (
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
+             computed / prompt_s if prompt_s else 0.0),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
+             c["generated_tokens"] / predicted_s if predicted_s else 0.0),
+            ("requests_processing", "Number of requests processing.", load["running"]),
+            ("requests_deferred", "Number of requests deferred.", load["waiting"]),
+            ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() "
+                                        "call", c["busy_in_calls"] / calls if calls else 0.0)):
+        put.gauge(f"llamacpp:{name}", help_text, [("", v)])
 
 
 def _cache_lines(put: _Writer, s: dict) -> None:

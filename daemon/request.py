@@ -36,16 +36,36 @@ class Stats:
     queued_ms: float = 0.0
 
     def timings(self) -> dict:
-        pp = self.prompt_n - self.cache_n
-        return {
-            "prompt_n": self.prompt_n, "cache_n": self.cache_n, "cache_tier": self.cache_tier,
-            "restore_ms": round(self.restore_ms, 3), "prompt_ms": round(self.prompt_ms, 3),
-            "prompt_per_second": round(pp / self.prompt_ms * 1000, 2) if self.prompt_ms else None,
-            "predicted_n": self.predicted_n, "predicted_ms": round(self.predicted_ms, 3),
-            "predicted_per_second": round(self.predicted_n / self.predicted_ms * 1000, 2)
-            if self.predicted_ms else None,
-            "queued_ms": round(self.queued_ms, 3),
+        """llama-server's timings: prompt_n counts the prompt tokens computed (cache_n
+        were restored), and the decode rate is over the steps after the first token
+        (which came with the prompt's last logits). Every figure is a finite number;
+        ckptd adds the restore, the queue and the tier restored from (when one was)."""
+        pp, dn = self.prompt_n - self.cache_n, max(self.predicted_n - 1, 0)
+        # rates from the reported (rounded) times, so a client recomputes them exactly
+        pms, dms = round(self.prompt_ms, 3), round(self.predicted_ms, 3)
+        out = {
+            "cache_n": self.cache_n, "prompt_n": pp, "prompt_ms": pms,
+            "prompt_per_token_ms": pms / pp if pp else 0.0,
+            "prompt_per_second": pp / pms * 1000 if pms and pp else 0.0,
+            "predicted_n": self.predicted_n, "predicted_ms": dms,
+            "predicted_per_token_ms": dms / dn if dn else 0.0,
+            "predicted_per_second": dn / dms * 1000 if dms and dn else 0.0,
+            "restore_ms": round(self.restore_ms, 3), "queued_ms": round(self.queued_ms, 3),
         }
+        if self.cache_tier is not None:
+            out["cache_tier"] = self.cache_tier
+        return out
+
+
+@dataclass
+class Progress:
+    """A prompt's progress, after each prefill chunk (requests that ask for it):
+    llama-server's prompt_progress. `cache` tokens were restored, `processed` counts
+    them too; the last event has processed == total."""
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
 
 
 @dataclass
@@ -69,6 +89,8 @@ class Request:
     timeout_s: float | None = None
     cancelled: bool = False
     chain: KeyChain | None = None         # the prompt's block keys, once hashed
+    progress: bool = False                # emit Progress events during the prefill
+    id_slot: int | None = None            # the slot (running sequence index) asked for
     created: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
 
@@ -78,6 +100,7 @@ class Live:
     """A request that holds a sequence: from admission to its end."""
     req: Request
     seq: Sequence
+    slot: int = 0                     # its index among the running (llama.cpp's id_slot)
     dec: Decoding | None = None       # made once admission succeeds
     t_prefill: float = 0.0            # admitted (restore done)
     t_decode: float = 0.0             # the prompt's last token computed; 0 before

@@ -131,7 +131,15 @@ class Scheduler:
                 return
             # the sequence's tokens grow as it generates: the request keeps its prompt
             self.running.append(Live(req, Sequence(list(req.tokens), req.salt,
-                                                   req.use_cache)))
+                                                   req.use_cache), self._free_slot(req)))
+
+    def _free_slot(self, req: Request) -> int:
+        """The slot index the request asked for when it is free, else the lowest free."""
+        taken = {live.slot for live in self.running}
+        if req.id_slot is not None and req.id_slot not in taken \
+                and req.id_slot < self.max_running:
+            return req.id_slot
+        return min(set(range(self.max_running + 1)) - taken)
 
     def _next_waiting(self) -> Request | None:
         """The oldest waiting request, taken off the queue, that is not waiting for a

@@ -17,12 +17,17 @@ from jinja2.exceptions import TemplateError
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.contexts import Context, ContextRegistry
 from ckptd.daemon.generation import Generation
-from ckptd.daemon.http.errors import ApiError, bad_request
-from ckptd.daemon.http.schemas import CacheOptions
+from ckptd.daemon.http.errors import ApiError, bad_request, context_exceeded
+from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
+from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
 from ckptd.daemon.runtime import Runtime
 from ckptd.model.default import default_model_path
+from ckptd.model.sampling.grammar import GrammarError, Grammars
 from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.text import templates
+
+VERSION = "0.1.0"
 
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
 
@@ -38,7 +43,10 @@ class Service:
         self.state = LOADING
         self.error: str | None = None
         self.path = Path(cfg.model) if cfg.model else default_model_path()
-        self.model_id = model_name(self.path)
+        self.model_id = cfg.alias or model_name(self.path)
+        self.grammars: Grammars | None = None
+        self.parse_openai: ParseContext | None = None
+        self.parse_llama: ParseContext | None = None
         self.rt: Runtime | None = None       # set once loaded
         self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
         self.metrics = Metrics()
@@ -49,7 +57,19 @@ class Service:
     # ---- lifecycle (blocking: call from a thread) ------------------------------------
     def load(self, start: bool = True) -> None:
         """start=False: the caller runs the engine's loop itself (`rt.engine.run()`)."""
-        self.rt = Runtime.load(self.cfg, self.path)
+        rt = Runtime.load(self.cfg, self.path)
+        cfg = self.cfg
+        if cfg.chat_template_file is not None:
+            rt.tokenizer.chat_template = templates.resolve(
+                Path(cfg.chat_template_file).read_text())
+        elif cfg.chat_template is not None:
+            rt.tokenizer.chat_template = templates.resolve(cfg.chat_template)
+        self.grammars = Grammars(rt.tokenizer, rt.vocab_size)
+        self.parse_openai = ParseContext(rt.vocab_size, OPENAI.with_server(cfg),
+                                         rt.tokenizer.encode)
+        self.parse_llama = ParseContext(rt.vocab_size, LLAMA.with_server(cfg),
+                                        rt.tokenizer.encode)
+        self.rt = rt
         if start:
             self.rt.engine.start()
         self.state = READY
@@ -75,8 +95,16 @@ class Service:
         if err is not None:
             raise err
 
+    @property
+    def system_fingerprint(self) -> str:
+        """The build and the weights answering, as OpenAI's system_fingerprint ("b..."
+        like llama-server's build tag)."""
+        return f"b{VERSION}-{self.rt.model.fingerprint[:12]}"
+
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_id:
+        """One model is served: any name reaches it (OpenAI client code sends a fixed
+        one), unless --strict-model-name."""
+        if self.cfg.strict_model_name and name is not None and name != self.model_id:
             raise ApiError(404, f"model {name!r} is not served here (this server serves "
                                 f"{self.model_id!r})", "model", "model_not_found")
 
@@ -102,6 +130,10 @@ class Service:
         return ctx
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text; a last assistant message is an answer to continue (prefill),
+        as llama-server does: the rest rendered, then its text."""
+        if messages[-1]["role"] == "assistant" and len(messages) > 1:
+            return self.render_chat(messages[:-1], True) + messages[-1]["content"]
         try:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
         except TemplateError as e:
@@ -121,19 +153,41 @@ class Service:
         self._ctx_tokens[ctx.name] = (source, ids)
         return ids
 
-    def completion_tokens(self, prompt: str | list[int],
+    def prompt_tokens(self, prompt: str | list) -> list[int]:
+        """A prompt's ids: text encoded, a list of ids with text pieces encoded in place."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        out: list[int] = []
+        for x in prompt:
+            out += self.tokenizer.encode(x) if isinstance(x, str) else [x]
+        return out
+
+    def infill_tokens(self, fill, gap: str | list) -> list[int]:
+        """Fill-in-the-middle, prefix-suffix-middle order: other files (each after the
+        file separator, when the vocabulary has one), then <prefix> code before the gap
+        <suffix> code after it <middle> and the gap's start (the prompt)."""
+        pre, suf, mid = self.tokenizer.fim
+        sep, enc = self.tokenizer.file_sep, self.tokenizer.encode
+        out: list[int] = []
+        for name, text in fill.extra:
+            out += ([sep] if sep is not None else []) + enc(f"{name}\n{text}" if name else text)
+        out += [pre] + enc(fill.prefix) + [suf] + enc(fill.suffix) + [mid]
+        return out + (self.prompt_tokens(gap) if gap else [])
+
+    def completion_tokens(self, prompt: str | list,
                           cache: CacheOptions) -> tuple[list[int], str | None]:
         """(tokens, salt): a named context's tokens, then the prompt's own."""
-        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        ids = self.prompt_tokens(prompt)
         if cache.context is None:
             return ids, cache.salt
         ctx = self.context(cache.context, cache.salt)
         return self.context_tokens(ctx) + ids, cache.salt or ctx.salt
 
-    def chat_tokens(self, messages: list[dict],
-                    cache: CacheOptions) -> tuple[list[int], str | None]:
+    def chat_tokens(self, messages: list[dict], cache: CacheOptions,
+                    add_generation_prompt: bool = True) -> tuple[list[int], str | None]:
         if cache.context is None:
-            return self.tokenizer.encode(self.render_chat(messages)), cache.salt
+            return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt)), \
+                cache.salt
         ctx = self.context(cache.context, cache.salt)
         if ctx.messages is not None:
             # Render the whole conversation and keep what follows the context's own
@@ -146,39 +200,61 @@ class Service:
         return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
 
     def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
-               param: str = "max_tokens", prompt_param: str = "prompt") -> SamplingParams:
+               prompt_param: str = "prompt") -> SamplingParams:
         """Check the prompt against the context limit (or what the KV memory holds, when
-        that is less) and fix max_tokens. A request for 0 tokens computes its prompt (and
-        caches it) and returns no text: it runs one."""
-        n, limit, what = len(tokens), self.max_context, "context limit"
+        that is less) and fix max_tokens: at most what the server allows (--max-tokens)
+        and the context leaves, as llama-server clamps it (the answer then ends with
+        finish_reason "length"). A request for 0 tokens computes its prompt (and caches
+        it) and returns no text: it runs one."""
+        n, limit, what = len(tokens), self.max_context, "the context"
         if self.rt.kv_tokens < limit:
-            limit, what = self.rt.kv_tokens, "KV memory (--kv-budget)"
+            limit, what = self.rt.kv_tokens, "the KV memory (--kv-budget)"
         if n == 0:
             raise bad_request("the prompt is empty", prompt_param)
         if n >= limit:
-            raise bad_request(f"the prompt is {n} tokens; this server's {what} holds {limit} "
-                              "(prompt plus at least one generated token)", prompt_param,
-                              "context_length_exceeded")
-        cap = self.cfg.max_tokens
-        if max_tokens is None:
-            max_tokens = limit - n if cap is None else min(limit - n, cap)
-        elif cap is not None and max_tokens > cap:
-            raise bad_request(f"{param} = {max_tokens} is more than this server generates for "
-                              f"one request ({cap}, --max-tokens)", param)
-        elif n + max_tokens > limit:
-            raise bad_request(f"{param} = {max_tokens} with a {n}-token prompt is beyond the "
-                              f"{what} of {limit} tokens", param, "context_length_exceeded")
+            raise context_exceeded(n, limit, prompt_param, what)
+        cap = min(limit - n, self.cfg.max_tokens or limit)
+        max_tokens = cap if max_tokens is None else min(max_tokens, cap)
         return replace(params, max_tokens=max(1, max_tokens))
 
+    def constrain(self, params: SamplingParams, gen: Generate) -> SamplingParams:
+        """Compile the request's grammar or schema (blocking: call on a thread); a bad one
+        is a 400 naming its field, never a silently unconstrained answer."""
+        if gen.constraint is None:
+            return params
+        name, c = gen.constraint
+        try:
+            return replace(params, grammar=self.grammars.compile(c))
+        except GrammarError as e:
+            raise bad_request(f"{name}: {e}", name, "invalid_grammar") from None
+
     def generation(self, tokens: list[int], params: SamplingParams, salt: str | None,
-                   use_cache: bool) -> Generation:
+                   use_cache: bool, progress: bool = False,
+                   id_slot: int | None = None) -> Generation:
         """Submit a generation (503 + Retry-After when the queue is full)."""
         self.require_ready()
         gen = Generation(self.rt.engine, tokens, params, salt, use_cache,
-                         self.cfg.request_timeout, on_close=self._closed)
+                         self.cfg.request_timeout, on_close=self._closed, progress=progress,
+                         id_slot=id_slot)
         gen.submit()
         self.inflight += 1
         return gen
+
+    def generations(self, jobs: list[tuple[list[int], SamplingParams]], salt: str | None,
+                    g: Generate) -> list[Generation]:
+        """Submit every (tokens, params) of one request, or none (the ones submitted are
+        cancelled when a later one is refused). Copies of one prompt share its blocks: the
+        scheduler lets the later ones wait for the first's prefill and adopt its pages."""
+        out: list[Generation] = []
+        try:
+            for tokens, params in jobs:
+                out.append(self.generation(tokens, params, salt, g.cache.use_cache,
+                                           g.return_progress, g.id_slot))
+        except BaseException:
+            for gen in out:
+                gen.close()
+            raise
+        return out
 
     def _closed(self) -> None:
         self.inflight -= 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ckptd.daemon.http.common import blocking, json_response, query_int, read_json, ready, service
-from ckptd.daemon.http.errors import ApiError, bad_request
+from ckptd.daemon.http.errors import ApiError, bad_request, not_supported
 from ckptd.daemon.http.openapi import document
 from ckptd.daemon.http.schemas import ClearRequest, KeyRequest
 from ckptd.daemon.service import LOADING, READY
@@ -29,11 +29,14 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     svc = service(request)
+    if not svc.cfg.metrics:
+        raise not_supported("the /metrics endpoint (this server runs with --no-metrics)")
     ready_ = svc.state == READY
     stats = await blocking(svc.rt.store.stats) if ready_ else None
     text = svc.metrics.render(svc.rt.engine if ready_ else None, stats, svc.state, svc.inflight)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})
+                        headers={"X-Content-Type-Options": "nosniff",
+                                 "Process-Start-Time-Unix": str(int(svc.started))})
 
 
 async def openapi(request: web.Request) -> web.Response:

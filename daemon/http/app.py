@@ -4,24 +4,45 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ckptd.daemon.http import admin, contexts, llama, openai
+from ckptd.daemon.http import admin, contexts, llama, openai, slots
 from ckptd.daemon.http.common import SERVICE
-from ckptd.daemon.http.middleware import api_key, errors, observe
+from ckptd.daemon.http.errors import not_supported
+from ckptd.daemon.http.middleware import api_key, cors, cors_headers, errors, observe
+from ckptd.daemon.http.unsupported import UNSUPPORTED
 from ckptd.daemon.service import Service
+
+
+def _unsupported(what: str):
+    async def handler(request: web.Request) -> web.Response:
+        raise not_supported(what)
+    return handler
 
 
 def build_app(svc: Service) -> web.Application:
     app = web.Application(client_max_size=svc.cfg.max_body,
-                          middlewares=[observe, errors, api_key])
+                          middlewares=[observe, errors, cors, api_key])
     app[SERVICE] = svc
+    app.on_response_prepare.append(cors_headers)
     r = app.router
-    r.add_post("/v1/completions", openai.completions)
-    r.add_post("/v1/chat/completions", openai.chat_completions)
-    r.add_get("/v1/models", openai.models, allow_head=False)
-    r.add_post("/completion", llama.completion)
+    for path in ("/v1/completions",):
+        r.add_post(path, openai.completions)
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        r.add_post(path, openai.chat_completions)
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        r.add_post(path, openai.chat_input_tokens)
+    for path in ("/v1/models", "/models"):
+        r.add_get(path, openai.models, allow_head=False)
+    for path in ("/completion", "/completions"):       # llama.cpp's own format
+        r.add_post(path, llama.completion)
+    r.add_post("/infill", llama.infill)
     r.add_post("/tokenize", llama.tokenize)
     r.add_post("/detokenize", llama.detokenize)
-    r.add_get("/health", admin.health, allow_head=False)
+    r.add_post("/apply-template", llama.apply_template)
+    r.add_get("/props", llama.props, allow_head=False)
+    r.add_get("/slots", slots.list_slots, allow_head=False)
+    r.add_post("/slots/{id_slot}", slots.action)
+    for path in ("/health", "/v1/health"):
+        r.add_get(path, admin.health, allow_head=False)
     r.add_get("/metrics", admin.metrics, allow_head=False)
     r.add_get("/openapi.json", admin.openapi, allow_head=False)
     r.add_post("/v1/contexts", contexts.create)
@@ -34,4 +55,6 @@ def build_app(svc: Service) -> web.Application:
     r.add_post("/cache/pin", admin.cache_pin)
     r.add_post("/cache/unpin", admin.cache_unpin)
     r.add_post("/cache/clear", admin.cache_clear)
+    for (method, path), what in UNSUPPORTED.items():
+        r.add_route(method, path, _unsupported(what))
     return app

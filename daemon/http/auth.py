@@ -18,7 +18,7 @@ from aiohttp import web
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.http.errors import ApiError
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/v1/health"})
 ADMIN_PREFIX = "/cache/"
 
 
@@ -30,7 +30,8 @@ def is_admin(request: web.Request) -> bool:
 
 
 def check(request: web.Request, cfg: ServeConfig) -> None:
-    """Raise a 401/403 ApiError unless the request may go on."""
+    """Raise a 401/403 ApiError unless the request may go on. A CORS preflight carries
+    no credentials (browsers never send them on OPTIONS): it is answered before this."""
     if request.path in OPEN_PATHS:
         return
     if is_admin(request):
@@ -49,6 +50,9 @@ def _require(request: web.Request, keys: list[str], what: str) -> None:
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given.strip():
+        # Anthropic-style clients send the key as x-api-key; llama-server takes it too
+        given, scheme = request.headers.get("X-Api-Key", ""), "bearer"
+    if not given.strip():
         raise ApiError(401, f"missing {what}: send 'Authorization: Bearer KEY'", None,
                        "missing_api_key", {"WWW-Authenticate": "Bearer"})
     token = given.strip().encode()

@@ -53,8 +53,14 @@ async def read_json(request: web.Request) -> object:
         data = json.loads(text, parse_constant=_no_constant)
     except ValueError as e:
         raise bad_request(f"malformed JSON: {e}", None, "invalid_json") from None
+    except RecursionError:       # the parser recurses per level: a hostile body nests deep
+        raise bad_request("the JSON body is nested too deeply", None, "invalid_json") \
+            from None
     try:                 # "\ud800" escapes decode to lone surrogates no tokenizer can take
         json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise bad_request("the JSON body is nested too deeply", None, "invalid_json") \
+            from None
     except UnicodeEncodeError:
         raise bad_request("the request holds an invalid Unicode escape (a lone surrogate)",
                           None, "invalid_utf8") from None

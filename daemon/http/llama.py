@@ -1,4 +1,5 @@
-"""llama.cpp-server-compatible endpoints: /completion, /tokenize, /detokenize."""
+"""llama.cpp-server-compatible endpoints: /completion (/completions), /infill, /tokenize,
+/detokenize, /apply-template, /props."""
 
 from __future__ import annotations
 
@@ -6,111 +7,174 @@ from aiohttp import web
 
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready
-from ckptd.daemon.http.respond import answer
-from ckptd.daemon.http.schemas import DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest
-from ckptd.daemon.request import Finished
+from ckptd.daemon.http.errors import ApiError
+from ckptd.daemon.http.openai import prompt_progress
+from ckptd.daemon.http.respond import run
+from ckptd.daemon.http.schemas import (
+    ChatRequest,
+    DetokenizeRequest,
+    InfillRequest,
+    LlamaCompletionRequest,
+    TokenizeRequest,
+)
+from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
 
 
-def llama_timings(fin: Finished) -> dict:
-    t = fin.stats.timings()
-    computed = max(t["prompt_n"] - t["cache_n"], 0)
-    t["prompt_per_token_ms"] = round(t["prompt_ms"] / computed, 3) if computed else None
-    n = t["predicted_n"]
-    t["predicted_per_token_ms"] = round(t["predicted_ms"] / n, 3) if n else None
-    return t
+def generation_settings(svc: Service, p: SamplingParams, prefill_only: bool = False) -> dict:
+    """The settings a generation ran with, as llama-server reports them (the effective
+    seed, logit_bias with -inf as null; ignore_eos bans the end tokens as a bias)."""
+    bias = dict(p.logit_bias)
+    if p.ignore_eos:
+        bias.update({t: float("-inf") for t in svc.tokenizer.eos_ids})
+    return {"n_predict": 0 if prefill_only else p.max_tokens, "seed": p.seed,
+            "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "repeat_penalty": p.repetition_penalty, "repeat_last_n": p.penalty_last_n,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+            "stop": list(p.stop), "ignore_eos": p.ignore_eos, "n_probs": p.logprobs or 0,
+            "post_sampling_probs": p.post_sampling_probs,
+            "grammar": p.grammar.constraint.source if p.grammar else "",
+            "logit_bias": [{"token": t, "bias": None if b == float("-inf") else b}
+                           for t, b in bias.items()],
+            "n_ctx": svc.max_context, "model": svc.model_id}
 
 
 class LlamaFormat:
     done_marker = False          # llama.cpp ends its streams without `data: [DONE]`
 
-    def __init__(self, svc: Service, prompt: str | list[int], tokens: list[int],
-                 params: SamplingParams, prefill_only: bool) -> None:
-        self.svc, self.prompt, self.tokens, self.params = svc, prompt, tokens, params
-        self.prefill_only = prefill_only
-        self.generated: list[int] = []
-        self.text = ""
+    def __init__(self, svc: Service, req: LlamaCompletionRequest, texts: list[str],
+                 jobs: list[tuple[list[int], SamplingParams]]) -> None:
+        self.svc, self.req, self.texts, self.jobs = svc, req, texts, jobs
+        self.prefill_only = req.gen.max_tokens == 0
+        self.generated: list[list[int]] = [[] for _ in jobs]
+        self.text = ["" for _ in jobs]
 
     def _probs(self, ev: TokenEvent) -> list[dict] | None:
         s = ev.sampled
-        if s.logprob is None:
+        if s.logprob is None and s.prob is None:
             return None
 
-        def one(t: int, lp: float) -> dict:
+        def one(t: int, v: float, key: str) -> dict:
             piece = self.svc.tokenizer.decode([t])
-            return {"id": t, "token": piece, "logprob": lp, "bytes": list(piece.encode())}
-        return [{**one(s.token, s.logprob), "top_logprobs": [one(t, lp) for t, lp in s.top]}]
+            return {"id": t, "token": piece, key: v, "bytes": list(piece.encode())}
+        if s.prob is not None:                    # post_sampling_probs
+            return [{**one(s.token, s.prob, "prob"),
+                     "top_probs": [one(t, p, "prob") for t, p in s.top]}]
+        return [{**one(s.token, s.logprob, "logprob"),
+                 "top_logprobs": [one(t, lp, "logprob") for t, lp in s.top]}]
 
-    def opening(self) -> dict | None:
+    def opening(self, i: int) -> dict | None:
         return None
 
-    def chunk(self, ev: TokenEvent) -> dict | None:
+    def progress(self, i: int, ev: Progress) -> dict:
+        t = {"cache_n": ev.cache, "prompt_n": ev.processed - ev.cache,
+             "prompt_ms": round(ev.time_ms, 3), "predicted_n": 0, "predicted_ms": 0.0}
+        return {"index": i, "content": "", "tokens": [], "stop": False,
+                "prompt_progress": prompt_progress(ev), "timings": t}
+
+    def chunk(self, i: int, ev: TokenEvent) -> dict | None:
         if self.prefill_only:
             return None
-        self.generated.append(ev.token)
-        self.text += ev.text
-        out = {"index": 0, "content": ev.text, "tokens": [ev.token], "stop": False,
-               "id_slot": 0, "tokens_predicted": len(self.generated),
-               "tokens_evaluated": len(self.tokens)}
+        self.generated[i].append(ev.token)
+        self.text[i] += ev.text
+        out = {"index": i, "content": ev.text, "tokens": [ev.token], "stop": False,
+               "id_slot": -1, "tokens_predicted": len(self.generated[i]),
+               "tokens_evaluated": len(self.jobs[i][0])}
         probs = self._probs(ev)
         if probs is not None:
             out["completion_probabilities"] = probs
         return out
 
-    def _stop_type(self, fin: Finished) -> tuple[str, str]:
+    def _stop_type(self, i: int, fin: Finished) -> tuple[str, str]:
+        p = self.jobs[i][1]
         if fin.reason == "length":
             return "limit", ""
-        last = self.generated[-1] if self.generated else None
-        eos = set(self.svc.tokenizer.eos_ids) | set(self.params.stop_token_ids)
-        if last in eos and not self.params.ignore_eos:
+        last = self.generated[i][-1] if self.generated[i] else None
+        eos = set(self.svc.tokenizer.eos_ids) | set(p.stop_token_ids)
+        if last in eos and not p.ignore_eos:
             return "eos", ""
-        tail = self.svc.tokenizer.decode(self.generated, True)[len(self.text):]
-        word = next((s for s in self.params.stop if s in tail), "")
+        tail = self.svc.tokenizer.decode(self.generated[i], True)[len(self.text[i]):]
+        word = next((s for s in p.stop if s in tail), "")
         return ("word", word) if word else ("none", "")
 
-    def closing(self, fin: Finished) -> dict:
-        stop_type, word = self._stop_type(fin)
-        prompt = self.prompt if isinstance(self.prompt, str) else \
-            self.svc.tokenizer.decode(self.prompt)
-        n = 0 if self.prefill_only else len(self.generated)
-        p = self.params
-        return {"index": 0, "content": "", "tokens": [], "id_slot": 0, "stop": True,
+    def closing(self, i: int, fin: Finished) -> dict:
+        stop_type, word = self._stop_type(i, fin)
+        tokens, p = self.jobs[i]
+        n = 0 if self.prefill_only else len(self.generated[i])
+        # the context ran out before n_predict did
+        truncated = stop_type == "limit" and len(tokens) + n >= self.svc.max_context
+        return {"index": i, "content": "", "tokens": [], "id_slot": -1, "stop": True,
                 "model": self.svc.model_id, "tokens_predicted": n,
-                "tokens_evaluated": len(self.tokens), "tokens_cached": fin.stats.cache_n,
-                "prompt": prompt, "truncated": False, "stop_type": stop_type,
-                "stopping_word": word, "has_new_line": "\n" in self.text,
-                "generation_settings": {"n_predict": 0 if self.prefill_only else p.max_tokens,
-                                        "temperature": p.temperature, "top_k": p.top_k,
-                                        "top_p": p.top_p, "min_p": p.min_p, "seed": p.seed,
-                                        "stop": list(p.stop), "ignore_eos": p.ignore_eos,
-                                        "n_probs": p.logprobs or 0},
-                "timings": llama_timings(fin)}
+                "tokens_evaluated": len(tokens), "tokens_cached": fin.stats.cache_n,
+                "prompt": self.texts[i], "truncated": truncated, "stop_type": stop_type,
+                "stopping_word": word, "has_new_line": "\n" in self.text[i],
+                "generation_settings": generation_settings(self.svc, p, self.prefill_only),
+                "timings": fin.stats.timings()}
 
-    def usage(self, fin: Finished) -> dict | None:
+    def usage(self, fins: list[Finished]) -> dict | None:
         return None
 
-    def body(self, res: Result) -> dict:
+    def _one(self, i: int, res: Result) -> dict:
         probs = []
         if not self.prefill_only:
             for ev in res.events:
-                self.chunk(ev)
+                self.chunk(i, ev)
                 probs += self._probs(ev) or []
-        out = {**self.closing(res.finished), "content": self.text, "tokens": self.generated}
+        out = {**self.closing(i, res.finished), "content": self.text[i],
+               "tokens": self.generated[i] if self.req.return_tokens else []}
         if probs:
             out["completion_probabilities"] = probs
+        if self.req.response_fields:
+            out = {f: _path(out, f) for f in self.req.response_fields}
         return out
+
+    def body(self, results: list[Result]) -> dict | list:
+        out = [self._one(i, r) for i, r in enumerate(results)]
+        return out[0] if len(out) == 1 else out
+
+
+def _path(obj: dict, path: str):
+    """A response field named by its path ("generation_settings/n_predict")."""
+    for part in path.split("/"):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+async def _complete(request: web.Request, svc: Service, req: LlamaCompletionRequest,
+                    prompts: list[list[int]], texts: list[str], salt) -> web.StreamResponse:
+    return await run(request, svc, prompts, salt, req.gen,
+                     lambda jobs: LlamaFormat(svc, req, texts, jobs))
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
-    req = LlamaCompletionRequest.parse(await read_json(request), svc.vocab_size)
-    tokens, salt = await blocking(svc.completion_tokens, req.prompt, req.cache)
-    params = svc.settle(tokens, req.max_tokens, req.params, "n_predict")
-    gen = svc.generation(tokens, params, salt, req.cache.use_cache)
-    fmt = LlamaFormat(svc, req.prompt, tokens, params, req.max_tokens == 0)
-    return await answer(request, gen, fmt, req.stream)
+    req = LlamaCompletionRequest.parse(await read_json(request), svc.parse_llama)
+    prompts, texts, salt = [], [], None
+    for p in req.prompts:
+        tokens, salt = await blocking(svc.completion_tokens, p, req.gen.cache)
+        prompts.append(tokens)
+        texts.append(p if isinstance(p, str) else await blocking(svc.tokenizer.decode, tokens))
+    return await _complete(request, svc, req, prompts, texts, salt)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    """Fill in the middle: the model's FIM tokens around the code before and after the
+    gap (and other files before it), then the prompt as the gap's start."""
+    svc = ready(request)
+    data = await read_json(request)
+    fill = InfillRequest.parse(data)
+    req = LlamaCompletionRequest.parse(data, svc.parse_llama, prompt_required=False)
+    fim = svc.tokenizer.fim
+    if fim is None:
+        raise ApiError(400, "this model's vocabulary has no fill-in-the-middle tokens "
+                            "(<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>): /infill needs "
+                            "them", None, "infill_not_supported")
+    gap = req.prompts[0]
+    tokens = await blocking(svc.infill_tokens, fill, gap)
+    return await _complete(request, svc, req, [tokens], [gap if isinstance(gap, str) else ""],
+                           req.gen.cache.salt)
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -127,3 +191,32 @@ async def detokenize(request: web.Request) -> web.Response:
     svc = ready(request)
     req = DetokenizeRequest.parse(await read_json(request), svc.vocab_size)
     return json_response({"content": await blocking(svc.tokenizer.decode, req.tokens)})
+
+
+async def apply_template(request: web.Request) -> web.Response:
+    """The prompt text a chat request renders to, without generating."""
+    svc = ready(request)
+    req = ChatRequest.parse(await read_json(request), svc.parse_openai)
+    text = await blocking(svc.render_chat, req.messages, req.add_generation_prompt)
+    return json_response({"prompt": text})
+
+
+async def props(request: web.Request) -> web.Response:
+    """The server's settings, as llama-server's /props reports them."""
+    svc = ready(request)
+    p = SamplingParams(max_tokens=1, temperature=svc.parse_llama.defaults.temperature,
+                       top_k=svc.parse_llama.defaults.top_k,
+                       top_p=svc.parse_llama.defaults.top_p,
+                       min_p=svc.parse_llama.defaults.min_p,
+                       seed=svc.parse_llama.defaults.seed)
+    settings = generation_settings(svc, p)
+    settings["n_predict"] = svc.cfg.max_tokens or -1
+    tok = svc.tokenizer
+    return json_response({
+        "default_generation_settings": {"id": 0, "n_ctx": svc.max_context, "params": settings,
+                                        "is_processing": False},
+        "total_slots": svc.cfg.parallel, "model_alias": svc.model_id,
+        "model_path": str(svc.path), "chat_template": tok.chat_template or "",
+        "bos_token": tok.bos_token or "", "eos_token": tok.eos_token or "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": svc.system_fingerprint, "is_sleeping": False})

@@ -1,4 +1,4 @@
-"""Request middlewares: access log + metrics (outermost), JSON errors, API key."""
+"""Request middlewares: access log + metrics (outermost), JSON errors, CORS, API key."""
 
 from __future__ import annotations
 
@@ -57,6 +57,56 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
         log.exception("internal error answering %s %s", request.method, request.path)
         return error_response(ApiError(500, "internal server error (see the daemon's log)",
                                        None, "internal_error"))
+
+
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def allowed_origin(origin: str, setting: str | None) -> bool:
+    """Whether --cors-origins lets this Origin call: '*', 'localhost' (any port of a
+    loopback host), or a comma-separated list of exact origins."""
+    if not origin or setting is None:
+        return False
+    if setting == "*":
+        return True
+    if setting == "localhost":
+        scheme, sep, rest = origin.partition("://")
+        host = rest.rsplit(":", 1)[0] if not rest.endswith("]") else rest
+        return bool(sep) and scheme in ("http", "https") and host in _LOCAL_HOSTS
+    return origin in {o.strip() for o in setting.split(",")}
+
+
+def _cors_headers(request: web.Request) -> dict[str, str]:
+    cfg = request.app[SERVICE].cfg
+    origin = request.headers.get("Origin", "")
+    if not allowed_origin(origin, cfg.cors_origins):
+        return {}
+    out = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+    if cfg.cors_credentials:
+        out["Access-Control-Allow-Credentials"] = "true"
+    return out
+
+
+@web.middleware
+async def cors(request: web.Request, handler) -> web.StreamResponse:
+    """Answer preflights before the API key is asked for (browsers send no credentials
+    on OPTIONS). The headers a request asks to send are allowed by name: a wildcard
+    never covers Authorization (Fetch standard). Without --cors-origins nothing is
+    allowed."""
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        headers = _cors_headers(request)
+        if headers:
+            headers.update({"Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+                            "Access-Control-Allow-Headers": request.headers.get(
+                                "Access-Control-Request-Headers", "") or "*",
+                            "Access-Control-Max-Age": "600"})
+        return web.Response(status=200, headers=headers)
+    return await handler(request)
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every answer (streams too) to an allowed origin says so."""
+    response.headers.update(_cors_headers(request))
 
 
 @web.middleware

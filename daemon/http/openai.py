@@ -1,4 +1,10 @@
-"""OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models."""
+"""OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models (and
+llama-server's un-prefixed /chat/completions, /models).
+
+Where llama-server and OpenAI's documentation disagree on these routes, OpenAI's
+documentation wins: the usage chunk of a stream comes only with
+stream_options.include_usage (the last choice chunk carries `timings` anyway).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,27 @@ from aiohttp import web
 
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready, service
-from ckptd.daemon.http.respond import answer
+from ckptd.daemon.http.respond import run
 from ckptd.daemon.http.schemas import ChatRequest, CompletionRequest
-from ckptd.daemon.request import Finished, Stats
+from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
+from ckptd.model.sampling.sampler import SamplingParams
 
 
-def usage(prompt_n: int, stats: Stats, completion_n: int) -> dict:
-    return {"prompt_tokens": prompt_n, "completion_tokens": completion_n,
-            "total_tokens": prompt_n + completion_n,
-            "prompt_tokens_details": {"cached_tokens": stats.cache_n}}
+def usage(fins: list[Finished], jobs: list[tuple[list[int], SamplingParams]],
+          prefill_only: bool) -> dict:
+    """Prompt tokens once per distinct prompt (n copies share one), completions summed."""
+    seen, prompt_n, cached = set(), 0, 0
+    for (tokens, _), fin in zip(jobs, fins):
+        key = tuple(tokens)
+        if key not in seen:
+            seen.add(key)
+            prompt_n += len(tokens)
+            cached += fin.stats.cache_n
+    done = 0 if prefill_only else sum(f.stats.predicted_n for f in fins)
+    return {"prompt_tokens": prompt_n, "completion_tokens": done, "total_tokens": prompt_n + done,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class _Base:
@@ -30,38 +46,52 @@ class _Base:
     object_name = ""            # of a whole answer
     chunk_object = ""           # of a stream chunk
 
-    def __init__(self, svc: Service, prompt_n: int, prefill_only: bool) -> None:
-        self.svc, self.prompt_n, self.prefill_only = svc, prompt_n, prefill_only
+    def __init__(self, svc: Service, jobs: list[tuple[list[int], SamplingParams]],
+                 prefill_only: bool) -> None:
+        self.svc, self.jobs, self.prefill_only = svc, jobs, prefill_only
         self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
     def head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created,
-                "model": self.svc.model_id}
+                "model": self.svc.model_id, "system_fingerprint": self.svc.system_fingerprint}
 
     def piece(self, token: int) -> str:
         return self.svc.tokenizer.decode([token])
 
-    def completion_n(self, fin: Finished) -> int:
-        return 0 if self.prefill_only else fin.stats.predicted_n
-
-    def finish_reason(self, fin: Finished) -> str:
+    @staticmethod
+    def finish_reason(fin: Finished) -> str:
         return fin.reason if fin.reason in ("stop", "length") else "stop"
 
-    def usage(self, fin: Finished) -> dict:
+    def progress(self, i: int, ev: Progress) -> dict | None:
         return {**self.head(self.chunk_object), "choices": [],
-                "usage": usage(self.prompt_n, fin.stats, self.completion_n(fin)),
-                "timings": fin.stats.timings()}
+                "prompt_progress": prompt_progress(ev)}
+
+    def usage(self, fins: list[Finished]) -> dict:
+        return {**self.head(self.chunk_object), "choices": [],
+                "usage": usage(fins, self.jobs, self.prefill_only),
+                "timings": fins[0].stats.timings() if fins else {}}
+
+    def _whole(self, results: list[Result], choices: list[dict]) -> dict:
+        fins = [r.finished for r in results]
+        return {**self.head(self.object_name), "choices": choices,
+                "usage": usage(fins, self.jobs, self.prefill_only),
+                "timings": fins[0].stats.timings()}
+
+
+def prompt_progress(ev: Progress) -> dict:
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed,
+            "time_ms": round(ev.time_ms, 3)}
 
 
 class CompletionFormat(_Base):
     object_name = chunk_object = "text_completion"
 
-    def __init__(self, svc: Service, prompt_n: int, prefill_only: bool) -> None:
-        super().__init__(svc, prompt_n, prefill_only)
-        self.offset = 0
+    def __init__(self, svc: Service, jobs, prefill_only: bool) -> None:
+        super().__init__(svc, jobs, prefill_only)
+        self.offsets = [0] * len(jobs)
 
-    def _logprobs(self, evs: list[TokenEvent]) -> dict | None:
+    def _logprobs(self, i: int, evs: list[TokenEvent]) -> dict | None:
         if not evs or evs[0].sampled.logprob is None:
             return None
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -70,33 +100,33 @@ class CompletionFormat(_Base):
             out["tokens"].append(self.piece(s.token))
             out["token_logprobs"].append(s.logprob)
             out["top_logprobs"].append({self.piece(t): lp for t, lp in s.top})
-            out["text_offset"].append(self.offset)
-            self.offset += len(ev.text)
+            out["text_offset"].append(self.offsets[i])
+            self.offsets[i] += len(ev.text)
         return out
 
-    def opening(self) -> dict | None:
+    def opening(self, i: int) -> dict | None:
         return None
 
-    def chunk(self, ev: TokenEvent) -> dict | None:
+    def chunk(self, i: int, ev: TokenEvent) -> dict | None:
         if self.prefill_only:
             return None
         return {**self.head(self.chunk_object), "choices": [
-            {"text": ev.text, "index": 0, "logprobs": self._logprobs([ev]),
+            {"text": ev.text, "index": i, "logprobs": self._logprobs(i, [ev]),
              "finish_reason": None}]}
 
-    def closing(self, fin: Finished) -> dict:
+    def closing(self, i: int, fin: Finished) -> dict:
         return {**self.head(self.chunk_object), "choices": [
-            {"text": "", "index": 0, "logprobs": None,
-             "finish_reason": self.finish_reason(fin)}]}
+            {"text": "", "index": i, "logprobs": None,
+             "finish_reason": self.finish_reason(fin)}], "timings": fin.stats.timings()}
 
-    def body(self, res: Result) -> dict:
-        fin = res.finished
-        evs = [] if self.prefill_only else res.events
-        return {**self.head(self.object_name), "choices": [
-            {"text": "".join(e.text for e in evs), "index": 0, "logprobs": self._logprobs(evs),
-             "finish_reason": self.finish_reason(fin)}],
-            "usage": usage(self.prompt_n, fin.stats, self.completion_n(fin)),
-            "timings": fin.stats.timings()}
+    def body(self, results: list[Result]) -> dict:
+        choices = []
+        for i, res in enumerate(results):
+            evs = [] if self.prefill_only else res.events
+            choices.append({"text": "".join(e.text for e in evs), "index": i,
+                            "logprobs": self._logprobs(i, evs),
+                            "finish_reason": self.finish_reason(res.finished)})
+        return self._whole(results, choices)
 
 
 class ChatFormat(_Base):
@@ -115,61 +145,75 @@ class ChatFormat(_Base):
                              "top_logprobs": [self._entry(t, lp) for t, lp in e.sampled.top]}
                             for e in evs]}
 
-    def _chunk(self, delta: dict, logprobs=None, finish: str | None = None) -> dict:
+    def _chunk(self, i: int, delta: dict, logprobs=None, finish: str | None = None) -> dict:
         return {**self.head(self.chunk_object), "choices": [
-            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+            {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
-    def opening(self) -> dict:
-        return self._chunk({"role": "assistant", "content": ""})
+    def opening(self, i: int) -> dict:
+        return self._chunk(i, {"role": "assistant", "content": None})
 
-    def chunk(self, ev: TokenEvent) -> dict | None:
+    def chunk(self, i: int, ev: TokenEvent) -> dict | None:
         if self.prefill_only or (not ev.text and ev.sampled.logprob is None):
             return None
-        return self._chunk({"content": ev.text}, self._logprobs([ev]))
+        return self._chunk(i, {"content": ev.text}, self._logprobs([ev]))
 
-    def closing(self, fin: Finished) -> dict:
-        return self._chunk({}, None, self.finish_reason(fin))
+    def closing(self, i: int, fin: Finished) -> dict:
+        return {**self._chunk(i, {}, None, self.finish_reason(fin)),
+                "timings": fin.stats.timings()}
 
-    def body(self, res: Result) -> dict:
-        fin = res.finished
-        evs = [] if self.prefill_only else res.events
-        return {**self.head(self.object_name), "choices": [
-            {"index": 0, "message": {"role": "assistant",
-                                     "content": "".join(e.text for e in evs)},
-             "logprobs": self._logprobs(evs), "finish_reason": self.finish_reason(fin)}],
-            "usage": usage(self.prompt_n, fin.stats, self.completion_n(fin)),
-            "timings": fin.stats.timings()}
+    def body(self, results: list[Result]) -> dict:
+        choices = []
+        for i, res in enumerate(results):
+            evs = [] if self.prefill_only else res.events
+            choices.append({"index": i, "message": {"role": "assistant",
+                                                    "content": "".join(e.text for e in evs)},
+                            "logprobs": self._logprobs(evs),
+                            "finish_reason": self.finish_reason(res.finished)})
+        return self._whole(results, choices)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
-    req = CompletionRequest.parse(await read_json(request), svc.vocab_size)
+    req = CompletionRequest.parse(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
-    tokens, salt = await blocking(svc.completion_tokens, req.prompt, req.cache)
-    params = svc.settle(tokens, req.max_tokens, req.params)
-    gen = svc.generation(tokens, params, salt, req.cache.use_cache)
-    fmt = CompletionFormat(svc, len(tokens), req.max_tokens == 0)
-    return await answer(request, gen, fmt, req.stream, req.include_usage)
+    g = req.gen
+    prompts, salt = [], None
+    for p in req.prompts:
+        tokens, salt = await blocking(svc.completion_tokens, p, g.cache)
+        prompts.append(tokens)
+    return await run(request, svc, prompts, salt, g,
+                     lambda jobs: CompletionFormat(svc, jobs, g.max_tokens == 0))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
-    req = ChatRequest.parse(await read_json(request), svc.vocab_size)
+    req = ChatRequest.parse(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
-    tokens, salt = await blocking(svc.chat_tokens, req.messages, req.cache)
-    params = svc.settle(tokens, req.max_tokens, req.params)
-    gen = svc.generation(tokens, params, salt, req.cache.use_cache)
-    fmt = ChatFormat(svc, len(tokens), req.max_tokens == 0)
-    return await answer(request, gen, fmt, req.stream, req.include_usage)
+    g = req.gen
+    tokens, salt = await blocking(svc.chat_tokens, req.messages, g.cache,
+                                  req.add_generation_prompt)
+    resp = await run(request, svc, [tokens], salt, g,
+                     lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0), "messages")
+    return resp
+
+
+async def chat_input_tokens(request: web.Request) -> web.Response:
+    """How many tokens a chat request's prompt is, without generating."""
+    svc = ready(request)
+    req = ChatRequest.parse(await read_json(request), svc.parse_openai)
+    tokens, _ = await blocking(svc.chat_tokens, req.messages, req.gen.cache,
+                               req.add_generation_prompt)
+    return json_response({"input_tokens": len(tokens)})
 
 
 async def models(request: web.Request) -> web.Response:
     svc = service(request)
     entry = {"id": svc.model_id, "object": "model", "created": int(svc.started),
-             "owned_by": "ckptd"}
+             "owned_by": "ckptd", "aliases": [svc.model_id]}
     if svc.rt is not None:
         model = svc.rt.model
         cfg = model.config
         entry["meta"] = {"arch": cfg.arch, "n_vocab": cfg.vocab_size, "n_ctx": svc.max_context,
+                         "n_ctx_train": cfg.max_position_embeddings,
                          "n_layers": len(cfg.layer_types), "fingerprint": model.fingerprint}
     return json_response({"object": "list", "data": [entry]})

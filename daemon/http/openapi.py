@@ -6,6 +6,8 @@ with the routes app.py registers catches an endpoint added to one and not the ot
 
 from __future__ import annotations
 
+from ckptd.daemon.http.unsupported import UNSUPPORTED
+
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"},
     "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
@@ -30,6 +32,15 @@ _LLAMA_PENALTIES = {
     "repeat_last_n": {"type": "integer", "minimum": -1},
     "logit_bias": {"oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "array"}}],
                    "description": "[[token id, bias or false], ...] or {token id: bias}"}}
+_CONSTRAINTS = {
+    "grammar": {"type": "string", "description": "GBNF grammar the output must match"},
+    "json_schema": {"type": "object", "description": "JSON schema the output must match"},
+    "response_format": {"type": "object", "properties": {
+        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+        "schema": {"type": "object"}, "json_schema": {"type": "object"}}},
+    "n": {"type": "integer", "minimum": 1, "maximum": 16},
+    "return_progress": {"type": "boolean"}, "id_slot": {"type": "integer"},
+    "post_sampling_probs": {"type": "boolean"}}
 _CACHE_FLAG = {"cache": {"type": "boolean", "default": True,
                          "description": "false: no restore and no checkpoints"}}
 _STREAM_OPTIONS = {"stream_options": {"type": "object", "properties": {
@@ -89,18 +100,26 @@ def document(model_id: str) -> dict:
     completion = _body({"model": {"type": "string", "enum": [model_id]}, "prompt": _PROMPT,
                         "max_tokens": {"type": "integer", "minimum": 0},
                         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                        **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS},
-                       ("prompt",))
+                        **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS,
+                        **_CONSTRAINTS}, ("prompt",))
     chat = _body({"model": {"type": "string", "enum": [model_id]}, "messages": _MESSAGES,
                   "max_tokens": {"type": "integer", "minimum": 0},
                   "max_completion_tokens": {"type": "integer", "minimum": 0},
                   "logprobs": {"type": "boolean"},
                   "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                  **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS},
-                 ("messages",))
+                  **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS,
+                  **_CONSTRAINTS, "add_generation_prompt": {"type": "boolean"},
+                  "continue_final_message": {"type": "boolean"}}, ("messages",))
     llama = _body({"prompt": _PROMPT, "n_predict": {"type": "integer", "minimum": -1},
                    "n_probs": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
-                   **_SAMPLING, **_LLAMA_PENALTIES}, ("prompt",))
+                   "return_tokens": {"type": "boolean"},
+                   "response_fields": {"type": "array", "items": {"type": "string"}},
+                   **_SAMPLING, **_LLAMA_PENALTIES, **_CONSTRAINTS}, ("prompt",))
+    infill = _body({"input_prefix": {"type": "string"}, "input_suffix": {"type": "string"},
+                    "input_extra": {"type": "array", "items": {"type": "object"}},
+                    "prompt": {"type": "string"}, "n_predict": {"type": "integer"}})
+    slot_file = {"required": False, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"filename": {"type": "string"}}}}}}
     context = _body({"name": {"type": "string"}, "text": {"type": "string"},
                      "messages": _MESSAGES, "pin": {"type": "boolean", "default": True},
                      "cache_salt": {"type": "string"}}, ("name",))
@@ -111,6 +130,27 @@ def document(model_id: str) -> dict:
         "/v1/chat/completions": {"post": _op("Chat completion (OpenAI)", chat, stream=True,
                                              errors=("400", "404", "413", "504"))},
         "/v1/models": {"get": _op("The served model", errors=())},
+        "/models": {"get": _op("The served model (llama-server's path)", errors=())},
+        "/chat/completions": {"post": _op("Chat completion (llama-server's path)", chat,
+                                          stream=True, errors=("400", "404", "413", "501",
+                                                               "504"))},
+        "/v1/chat/completions/input_tokens": {"post": _op("Tokens of a chat prompt", chat)},
+        "/chat/completions/input_tokens": {"post": _op("Tokens of a chat prompt", chat)},
+        "/completions": {"post": _op("Completion (llama.cpp server fields)", llama,
+                                     stream=True, errors=("400", "404", "413", "501", "504"))},
+        "/infill": {"post": _op("Fill in the middle (models with FIM tokens)", infill,
+                                stream=True, errors=("400", "413", "504"))},
+        "/apply-template": {"post": _op("The prompt a chat request renders to", chat)},
+        "/props": {"get": _op("Server settings (llama-server's /props)", errors=())},
+        "/slots": {"get": _op("The slots and what they run", errors=("501",))},
+        "/slots/{id_slot}": {"post": _op(
+            "Save, restore or erase a slot's state (?action=save|restore|erase)", slot_file,
+            params=[_path_param("id_slot"), {"name": "action", "in": "query",
+                                             "required": True, "schema": {
+                                                 "type": "string",
+                                                 "enum": ["save", "restore", "erase"]}}],
+            errors=("400", "404", "409", "501"))},
+        "/v1/health": {"get": {**_op("As /health", errors=()), "security": []}},
         "/completion": {"post": _op("Completion (llama.cpp server fields)", llama,
                                     stream=True, errors=("400", "404", "413", "504"))},
         "/tokenize": {"post": _op("Text to token ids", _body(
@@ -120,9 +160,12 @@ def document(model_id: str) -> dict:
             {"tokens": {"type": "array", "items": {"type": "integer"}}}, ("tokens",)))},
         "/health": {"get": {**_op("200 when serving, 503 while loading or shutting down",
                                   errors=()), "security": []}},
-        "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4)",
+        "/metrics": {"get": {"summary": "Prometheus metrics (text format 0.0.4); 501 with "
+                                        "--no-metrics",
                              "responses": {"200": {"description": "OK", "content": {
-                                 "text/plain": {"schema": {"type": "string"}}}}}}},
+                                 "text/plain": {"schema": {"type": "string"}}}},
+                                 "501": {"description": "turned off", "content": {
+                                     "application/json": {"schema": _ERROR}}}}}},
         "/openapi.json": {"get": _op("This document", errors=())},
         "/v1/contexts": {
             "post": _op("Register (and prefill) a named context; a salted one is used only "
@@ -152,6 +195,9 @@ def document(model_id: str) -> dict:
             "required": False, "content": {"application/json": {"schema": {
                 "type": "object", "properties": {"include_pinned": {"type": "boolean"}}}}}}))},
     }
+    for (method, path), what in UNSUPPORTED.items():
+        paths.setdefault(path, {})[method.lower()] = _op(
+            f"Not supported: {what} (501)", errors=("501",))
     return {
         "openapi": "3.1.0",
         "info": {"title": "ckptd", "version": "0.1.0",

@@ -4,19 +4,21 @@ JSON types are checked strictly (true is not an int, 1.5 is not an int), `null`
 means "not given", and unknown fields are ignored as OpenAI-compatible servers do.
 `params.max_tokens` of a generation request is settled by the handler once the
 prompt length is known (`max_tokens` None: as many as the context allows).
+Sampling fields live in sampling.py, prompts and messages in prompts.py.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from ckptd.daemon.http import prompts
 from ckptd.daemon.http.errors import bad_request
-from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.daemon.http.fields import Fields
+from ckptd.daemon.http.sampling import ParseContext, constraint, sampling
+from ckptd.model.sampling.grammar import Constraint
 from ckptd.model.sampling.sampler import SamplingParams
 
-MAX_LOGIT_BIAS = 1024
-ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 16
 
 
 @dataclass(frozen=True)
@@ -32,170 +34,12 @@ def _cache_options(f: Fields, use_cache_field: str = "cache") -> CacheOptions:
                         f.str("context", max_len=128))
 
 
-def _sampling(f: Fields, temperature: float, top_k: int, top_p: float, min_p: float,
-              logprobs: int | None, penalties: dict) -> SamplingParams:
-    seed = f.int("seed")
-    return SamplingParams(
-        max_tokens=0, temperature=f.float("temperature", temperature, 0.0, 100.0),
-        top_k=f.int("top_k", top_k, 0), top_p=_top_p(f.float("top_p", top_p, 0.0, 1.0)),
-        min_p=f.float("min_p", min_p, 0.0, 1.0),
-        seed=None if seed is None or seed < 0 else seed, stop=f.stop(),
-        ignore_eos=f.bool("ignore_eos"), logprobs=logprobs, **penalties)
-
-
-def _openai_penalties(f: Fields, vocab_size: int) -> dict:
-    """OpenAI's presence/frequency penalties and logit_bias ({"token id": bias}), and
-    vLLM's repetition_penalty; counted as OpenAI counts them (model/penalties.py)."""
-    return {"presence_penalty": f.float("presence_penalty", 0.0, -2.0, 2.0),
-            "frequency_penalty": f.float("frequency_penalty", 0.0, -2.0, 2.0),
-            "repetition_penalty": _positive(f, "repetition_penalty", 1.0),
-            "logit_bias": _logit_bias(f, vocab_size, allow_false=False)}
-
-
-def _llama_penalties(f: Fields, vocab_size: int) -> dict:
-    """llama.cpp's repeat_penalty, presence/frequency penalties over the last
-    repeat_last_n tokens, and logit_bias ([[id, bias | false], ...] or {"id": bias})."""
-    return {"presence_penalty": f.float("presence_penalty", 0.0, -100.0, 100.0),
-            "frequency_penalty": f.float("frequency_penalty", 0.0, -100.0, 100.0),
-            "repetition_penalty": _positive(f, "repeat_penalty", 1.0),
-            "penalty_last_n": f.int("repeat_last_n", 64, -1),
-            "logit_bias": _logit_bias(f, vocab_size, allow_false=True)}
-
-
-def _positive(f: Fields, name: str, default: float) -> float:
-    v = f.float(name, default, 0.0, 100.0)
-    if v == 0.0:
-        raise bad_request(f"{name} must be > 0", name)
-    return v
-
-
-def _logit_bias(f: Fields, vocab_size: int, allow_false: bool,
-                name: str = "logit_bias") -> tuple[tuple[int, float], ...]:
-    """(token, bias) pairs from {"id": bias} or, for llama.cpp, [[id, bias], ...], where a
-    bias of false bans the token (-inf)."""
-    v = f.data.get(name)
-    if v is None:
-        return ()
-    if isinstance(v, dict):
-        pairs = list(v.items())
-    elif allow_false and isinstance(v, list) and all(
-            isinstance(p, list) and len(p) == 2 for p in v):
-        pairs = [tuple(p) for p in v]
-    else:
-        want = "an object of token id: bias" + (" or a list of [id, bias] pairs"
-                                                  if allow_false else "")
-        raise type_error(name, want, v)
-    if len(pairs) > MAX_LOGIT_BIAS:
-        raise bad_request(f"{name} holds at most {MAX_LOGIT_BIAS} tokens", name)
-    out: dict[int, float] = {}
-    for key, bias in pairs:
-        token = _bias_token(key, name)
-        if not 0 <= token < vocab_size:
-            raise bad_request(f"{name}: token id {token} is outside the vocabulary "
-                              f"(0..{vocab_size - 1})", name)
-        if allow_false and bias is False:
-            bias = float("-inf")
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) \
-                or not -100.0 <= bias <= 100.0:
-            raise bad_request(f"{name}: the bias of token {token} must be a number in "
-                              f"[-100, 100]{' or false' if allow_false else ''}, got {bias!r}",
-                              name)
-        out[token] = float(bias)
-    return tuple(out.items())
-
-
-def _bias_token(key: object, name: str) -> int:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key
-    if isinstance(key, str) and re.fullmatch(r"-?[0-9]{1,12}", key):
-        return int(key)
-    raise bad_request(f"{name}: {key!r} is not a token id (token strings are not supported)",
-                      name)
-
-
-def _top_p(v: float) -> float:
-    if v <= 0.0:
-        raise bad_request("top_p must be in (0, 1]", "top_p")
-    return v
-
-
-def _common(f: Fields) -> None:
-    if f.int("n", 1) != 1:
-        raise bad_request("only n = 1 is supported", "n")
+def _n(f: Fields) -> int:
     if f.int("best_of", 1) != 1:
         raise bad_request("only best_of = 1 is supported", "best_of")
     if f.bool("echo"):
         raise bad_request("echo is not supported", "echo")
-
-
-@dataclass(frozen=True)
-class CompletionRequest:
-    """POST /v1/completions."""
-
-    model: str | None
-    prompt: str | list[int]
-    max_tokens: int | None
-    params: SamplingParams
-    cache: CacheOptions
-    stream: bool = False
-    include_usage: bool = False
-
-    @classmethod
-    def parse(cls, data: object, vocab_size: int) -> CompletionRequest:
-        f = Fields(data)
-        _common(f)
-        return cls(f.str("model"), _prompt(f, vocab_size), f.int("max_tokens", 16, 0),
-                   _sampling(f, 1.0, 0, 1.0, 0.0, f.int("logprobs", None, 0, 20),
-                             _openai_penalties(f, vocab_size)),
-                   _cache_options(f), f.bool("stream"), _include_usage(f))
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """POST /v1/chat/completions."""
-
-    model: str | None
-    messages: list[dict]
-    max_tokens: int | None
-    params: SamplingParams
-    cache: CacheOptions
-    stream: bool = False
-    include_usage: bool = False
-
-    @classmethod
-    def parse(cls, data: object, vocab_size: int) -> ChatRequest:
-        f = Fields(data)
-        _common(f)
-        max_tokens = f.int("max_completion_tokens", None, 0)
-        if max_tokens is None:
-            max_tokens = f.int("max_tokens", None, 0)
-        top = f.int("top_logprobs", None, 0, 20)
-        logprobs = (top or 0) if f.bool("logprobs") else None
-        return cls(f.str("model"), parse_messages(f.data.get("messages")), max_tokens,
-                   _sampling(f, 1.0, 0, 1.0, 0.0, logprobs, _openai_penalties(f, vocab_size)),
-                   _cache_options(f),
-                   f.bool("stream"), _include_usage(f))
-
-
-@dataclass(frozen=True)
-class LlamaCompletionRequest:
-    """POST /completion (llama.cpp's server fields and defaults)."""
-
-    prompt: str | list[int]
-    max_tokens: int | None           # n_predict; -1 (or absent): as many as the context allows
-    params: SamplingParams
-    cache: CacheOptions
-    stream: bool = False
-
-    @classmethod
-    def parse(cls, data: object, vocab_size: int) -> LlamaCompletionRequest:
-        f = Fields(data)
-        n_predict = f.int("n_predict", -1, -1)
-        n_probs = f.int("n_probs", 0, 0, 20)
-        return cls(_prompt(f, vocab_size), None if n_predict == -1 else n_predict,
-                   _sampling(f, 0.8, 40, 0.95, 0.05, n_probs or None,
-                             _llama_penalties(f, vocab_size)),
-                   _cache_options(f, "cache_prompt"), f.bool("stream"))
+    return f.int("n", 1, 1, MAX_N)
 
 
 def _include_usage(f: Fields) -> bool:
@@ -203,55 +47,134 @@ def _include_usage(f: Fields) -> bool:
     return False if opts is None else Fields(opts, "stream_options").bool("include_usage")
 
 
-def _prompt(f: Fields, vocab_size: int) -> str | list[int]:
-    v = f.data.get("prompt")
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
-        v = v[0]                           # a batch of one
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list) and v:
-        return Fields({"prompt": v}).token_ids("prompt", vocab_size)
-    if v is None:
-        raise bad_request("prompt is required", "prompt", "missing_field")
-    if isinstance(v, list) and not v:
-        raise bad_request("prompt must not be empty", "prompt")
-    raise bad_request("prompt must be a string or a list of token ids (one prompt per request)",
-                      "prompt", "invalid_type")
+@dataclass(frozen=True)
+class Generate:
+    """What every generation request carries beside its prompt."""
+    max_tokens: int | None
+    params: SamplingParams
+    cache: CacheOptions
+    constraint: tuple[str, Constraint] | None = None     # (field, what it asks)
+    stream: bool = False
+    n: int = 1
+    include_usage: bool = False
+    return_progress: bool = False
+    id_slot: int | None = None
 
 
-def parse_messages(v: object, name: str = "messages") -> list[dict]:
-    """[{role, content}] with content flattened to text (text parts of a list joined)."""
-    if not isinstance(v, list):
-        raise bad_request(f"{name} must be a list of messages", name,
-                          "missing_field" if v is None else "invalid_type")
-    if not v:
-        raise bad_request(f"{name} must not be empty", name)
-    out = []
-    for i, m in enumerate(v):
-        where = f"{name}[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", where, "invalid_type")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
-        out.append({"role": role, "content": _content(m.get("content"), f"{where}.content")})
-    return out
+def _generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: int | None,
+              llama: bool, n: int = 1, cache_field: str = "cache") -> Generate:
+    slot = f.int("id_slot")
+    return Generate(max_tokens, sampling(f, ctx, logprobs, llama), _cache_options(f, cache_field),
+                    constraint(f), f.bool("stream"), n, _include_usage(f),
+                    f.bool("return_progress"), None if slot is None or slot < 0 else slot)
 
 
-def _content(c: object, where: str) -> str:
-    if c is None:
-        return ""
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        parts = []
-        for p in c:
-            if not isinstance(p, dict) or p.get("type") != "text" or \
-                    not isinstance(p.get("text"), str):
-                raise bad_request(f"{where}: only text parts are supported", where)
-            parts.append(p["text"])
-        return "".join(parts)
-    raise bad_request(f"{where} must be a string or a list of text parts", where, "invalid_type")
+@dataclass(frozen=True)
+class CompletionRequest:
+    """POST /v1/completions."""
+
+    model: str | None
+    prompts: list[prompts.Prompt]
+    gen: Generate
+
+    @classmethod
+    def parse(cls, data: object, ctx: ParseContext) -> CompletionRequest:
+        f = Fields(data)
+        n = _n(f)
+        max_tokens = f.int("max_tokens", None, 0)
+        if max_tokens is None:                 # llama-server takes its own name here too
+            max_tokens = f.int("n_predict", 16, -1)
+            max_tokens = None if max_tokens == -1 else max_tokens
+        return cls(f.str("model"), prompts.prompts(f.data.get("prompt"), ctx.vocab_size),
+                   _generate(f, ctx, max_tokens, f.int("logprobs", None, 0, 20), False, n))
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """POST /v1/chat/completions (and /chat/completions/input_tokens, /apply-template)."""
+
+    model: str | None
+    messages: list[dict]
+    gen: Generate
+    add_generation_prompt: bool = True
+    verbose: bool = False
+
+    @classmethod
+    def parse(cls, data: object, ctx: ParseContext) -> ChatRequest:
+        f = Fields(data)
+        n = _n(f)
+        max_tokens = f.int("max_completion_tokens", None, 0)
+        if max_tokens is None:
+            max_tokens = f.int("max_tokens", None, 0)
+        top = f.int("top_logprobs", None, 0, 20)
+        logprobs = (top or 0) if f.bool("logprobs") else None
+        msgs = prompts.messages(f.data.get("messages"))
+        add = f.bool("add_generation_prompt", True)
+        if f.bool("continue_final_message"):
+            if "add_generation_prompt" in f.data and add:
+                raise bad_request("continue_final_message and add_generation_prompt can not "
+                                  "both be true", "continue_final_message")
+            if msgs[-1]["role"] != "assistant":
+                raise bad_request("continue_final_message needs an assistant message last",
+                                  "continue_final_message")
+        return cls(f.str("model"), msgs, _generate(f, ctx, max_tokens, logprobs, False, n),
+                   add, f.bool("verbose"))
+
+
+@dataclass(frozen=True)
+class LlamaCompletionRequest:
+    """POST /completion, /completions, /infill (llama.cpp's server fields and defaults)."""
+
+    prompts: list[prompts.Prompt]
+    gen: Generate
+    return_tokens: bool = False
+    response_fields: tuple[str, ...] = ()
+    timings_per_token: bool = False
+
+    @classmethod
+    def parse(cls, data: object, ctx: ParseContext, prompt_required: bool = True
+              ) -> LlamaCompletionRequest:
+        f = Fields(data)
+        n_predict = f.int("n_predict", f.int("max_tokens", -1, -1), -1)
+        n_probs = f.int("n_probs", 0, 0, 20)
+        fields = f.data.get("response_fields")
+        if fields is not None and (not isinstance(fields, list) or
+                                   not all(isinstance(x, str) for x in fields)):
+            raise bad_request("response_fields must be a list of strings", "response_fields",
+                              "invalid_type")
+        raw = f.data.get("prompt")
+        ps = prompts.prompts(raw, ctx.vocab_size) if prompt_required or raw else [""]
+        return cls(ps, _generate(f, ctx, None if n_predict == -1 else n_predict,
+                                 n_probs or None, True, 1, "cache_prompt"),
+                   f.bool("return_tokens"), tuple(fields or ()), f.bool("timings_per_token"))
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    """POST /infill: the code before and after the gap, and other files as context."""
+
+    prefix: str
+    suffix: str
+    extra: list[tuple[str, str]]         # (filename, text)
+
+    @classmethod
+    def parse(cls, data: object) -> InfillRequest:
+        f = Fields(data)
+        extra = f.data.get("input_extra") or []
+        if not isinstance(extra, list):
+            raise bad_request("input_extra must be a list of {filename, text}", "input_extra",
+                              "invalid_type")
+        chunks = []
+        for i, e in enumerate(extra):
+            where = f"input_extra[{i}]"
+            ef = Fields(e, where)
+            text = ef.data.get("text")
+            name = ef.data.get("filename", "")
+            if not isinstance(text, str) or not isinstance(name, str):
+                raise bad_request(f"{where} needs a string text and filename", where,
+                                  "invalid_type")
+            chunks.append((name, text))
+        return cls(f.str("input_prefix", ""), f.str("input_suffix", ""), chunks)
 
 
 @dataclass(frozen=True)
@@ -298,7 +221,7 @@ class ContextRequest:
             raise bad_request("give exactly one of text or messages", "text")
         if text is not None and not text:
             raise bad_request("text must not be empty", "text")
-        return cls(name, text, None if messages is None else parse_messages(messages),
+        return cls(name, text, None if messages is None else prompts.messages(messages),
                    f.bool("pin", True), f.str("cache_salt", max_len=256) or None)
 
 

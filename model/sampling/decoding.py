@@ -71,6 +71,9 @@ class Decoding:
         if self.n >= self.params.max_tokens:
             return self._end(TokenEvent(s.token, text + self.stops.flush(), s,
                                        FinishReason.LENGTH))
+        if self.sampler.grammar_done:       # complete: only an end token could follow
+            return self._end(TokenEvent(s.token, text + self.stops.flush() + self.detok.flush(),
+                                       s, FinishReason.STOP))
         return TokenEvent(s.token, text, s)
 
     def _end(self, ev: TokenEvent) -> TokenEvent:

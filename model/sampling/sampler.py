@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ckptd.model.sampling.grammar import Compiled
 from ckptd.model.sampling.penalties import Penalties
 
 MAX_LOGPROBS = 20
@@ -34,6 +35,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0     # 1: off
     penalty_last_n: int | None = None   # None: OpenAI's convention; n: llama.cpp's window
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token, added to its logit; -inf: never)
+    grammar: Compiled | None = None     # constrained decoding (model/sampling/grammar.py)
+    post_sampling_probs: bool = False   # report probabilities after the filters, not logprobs
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -95,6 +98,7 @@ class Sampled:
     token: int
     logprob: float | None = None                            # of the model's distribution
     top: list[tuple[int, float]] = field(default_factory=list)  # (token, logprob), best first
+    prob: float | None = None       # post_sampling_probs: of the distribution drawn from
 
 
 class Sampler:
@@ -103,6 +107,7 @@ class Sampler:
     def __init__(self, params: SamplingParams, prompt: list[int] = ()) -> None:
         self.params = params
         self.penalties = Penalties(params, prompt)
+        self.matcher = None if params.grammar is None else params.grammar.matcher()
         self.gen = torch.Generator()
         if params.seed is not None:
             self.gen.manual_seed(params.seed)
@@ -116,16 +121,40 @@ class Sampler:
         p = self.params
         logits = logits.detach().float().cpu()
         adjusted = self.penalties.adjust(logits)
+        if self.matcher is not None:
+            adjusted = self.matcher.mask(adjusted)
         token = int(adjusted.argmax()) if p.greedy else self._draw(adjusted)
         self.penalties.seen(token)
+        if self.matcher is not None:
+            self.matcher.accept(token)
         if p.logprobs is None:
             return Sampled(token)
+        if p.post_sampling_probs:
+            return self._post(adjusted, token)
         lp = logits.log_softmax(-1)
         top = []
         if p.logprobs:
             vals, ids = lp.topk(min(p.logprobs, lp.numel()))
             top = list(zip(ids.tolist(), vals.tolist()))
         return Sampled(token, float(lp[token]), top)
+
+    @property
+    def grammar_done(self) -> bool:
+        return self.matcher is not None and self.matcher.done
+
+    def _post(self, adjusted: torch.Tensor, token: int) -> Sampled:
+        """The chosen token's probability and the top ones of the distribution it was drawn
+        from (after bias, penalties, grammar, temperature and filters), none at 0."""
+        if self.params.greedy:
+            probs = torch.zeros_like(adjusted)
+            probs[token] = 1.0
+        else:
+            probs = self.probs(adjusted)
+        top = []
+        if self.params.logprobs:
+            vals, ids = probs.topk(min(self.params.logprobs, probs.numel()))
+            top = [(i, v) for i, v in zip(ids.tolist(), vals.tolist()) if v > 0.0]
+        return Sampled(token, None, top, float(probs[token]))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a non-greedy draw samples from: [vocab], sums to 1."""

@@ -16,6 +16,13 @@ from tokenizers import Tokenizer as _Tok
 
 from ckptd.model.text.prefix_encode import PrefixEncoder
 
+# Fill-in-the-middle tokens (prefix, suffix, middle), as code models spell them, and the
+# separator put before each other file given as context.
+_FIM = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+        ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+        ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+         "<\uff5cfim\u2581end\uff5c>"))
+_FILE_SEP = ("<|file_sep|>", "<file_sep>")
 # End-of-turn tokens of chat models whose config names only the base eos.
 _TURN_ENDS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
@@ -75,6 +82,19 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def fim(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) ids of the vocabulary's fill-in-the-middle tokens."""
+        for names in _FIM:
+            ids = tuple(self.tok.token_to_id(n) for n in names)
+            if None not in ids:
+                return ids
+        return None
+
+    @property
+    def file_sep(self) -> int | None:
+        return next((i for i in map(self.tok.token_to_id, _FILE_SEP) if i is not None), None)
 
     @property
     def bos_token(self) -> str | None:

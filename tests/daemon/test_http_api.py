@@ -87,7 +87,7 @@ def test_repeat_restores_from_cache_with_same_output(daemon):
 
 def test_llama_completion(daemon):
     body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0, "ignore_eos": True,
-            "n_probs": 3, "cache_prompt": False}
+            "n_probs": 3, "cache_prompt": False, "return_tokens": True}
     r = daemon.post("/completion", body)
     assert r.status == 200, r.text
     out = r.json
@@ -142,7 +142,8 @@ def test_logit_bias_and_penalties(daemon, tiny_hybrid_dir):
         repetition_penalty=1.3, logit_bias=((9, 2.5), (12, -3.0))))
     assert got == want and got != plain
 
-    llama = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    llama = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "ignore_eos": True,
+             "return_tokens": True}
     alternating = daemon.post("/completion", {
         **llama, "logit_bias": [[7, 100], [9, 90]], "frequency_penalty": 20,
         "repeat_last_n": -1}).json["tokens"]

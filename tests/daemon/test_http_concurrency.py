@@ -43,7 +43,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict,
 
 
 def _greedy(prompt: list[int], n: int, **kw) -> dict:
-    return {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, **kw}
+    return {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True,
+            "return_tokens": True, **kw}
 
 
 def _together(busy, prompts: list[list[int]], n: int) -> list:

@@ -17,20 +17,36 @@ def _live(tokenizer, n: int, restored: int) -> Live:
     req.stats.cache_n = restored
     seq = Sequence(list(req.tokens))
     seq.num_computed = restored
-    return Live(req, seq, Decoding(tokenizer, req.params))
+    return Live(req, seq, dec=Decoding(tokenizer, req.params))
 
 
-def test_a_long_prefill_logs_its_progress_every_few_seconds(tiny_hybrid_dir, caplog):
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_long_prefill_logs_its_progress_every_few_seconds(tiny_hybrid_dir):
     tok = load_tokenizer(tiny_hybrid_dir)
     long, short = _live(tok, 250_000, 1024), _live(tok, 2000, 0)
     log = PrefillLog(every_s=5.0)
-    caplog.set_level(logging.INFO, logger="ckptd")
-    log.update([long, short], now=100.0)              # first seen: the clock starts
-    long.seq.num_computed += 6000
-    log.update([long, short], now=102.0)              # too soon for a line
-    long.seq.num_computed += 9000
-    log.update([long, short], now=110.0)
-    lines = [r.getMessage() for r in caplog.records]
+    logger, handler = logging.getLogger("ckptd"), Lines()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        log.update([long, short], now=100.0)          # first seen: the clock starts
+        long.seq.num_computed += 6000
+        log.update([long, short], now=102.0)          # too soon for a line
+        long.seq.num_computed += 9000
+        log.update([long, short], now=110.0)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = handler.lines
     assert len(lines) == 1
     assert lines[0] == (f"prefill #{long.seq.id}: 16,024 / 250,000 tokens (6.4%), 1,024 "
                         "restored, 1,500 tok/s, ETA 2m 36s")

@@ -27,7 +27,7 @@ def greedy(d: Daemon, prompt: list[int], n: int = 4, cache: bool = True,
            salt: str | None = None, timeout: float = 120) -> tuple[list[int], int]:
     """(generated token ids, cached prompt tokens) of a greedy /completion."""
     body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True,
-            "cache_prompt": cache}
+            "cache_prompt": cache, "return_tokens": True}
     if salt is not None:
         body["cache_salt"] = salt
     r = d.post("/completion", body, timeout=timeout)

@@ -85,7 +85,7 @@ def test_kill9_after_long_context_then_restart_restores_it(tiny_hybrid_dir, tmp_
     d = start(tiny_hybrid_dir, tmp_path / "cache", *args, env=ENV)
     try:
         r = d.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
-                                   "ignore_eos": True})
+                                   "ignore_eos": True, "return_tokens": True})
         assert r.status == 200, r.text
         assert r.json["tokens_cached"] >= 0.95 * len(prompt), r.json["timings"]
         assert r.json["timings"]["cache_tier"] == "disk"

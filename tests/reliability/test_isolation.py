@@ -36,7 +36,7 @@ def test_salts_share_nothing_across_100_prompts(tiny_hybrid_dir, tmp_path):
             t = out["timings"]
             seen[i < 50] = seen.get(i < 50, set()) | {
                 (out["usage"]["prompt_tokens_details"]["cached_tokens"], t["cache_n"],
-                 t["cache_tier"])}
+                 t.get("cache_tier"))}
         # Whether B had the prompt or not, A sees the same: nothing cached.
         assert seen == {True: {(0, 0, None)}, False: {(0, 0, None)}}
         for p in prompts[:20]:                       # nor does a request without a salt

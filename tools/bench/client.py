@@ -204,15 +204,13 @@ def _read_stream(resp, t0: float, chat: bool) -> Measured:
 
 
 def _apply_timings(m: Measured, t: dict) -> None:
-    """Fill what usage left out. ckptd's `prompt_n` counts the whole prompt (it also
-    sends `cache_tier`); llama.cpp's counts only the tokens it evaluated, so there
-    the prompt is prompt_n + cache_n."""
+    """Fill what usage left out. `prompt_n` counts only the tokens the server evaluated
+    (ckptd and llama.cpp alike), so the prompt is prompt_n + cache_n."""
     cache_n = t.get("cache_n")
     if m.cache_n is None:
         m.cache_n = cache_n
     if m.prompt_n is None and t.get("prompt_n") is not None:
-        ckptd = "cache_tier" in t
-        m.prompt_n = t["prompt_n"] + (0 if ckptd or cache_n is None else cache_n)
+        m.prompt_n = t["prompt_n"] + (cache_n or 0)
     m.cache_tier = t.get("cache_tier")
     if m.completion_n is None:
         m.completion_n = t.get("predicted_n")

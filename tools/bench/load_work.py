@@ -35,8 +35,9 @@ class Job:
     def body(self) -> dict:
         common = {"temperature": 0, "ignore_eos": True, "stream": self.stream}
         if self.endpoint == "/completion":
+            # llama-server's /completion sends token ids only when asked to
             return {**common, "prompt": self.prompt, "n_predict": self.max_tokens,
-                    "cache_prompt": self.use_cache}
+                    "cache_prompt": self.use_cache, "return_tokens": True}
         out = {**common, "max_tokens": self.max_tokens, "cache": self.use_cache}
         if self.stream:
             out["stream_options"] = {"include_usage": True}

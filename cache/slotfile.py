@@ -1,0 +1,82 @@
+"""A sequence's exact state as one file: what llama-server's slot save/restore writes.
+
+The file is one value in the store's own format (cache/codec.py): the tokens, the
+KV blocks and the snapshot at the end (recurrent state, partial page, logits), with
+the weights fingerprint in its header and a checksum over all of it. Saving reads
+the state from the store (a finished sequence's final checkpoint is there);
+restoring verifies the file and puts its blocks and snapshot back into the store,
+so the next request that starts with those tokens restores them like any entry.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ckptd.cache import codec
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store import CacheStore
+
+_SNAP = "snapshot."
+
+
+class SlotStateError(ValueError):
+    """The state can't be saved (not cached) or the file can't be restored."""
+
+
+def save(store: CacheStore, tokens: list[int], salt: str | None, path: Path) -> int:
+    """Write the state after `tokens` to `path` (atomically). Returns the token count."""
+    store.flush()
+    plan = store.lookup(tokens, salt)
+    if plan.position != len(tokens):
+        raise SlotStateError(f"the state after these {len(tokens)} tokens is no longer cached "
+                             f"(only {plan.position}): it was evicted")
+    state = store.load(plan)
+    if not state.ok:
+        raise SlotStateError("the cached state failed verification; it was dropped")
+    tensors = {"tokens": torch.tensor(tokens, dtype=torch.int64)}
+    if state.pages is not None and state.pages.shape[0]:
+        tensors["pages"] = state.pages
+    if state.snapshot:
+        tensors.update({_SNAP + k: v for k, v in state.snapshot.tensors().items()})
+    if salt:
+        tensors["salt"] = torch.tensor(list(salt.encode()), dtype=torch.uint8)
+    blob = codec.encode(tensors, store.fp)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(blob)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return len(tokens)
+
+
+def restore(store: CacheStore, path: Path) -> tuple[list[int], str | None]:
+    """Put the state saved in `path` into the store; returns (tokens, salt)."""
+    blob = path.read_bytes()
+    try:
+        header = codec.verify(blob, None)
+    except codec.CorruptValue as e:
+        raise SlotStateError(f"{path.name} is not a saved slot state or is damaged ({e})") \
+            from None
+    if header.get("fp") != store.fp:
+        raise SlotStateError(f"{path.name} was saved by other model weights "
+                             f"({str(header.get('fp'))[:16]}...), not this server's")
+    try:
+        t = codec.decode(blob, store.fp)
+    except codec.CorruptValue as e:
+        raise SlotStateError(f"{path.name} is damaged: {e}") from None
+    if "tokens" not in t:
+        raise SlotStateError(f"{path.name} is not a saved slot state (no tokens)")
+    tokens = t["tokens"].tolist()
+    salt = bytes(t["salt"].tolist()).decode() if "salt" in t else None
+    pages = t.get("pages")
+    if pages is not None:
+        store.put_blocks(tokens, 0, pages, salt)
+    snap = {k[len(_SNAP):]: v for k, v in t.items() if k.startswith(_SNAP)}
+    if snap:
+        store.put_snapshot(tokens, Snapshot.from_tensors(snap), salt)
+    store.flush()
+    return tokens, salt

@@ -1,0 +1,186 @@
+"""Sampling fields of a generation request: defaults (the API's, or the server's flags),
+penalties, logit bias and output constraints; every error names its field."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from ckptd.daemon.http.errors import bad_request
+from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.model.sampling.grammar import GBNF, Constraint, schema_constraint
+from ckptd.model.sampling.sampler import SamplingParams
+
+MAX_LOGIT_BIAS = 1024
+MAX_GRAMMAR = 256 * 1024            # characters of GBNF or schema JSON
+
+
+@dataclass(frozen=True)
+class ApiDefaults:
+    """One API's sampling defaults; the server's flags (ServeConfig) override them."""
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float = 1.0
+    penalty_last_n: int | None = None
+    seed: int | None = None
+
+    def with_server(self, cfg) -> ApiDefaults:
+        def pick(v, default):
+            return default if v is None else v
+        return ApiDefaults(pick(cfg.temp, self.temperature), pick(cfg.top_k, self.top_k),
+                           pick(cfg.top_p, self.top_p), pick(cfg.min_p, self.min_p),
+                           pick(cfg.repeat_penalty, self.repetition_penalty),
+                           pick(cfg.repeat_last_n, self.penalty_last_n), cfg.seed)
+
+
+OPENAI = ApiDefaults(1.0, 0, 1.0, 0.0)
+LLAMA = ApiDefaults(0.8, 40, 0.95, 0.05, 1.0, 64)
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What parsing a generation request needs to know of the server."""
+    vocab_size: int
+    defaults: ApiDefaults
+    encode: object = None           # text -> token ids (logit bias given as text)
+
+
+def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) -> SamplingParams:
+    d = ctx.defaults
+    seed = f.int("seed")
+    if seed is None or seed < 0:
+        # an effective seed is always known, so a client can replay what it got
+        seed = d.seed if d.seed is not None else random.randrange(2**32)
+    if llama:
+        penalties = {
+            "presence_penalty": f.float("presence_penalty", 0.0, -100.0, 100.0),
+            "frequency_penalty": f.float("frequency_penalty", 0.0, -100.0, 100.0),
+            "repetition_penalty": _positive(f, "repeat_penalty", d.repetition_penalty),
+            "penalty_last_n": f.int("repeat_last_n", d.penalty_last_n, -1)}
+    else:
+        penalties = {
+            "presence_penalty": f.float("presence_penalty", 0.0, -2.0, 2.0),
+            "frequency_penalty": f.float("frequency_penalty", 0.0, -2.0, 2.0),
+            "repetition_penalty": _positive(f, "repetition_penalty", d.repetition_penalty),
+            "penalty_last_n": d.penalty_last_n}
+    return SamplingParams(
+        max_tokens=0, temperature=f.float("temperature", d.temperature, 0.0, 100.0),
+        top_k=f.int("top_k", d.top_k, 0), top_p=_top_p(f.float("top_p", d.top_p, 0.0, 1.0)),
+        min_p=f.float("min_p", d.min_p, 0.0, 1.0), seed=seed, stop=f.stop(),
+        ignore_eos=f.bool("ignore_eos"), logprobs=logprobs,
+        logit_bias=logit_bias(f, ctx, allow_false=llama),
+        post_sampling_probs=f.bool("post_sampling_probs"), **penalties)
+
+
+def _positive(f: Fields, name: str, default: float) -> float:
+    v = f.float(name, default, 0.0, 100.0)
+    if v == 0.0:
+        raise bad_request(f"{name} must be > 0", name)
+    return v
+
+
+def _top_p(v: float) -> float:
+    if v <= 0.0:
+        raise bad_request("top_p must be in (0, 1]", "top_p")
+    return v
+
+
+def logit_bias(f: Fields, ctx: ParseContext, allow_false: bool,
+               name: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """(token, bias) pairs from {"id": bias} or, for llama.cpp, [[id, bias], ...]; a key
+    that is text (not a token id) biases every token of that text, as llama-server does,
+    and a bias of false (llama.cpp) bans the token (-inf)."""
+    v = f.data.get(name)
+    if v is None:
+        return ()
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif allow_false and isinstance(v, list) and all(
+            isinstance(p, list) and len(p) == 2 for p in v):
+        pairs = [tuple(p) for p in v]
+    else:
+        want = "an object of token id: bias" + (" or a list of [id, bias] pairs"
+                                                  if allow_false else "")
+        raise type_error(name, want, v)
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise bad_request(f"{name} holds at most {MAX_LOGIT_BIAS} tokens", name)
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        if allow_false and bias is False:
+            bias = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100.0 <= bias <= 100.0:
+            raise bad_request(f"{name}: the bias of {key!r} must be a number in [-100, 100]"
+                              f"{' or false' if allow_false else ''}, got {bias!r}", name)
+        for token in _bias_tokens(key, name, ctx):
+            if not 0 <= token < ctx.vocab_size:
+                raise bad_request(f"{name}: token id {token} is outside the vocabulary "
+                                  f"(0..{ctx.vocab_size - 1})", name)
+            out[token] = float(bias)
+    return tuple(out.items())
+
+
+def _bias_tokens(key: object, name: str, ctx: ParseContext) -> list[int]:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return [key]
+    if isinstance(key, str) and re.fullmatch(r"-?[0-9]{1,12}", key):
+        return [int(key)]
+    if isinstance(key, str) and key and ctx.encode is not None:
+        return ctx.encode(key)
+    raise bad_request(f"{name}: {key!r} is not a token id or a text", name)
+
+
+def constraint(f: Fields) -> tuple[str, Constraint] | None:
+    """(field, Constraint) from `grammar` (GBNF), `json_schema` or OpenAI's
+    `response_format`; at most one of them. Compiled by the handler (a bad grammar is a
+    400 naming its field)."""
+    found = []
+    g = f.str("grammar", max_len=MAX_GRAMMAR)
+    if g:
+        found.append(("grammar", Constraint(GBNF, g)))
+    schema = f.data.get("json_schema")
+    if schema is not None:
+        found.append(("json_schema", _schema(schema, "json_schema")))
+    rf = f.data.get("response_format")
+    if rf is not None:
+        c = _response_format(rf)
+        if c is not None:
+            found.append(c)
+    if len(found) > 1:
+        raise bad_request(f"give one of {', '.join(n for n, _ in found)}, not several",
+                          found[1][0])
+    return found[0] if found else None
+
+
+def _schema(v: object, where: str) -> Constraint:
+    if not isinstance(v, (dict, bool)) or v is False:
+        raise type_error(where, "a JSON schema (an object)", v)
+    if len(repr(v)) > MAX_GRAMMAR:
+        raise bad_request(f"{where} is larger than {MAX_GRAMMAR} characters", where)
+    return schema_constraint(v)
+
+
+def _response_format(v: object) -> tuple[str, Constraint] | None:
+    rf = Fields(v, "response_format")
+    kind = rf.str("type", required=True) if isinstance(v, dict) and "type" in v else None
+    if kind is None:
+        raise bad_request("response_format.type is required", "response_format.type",
+                          "missing_field")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = rf.data.get("schema")
+        return ("response_format", _schema(True if schema is None else schema,
+                                           "response_format.schema"))
+    if kind == "json_schema":
+        js = Fields(rf.data.get("json_schema"), "response_format.json_schema")
+        schema = js.data.get("schema")
+        if schema is None:
+            raise bad_request("response_format.json_schema.schema is required",
+                              "response_format.json_schema.schema", "missing_field")
+        return ("response_format", _schema(schema, "response_format.json_schema.schema"))
+    raise bad_request(f"response_format.type must be text, json_object or json_schema, "
+                      f"got {kind!r}", "response_format.type")

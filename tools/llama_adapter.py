@@ -1,0 +1,110 @@
+"""Start ckptd where llama.cpp's server tests start `llama-server`: its flags mapped to
+ckptd's (`LLAMA_SERVER_BIN_PATH` names a wrapper that runs this module).
+
+The model is ckptd's (CKPTD_SUITE_MODEL, default the embedded SmolLM2); the suite's
+model flags (--hf-repo, --model) are not followed: it downloads nothing. llama-server's
+defaults are mapped too: metrics off unless --metrics, CORS open to any origin with
+credentials. A flag for a feature ckptd leaves out exits 2 with one line saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+# llama-server flag -> (ckptd flag or None to drop it, takes a value)
+_MAP = {
+    "--port": ("--port", True), "--host": ("--host", True), "--temp": ("--temp", True),
+    "--seed": ("--seed", True), "--alias": ("--alias", True), "--api-key": ("--api-key", True),
+    "--slot-save-path": ("--slot-save-path", True), "--threads": ("--threads", True),
+    "--chat-template": ("--chat-template", True),
+    "--chat-template-file": ("--chat-template-file", True),
+    "--cors-origins": ("--cors-origins", True), "--batch-size": ("--step-tokens", True),
+    "--n-predict": ("--max-tokens", True), "--slots": ("--slots", False),
+    "--no-slots": ("--no-slots", False),
+    "--model": (None, True), "--hf-repo": (None, True), "--hf-file": (None, True),
+    "--ubatch-size": (None, True), "--n-gpu-layers": (None, True), "-ctk": (None, True),
+    "-ctv": (None, True), "-fa": (None, True), "--cache-ram": (None, True),
+    "--tags": (None, True), "--reasoning-format": (None, True),
+    "--offline": (None, False), "--cont-batching": (None, False), "--kv-unified": (None, False),
+    "--swa-full": (None, False), "--jinja": (None, False), "--no-jinja": (None, False),
+    "--no-ui": (None, False), "--verbose": (None, False), "--no-cache-idle-slots": (None, False),
+}
+UNSUPPORTED = {
+    "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
+    "--context-shift": "context shift", "--lora": "LoRA adapters",
+    "--model-draft": "speculative decoding", "--spec-type": "speculative decoding",
+    "--mmproj-url": "multimodal input", "--media-path": "multimodal input",
+    "--models-dir": "router mode", "--models-max": "router mode",
+    "--models-preset": "router mode", "--tools": "tool/MCP proxying",
+    "--mcp-servers-config": "tool/MCP proxying", "--mcp-servers-json": "tool/MCP proxying",
+    "--ui-mcp-proxy": "tool/MCP proxying", "--sleep-idle-seconds": "sleeping",
+    "--grp-attn-n": "context shift", "--grp-attn-w": "context shift",
+}
+
+
+def translate(argv: list[str], env: dict[str, str]) -> list[str]:
+    """ckptd serve's arguments for llama-server's `argv`; ValueError for what ckptd
+    leaves out."""
+    out: list[str] = []
+    ctx = slots = None
+    metrics = cors = False
+    model_given = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in UNSUPPORTED:
+            raise ValueError(f"{a}: {UNSUPPORTED[a]} is not supported by ckptd")
+        if a in ("--ctx-size", "--parallel"):
+            v = argv[i + 1]
+            ctx, slots = (int(v), slots) if a == "--ctx-size" else (ctx, int(v))
+            i += 2
+            continue
+        if a == "--metrics":
+            metrics, i = True, i + 1
+            continue
+        if a in ("--model", "--hf-repo", "--model-url"):
+            model_given = True
+        if a not in _MAP:
+            raise ValueError(f"{a}: not a llama-server flag this adapter knows")
+        flag, takes = _MAP[a]
+        if flag == "--cors-origins":
+            cors = True
+        if flag is not None:
+            out += [flag, argv[i + 1]] if takes else [flag]
+        i += 2 if takes else 1
+    if not model_given and "CKPTD_SUITE_MODEL" not in env:
+        raise ValueError("router mode (no model) is not supported by ckptd")
+    slots = slots or 1
+    out += ["--parallel", str(slots), "--step-tokens", str(max(_value(out, "--step-tokens", 256),
+                                                             slots))]
+    if ctx:
+        out += ["--max-context", str(ctx // slots)]
+    if not metrics:
+        out.append("--no-metrics")
+    if not cors:                      # llama-server's default: any origin, credentials on
+        out += ["--cors-origins", "*", "--cors-credentials"]
+    if env.get("CKPTD_SUITE_MODEL"):
+        out += ["--model", env["CKPTD_SUITE_MODEL"]]
+    return out
+
+
+def _value(args: list[str], flag: str, default: int) -> int:
+    return int(args[args.index(flag) + 1]) if flag in args else default
+
+
+def main() -> int:
+    try:
+        args = translate(sys.argv[1:], dict(os.environ))
+    except ValueError as e:
+        print(f"llama-adapter: {e}", file=sys.stderr)
+        return 2
+    cache = tempfile.mkdtemp(prefix="ckptd-suite-")     # each start begins uncached
+    os.execv(sys.executable, [sys.executable, "-m", "ckptd.tools.cli", "serve",
+                              "--cache-dir", cache, *args])
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
