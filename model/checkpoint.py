@@ -34,9 +34,24 @@ _SKIPS = (("mtp.", _MTP), ("model.mtp.", _MTP), ("model.visual.", "vision tower"
           ("visual.", "vision tower"))
 
 
-def plain(get: Callable[[], torch.Tensor]) -> Recipe:
-    """A tensor that is used as stored (converted to the model's dtype and device)."""
-    return lambda dtype, device: get().to(device=device, dtype=dtype)
+class plain:
+    """A tensor that is used as stored (converted to the model's dtype and device).
+    `raw()` is the stored tensor itself: recipes that copy it into a larger tensor read
+    it from there, converting on the fly instead of through a temporary."""
+
+    def __init__(self, get: Callable[[], torch.Tensor]) -> None:
+        self.raw = get
+
+    def __call__(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.raw().to(device=device, dtype=dtype)
+
+
+def copy_into(dst: torch.Tensor, recipe: Recipe, what: str) -> None:
+    """dst.copy_(the recipe's tensor); ValueError naming `what` on a shape mismatch."""
+    src = recipe.raw() if isinstance(recipe, plain) else recipe(dst.dtype, dst.device)
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"{what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
 
 
 def normalize(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
@@ -85,30 +100,29 @@ def _stack_experts(cfg: ModelConfig, out: dict[str, Recipe], p: str) -> None:
         return
     gate, up, down = ([out.pop(n) for n in names[w]] for w in ("gate_proj", "up_proj", "down_proj"))
 
-    def gate_up(dtype, device):
-        first = gate[0](dtype, device)
-        inter, hidden = first.shape
-        dst = torch.empty(E, 2 * inter, hidden, dtype=dtype, device=device)
-        for j in range(E):
-            dst[j, :inter] = first if j == 0 else _fit(gate[j](dtype, device), first.shape, p, j)
-            dst[j, inter:] = _fit(up[j](dtype, device), first.shape, p, j)
+    def stack(dtype, device, parts, shape):
+        dst = torch.empty(E, *shape, dtype=dtype, device=device)
+        rows = 0
+        for recipes in parts:
+            n = _shape(recipes[0], dtype, device)[0]
+            for j in range(E):
+                copy_into(dst[j, rows:rows + n], recipes[j], f"expert {j} of {p[:-1]}")
+            rows += n
         return dst
 
+    def gate_up(dtype, device):
+        inter, hidden = _shape(gate[0], dtype, device)
+        return stack(dtype, device, [gate, up], (2 * inter, hidden))
+
     def down_proj(dtype, device):
-        first = down[0](dtype, device)
-        dst = torch.empty(E, *first.shape, dtype=dtype, device=device)
-        for j in range(E):
-            dst[j] = first if j == 0 else _fit(down[j](dtype, device), tuple(first.shape), p, j)
-        return dst
+        return stack(dtype, device, [down], _shape(down[0], dtype, device))
 
     out[p + "gate_up_proj"] = gate_up
     out[p + "down_proj"] = down_proj
 
 
-def _fit(t: torch.Tensor, shape, p: str, j: int) -> torch.Tensor:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"expert {j} of {p[:-1]} has shape {tuple(t.shape)}, expected {shape}")
-    return t
+def _shape(recipe: Recipe, dtype, device) -> tuple[int, ...]:
+    return tuple((recipe.raw() if isinstance(recipe, plain) else recipe(dtype, device)).shape)
 
 
 def _split_qwen3_next(cfg: ModelConfig, out: dict[str, Recipe], p: str) -> None:

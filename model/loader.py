@@ -12,7 +12,8 @@ used in place, and a load holds about one tensor besides the model.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -74,6 +75,25 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
     device = torch.device(device)
     with torch.device("meta"):
         model = CausalLM(cfg)
+    with _one_thread():
+        return _assign(cfg, model, tensors, dtype, device, release)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Loading is copies and dtype conversions, bound by memory: a second OpenMP thread
+    adds nothing, and on a busy machine the two wait on each other (a MoE checkpoint
+    loaded ~4x slower on two threads; docs/BENCHMARKS.md)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype,
+            device: torch.device, release: Callable[..., None]) -> CausalLM:
     recipes = adapt(cfg, {n: t if callable(t) else _given(t) for n, t in tensors.items()})
     tied = cfg.tie_word_embeddings      # lm_head is the embedding, whatever is stored
     expected = {n: m for n, m in model.state_dict().items()

@@ -62,7 +62,7 @@ class SafetensorsSource:
         # name -> (file index, dtype, shape, begin, end): absolute byte offsets
         self.index: dict[str, tuple[int, torch.dtype, tuple[int, ...], int, int]] = {}
         self._maps: list[mmap.mmap | None] = [None] * len(self.files)
-        self._read: list[tuple[int, int, int]] = []
+        self._read: set[int] = set()
         for i, f in enumerate(self.files):
             for name, entry in _header(f).items():
                 if name in self.index:
@@ -82,17 +82,15 @@ class SafetensorsSource:
     def get(self, name: str) -> torch.Tensor:
         i, dtype, shape, begin, end = self.index[name]
         mm = self._map(i)
-        self._read.append((i, begin, end))
+        self._read.add(i)
         return view(mm, dtype, begin, shape)
 
     def release(self, everything: bool = False) -> None:
-        """Drop the pages read since the last call, or (everything) all mapped pages."""
-        if everything:
-            for mm in self._maps:
-                if mm is not None:
-                    drop_pages(mm, [(0, len(mm))])
-        for i, begin, end in self._read:
-            drop_pages(self._map(i), [(begin, end)])
+        """Drop the mapped pages of the files read since the last call (everything: of
+        every file)."""
+        for i, mm in enumerate(self._maps):
+            if mm is not None and (everything or i in self._read):
+                drop_pages(mm, [(0, len(mm))])
         self._read.clear()
 
     def _map(self, i: int) -> mmap.mmap:

@@ -121,7 +121,7 @@ class GGUFTensors:
         self.by_name = {t.name: t for t in reader.tensors}
         self.path = path
         self._mm = getattr(reader.data, "_mmap", None)    # np.memmap's mapping
-        self._read: list[tuple[int, int]] = []
+        self._read = False
 
     def __contains__(self, name: str) -> bool:
         return name in self.by_name
@@ -140,7 +140,7 @@ class GGUFTensors:
         if t is None:
             raise ValueError(f"GGUF {self.path or ''} is missing tensor {name!r}")
         want = self.shape(name)
-        self._read.append((int(t.data_offset), int(t.data_offset) + int(t.n_bytes)))
+        self._read = True
         kind = gguf.GGMLQuantizationType
         dtypes = {kind.F32: torch.float32, kind.F16: torch.float16, kind.BF16: torch.bfloat16}
         if t.tensor_type in dtypes and self._mm is not None:
@@ -153,9 +153,11 @@ class GGUFTensors:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(want))
 
     def release(self, everything: bool = False) -> None:
-        if self._mm is not None:
-            drop_pages(self._mm, [(0, len(self._mm))] if everything else self._read)
-        self._read.clear()
+        """Drop the file's mapped pages (after a read, or always with everything): the
+        whole file, as model/weights.py does and for the same reason."""
+        if self._mm is not None and (everything or self._read):
+            drop_pages(self._mm, [(0, len(self._mm))])
+        self._read = False
 
 
 def scalar(v) -> float:
