@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+_GROUPED_MM = hasattr(F, "grouped_mm")          # torch >= 2.10
+_GROUPED_MM_ROWS = 4096                         # (token, expert) pairs: 512 tokens at top-8
+
 
 def _check(x, topk_ids, topk_w, w_gate_up, w_down) -> None:
     if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
@@ -43,19 +46,28 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
     flat = topk_ids.reshape(-1)
     # stable: a token's pairs keep their order within an expert's group
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0])
     token = order // k
-    weight = topk_w.reshape(-1)[order]
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = token[start:start + n]
-        gate, up = F.linear(x[rows], w_gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w_down[e])
-        out.index_add_(0, rows, y * weight[start:start + n, None].to(y.dtype))
-        start += n
-    return out
+    weight = topk_w.reshape(-1)[order, None].to(x.dtype)
+    if _GROUPED_MM and x.device.type == "cpu" and order.numel() <= _GROUPED_MM_ROWS:
+        # one call for all groups (empty ones cost nothing): on the CPU it beats a loop
+        # of F.linear at the few rows per expert of decode steps, where MKL's few-row
+        # products are slow (docs/BENCHMARKS.md). Long prefill chunks take the loop,
+        # which gathers one expert's rows at a time instead of all N*k at once.
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        gate, up = F.grouped_mm(x[token], w_gate_up.transpose(-2, -1),
+                                offs=offs).chunk(2, dim=-1)
+        y = F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+    else:
+        y = torch.empty(order.numel(), x.shape[1], dtype=x.dtype, device=x.device)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                rows = slice(start, start + n)
+                gate, up = F.linear(x[token[rows]], w_gate_up[e]).chunk(2, dim=-1)
+                y[rows] = F.linear(F.silu(gate) * up, w_down[e])
+                start += n
+    return out.index_add_(0, token, y.mul_(weight))
 
 
 def moe_per_token(x, topk_ids, topk_w, w_gate_up, w_down):

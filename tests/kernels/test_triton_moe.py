@@ -30,15 +30,28 @@ def _inputs(N, E, k, H, inter, seed=0, device="cpu", dtype=torch.float32, skip=(
             for t in (x, ids, w, w13, w2)]
 
 
+@pytest.mark.parametrize("grouped_mm", [True, False], ids=["grouped_mm", "loop"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_grouped_reference_matches_per_token_definition(shape):
+def test_grouped_reference_matches_per_token_definition(shape, grouped_mm, monkeypatch):
+    # torch's grouped_mm where it has one (the CPU), a loop over the active experts else
+    monkeypatch.setattr(naive, "_GROUPED_MM", grouped_mm and naive._GROUPED_MM)
     x, ids, w, w13, w2 = _inputs(*shape)
     got = naive.moe_experts(x, ids, w, w13, w2)
     want = naive.moe_per_token(x, ids, w, w13, w2)
     assert (got - want).abs().max().item() <= 1e-5
 
 
-def test_grouped_reference_reads_only_routed_experts():
+def test_grouped_reference_in_bf16():
+    x, ids, w, w13, w2 = _inputs(33, 8, 2, 64, 32, dtype=torch.bfloat16)
+    got = naive.moe_experts(x, ids, w, w13, w2)
+    want = naive.moe_per_token(*(t.float() if t.is_floating_point() else t
+                                 for t in (x, ids, w, w13, w2)))
+    assert got.dtype == torch.bfloat16 and (got.float() - want).abs().max().item() <= 0.05
+
+
+@pytest.mark.parametrize("grouped_mm", [True, False], ids=["grouped_mm", "loop"])
+def test_grouped_reference_reads_only_routed_experts(grouped_mm, monkeypatch):
+    monkeypatch.setattr(naive, "_GROUPED_MM", grouped_mm and naive._GROUPED_MM)
     x, ids, w, w13, w2 = _inputs(9, 8, 2, 64, 32, skip=(1, 4, 6))
     w13[[1, 4, 6]] = float("nan")       # a read of an unrouted expert poisons the output
     w2[[1, 4, 6]] = float("nan")
