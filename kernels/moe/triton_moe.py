@@ -104,15 +104,17 @@ def _launch(a, w, c, slot_ids, block_expert, weights, top_k, n_out, BM, *, swigl
 
 def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down, block_m: int | None = None):
     """x [N, H]; topk_ids, topk_w [N, k]; w_gate_up [E, 2I, H]; w_down [E, H, I].
-    Returns [N, H] (see naive.py). block_m: rows per block (default 16 on a GPU, larger
-    in the interpreter)."""
+    Returns [N, H] (see naive.py). block_m: rows per block (default: from the mean rows
+    per expert, 16 to 64)."""
     _check(x, topk_ids, topk_w, w_gate_up, w_down)
     N, k = topk_ids.shape
     E, two_i, H = w_gate_up.shape
     if N == 0:
         return torch.zeros_like(x)
     x, w_gate_up, w_down = x.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
-    BM = block_m or (16 if x.is_cuda else 32)
+    # rows per block near the mean rows per expert: a decode step's one or two, a long
+    # prefill chunk's many (fewer, fuller blocks)
+    BM = block_m or max(16, min(64, triton.next_power_of_2(triton.cdiv(N * k, E))))
     slot_ids, block_expert = _align(topk_ids.to(x.device), E, BM)
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
     h = torch.empty(N * k, two_i // 2, dtype=x.dtype, device=x.device)
