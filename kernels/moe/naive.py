@@ -50,24 +50,24 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
     token = order // k
     weight = topk_w.reshape(-1)[order, None].to(x.dtype)
     if _GROUPED_MM and x.device.type == "cpu" and order.numel() <= _GROUPED_MM_ROWS:
-        # one call for all groups (empty ones cost nothing): on the CPU it beats a loop
-        # of F.linear at the few rows per expert of decode steps, where MKL's few-row
-        # products are slow (docs/BENCHMARKS.md). Long prefill chunks take the loop,
-        # which gathers one expert's rows at a time instead of all N*k at once.
+        # One call for all groups (empty ones cost nothing) instead of two per active
+        # expert: at decode sizes the per-call cost of torch's threads dominates a loop of
+        # F.linear (docs/BENCHMARKS.md). Long prefill chunks take the loop, which works
+        # on one expert's rows at a time instead of gathering all N*k rows at once.
         offs = torch.cumsum(counts, 0).to(torch.int32)
         gate, up = F.grouped_mm(x[token], w_gate_up.transpose(-2, -1),
                                 offs=offs).chunk(2, dim=-1)
         y = F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
-    else:
-        y = torch.empty(order.numel(), x.shape[1], dtype=x.dtype, device=x.device)
-        start = 0
-        for e, n in enumerate(counts.tolist()):
-            if n:
-                rows = slice(start, start + n)
-                gate, up = F.linear(x[token[rows]], w_gate_up[e]).chunk(2, dim=-1)
-                y[rows] = F.linear(F.silu(gate) * up, w_down[e])
-                start += n
-    return out.index_add_(0, token, y.mul_(weight))
+        return out.index_add_(0, token, y.mul_(weight))
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            rows = token[start:start + n]
+            gate, up = F.linear(x[rows], w_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, w_down[e])
+            out.index_add_(0, rows, y.mul_(weight[start:start + n]))
+            start += n
+    return out
 
 
 def moe_per_token(x, topk_ids, topk_w, w_gate_up, w_down):
