@@ -124,3 +124,41 @@ def _copy_config(tmp_path, cfg):
     (d / "config.json").write_text(json.dumps(cfg))
     _sparse(d / "model.safetensors")
     return d
+
+
+def test_moe_experts_stored_stacked_load_like_per_expert(tiny_moe_dir, tmp_path):
+    """Checkpoints that already hold transformers' 3-D expert tensors
+    (mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I]) load as they are."""
+    from ckptd.model.testing import prompt_logits
+    d = _copy(tiny_moe_dir, tmp_path / "m")
+    w = load_file(d / "model.safetensors")
+    for i in range(4):
+        p = f"model.layers.{i}.mlp.experts."
+        gate = [w.pop(f"{p}{j}.gate_proj.weight") for j in range(8)]
+        up = [w.pop(f"{p}{j}.up_proj.weight") for j in range(8)]
+        down = [w.pop(f"{p}{j}.down_proj.weight") for j in range(8)]
+        w[p + "gate_up_proj"] = torch.stack([torch.cat(gu) for gu in zip(gate, up)])
+        w[p + "down_proj"] = torch.stack(down)
+    save_file(w, d / "model.safetensors")
+    tokens = list(range(3, 90))
+    want = prompt_logits(load_model(tiny_moe_dir), tokens)
+    assert torch.equal(prompt_logits(load_model(d), tokens), want)
+
+
+def test_moe_missing_expert_is_named(tiny_moe_dir, tmp_path):
+    d = _copy(tiny_moe_dir, tmp_path / "m")
+    w = load_file(d / "model.safetensors")
+    del w["model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_file(w, d / "model.safetensors")
+    with pytest.raises(ValueError, match="missing expert tensor "
+                                         r"model.layers.2.mlp.experts.5.up_proj.weight"):
+        load_model(d)
+
+
+def test_moe_expert_of_the_wrong_shape_is_named(tiny_moe_dir, tmp_path):
+    d = _copy(tiny_moe_dir, tmp_path / "m")
+    w = load_file(d / "model.safetensors")
+    w["model.layers.1.mlp.experts.3.down_proj.weight"] = torch.zeros(64, 31)
+    save_file(w, d / "model.safetensors")
+    with pytest.raises(ValueError, match=r"expert 3 of model.layers.1.mlp.experts has shape"):
+        load_model(d)
