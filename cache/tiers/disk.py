@@ -28,6 +28,7 @@ import lmdb
 from ckptd.cache.entry import BLOCK, EntryMeta
 from ckptd.cache.keys import FORMAT_VERSION
 from ckptd.cache.tiers import pagein
+from ckptd.cache.tiers.lmdb_check import check_file
 from ckptd.cache.tiers.probe import walk_fails
 
 T = TypeVar("T")
@@ -70,7 +71,7 @@ class DiskTier:
         # first: a damaged file must fail here, where it can be set aside, not later.
         self._at_open: list[tuple[bytes, EntryMeta]] | None = None
         if not readonly and (path / "data.mdb").exists():
-            why = walk_fails(path)
+            why = check_file(path) or walk_fails(path)
             if why is not None:
                 aside = self._set_aside()
                 log.error("cache: the store at %s is damaged (%s); moved to %s, starting "
