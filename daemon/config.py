@@ -7,6 +7,7 @@ from the environment fails the same way: one `ValueError` naming the setting.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import ipaddress
 import os
 import re
@@ -64,6 +65,7 @@ class ServeConfig:
     log_format: str = "text"
     dtype: str | None = None               # None: float32
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
+    remote: str | None = None              # s3://bucket/prefix: the shared remote tier
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -107,6 +109,12 @@ class ServeConfig:
             raise ValueError("give admin_key or no_admin, not both")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.remote is not None:
+            from ckptd.cache.remote.layout import RemoteURL
+
+            RemoteURL.parse(self.remote)
+            if importlib.util.find_spec("boto3") is None:
+                raise ValueError("--remote needs boto3: pip install 'ckptd[s3]'")
 
     @property
     def loopback(self) -> bool:
@@ -149,6 +157,9 @@ SETTINGS: dict[str, tuple] = {
     "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
+    "remote": (str, "s3://BUCKET[/PREFIX]: share cached state with other daemons through "
+                    "an S3-compatible store (endpoint and keys from AWS_ENDPOINT_URL, "
+                    "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
 }
 
 

@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 
 from ckptd.cache.manager import CacheManager
+from ckptd.cache.remote.client import RemoteConfig
+from ckptd.cache.remote.layout import RemoteURL
+from ckptd.cache.remote.tier import RemoteTier
 from ckptd.cache.store import CacheStore
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
@@ -56,8 +59,10 @@ class Runtime:
         B = cfg.block_size
         pages = cfg.parallel * (-(-max_context // B) + 1)
         runner = Runner(model, pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
+        remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
-                           disk_budget=cfg.disk_budget, host_budget=cfg.host_budget)
+                           disk_budget=cfg.disk_budget, host_budget=cfg.host_budget,
+                           remote=remote)
         cache = CacheManager(runner, runner.spec, pages, model.fingerprint, store,
                              cfg.snapshot_interval, cfg.max_snapshots)
         engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
@@ -80,3 +85,17 @@ class Runtime:
         """Cancel what still runs, then store what the cache captured, flush and close."""
         self.engine.stop()
         self.cache.close()
+
+
+def _remote(url: str, fingerprint: str, spec) -> RemoteTier:
+    """The shared tier. A remote that does not answer now is no reason not to serve:
+    the daemon starts, says so, and uses it once it answers."""
+    tier = RemoteTier(RemoteConfig(RemoteURL.parse(url)), fingerprint, spec)
+    why = tier.check()
+    if why is None:
+        log.info("remote tier %s at %s, objects under %s", url, tier.client.endpoint,
+                 tier.layout.root)
+    else:
+        log.warning("remote tier %s at %s does not answer (%s): serving from the local "
+                    "tiers until it does", url, tier.client.endpoint, why)
+    return tier

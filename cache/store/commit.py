@@ -2,12 +2,16 @@
 budget, commit a batch in one LMDB transaction, keep the in-memory index in step.
 
 Runs on the writer's threads (cache/store/writer.py). Eviction happens before a
-commit, so the stored bytes never pass the budget.
+commit, so the stored bytes never pass the budget. What a commit wrote is then
+handed to `on_commit` (the remote tier's uploader), except what came from the
+remote in the first place (Fetched: already encoded, already there).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
@@ -20,15 +24,25 @@ log = logging.getLogger(__name__)
 Encoded = tuple[bytes, EntryMeta, bytes]
 
 
+class Fetched(NamedTuple):
+    """A queue item read from the remote tier: its LMDB value as the remote had it."""
+    key: bytes
+    meta: EntryMeta
+    blob: bytes
+
+
 class Committer:
     def __init__(self, catalog: Catalog, disk: DiskTier, fingerprint: str | None,
-                 budget: int, hybrid: bool | None) -> None:
-        """hybrid: the model's (None for a store opened without one: evict says)."""
+                 budget: int, hybrid: bool | None,
+                 on_commit: Callable[[list[Encoded]], object] | None = None) -> None:
+        """hybrid: the model's (None for a store opened without one: evict says).
+        on_commit: called on the writer thread with the entries each commit wrote."""
         self.catalog, self.disk, self.fp = catalog, disk, fingerprint
         self.budget, self.hybrid = budget, hybrid
+        self.on_commit = on_commit
 
-    def encode(self, item) -> Encoded | Forget:
-        if isinstance(item, Forget):
+    def encode(self, item) -> Encoded | Forget | Fetched:
+        if isinstance(item, (Forget, Fetched)):
             return item
         key, meta, tensors = item
         blob = codec.encode(tensors, self.fp, key=key)
@@ -68,6 +82,13 @@ class Committer:
                 lost = len(batch) - len(keep) - orphans
                 cat.counters.lost_writes += lost
                 cat.counters.orphans += orphans
+        if written and self.on_commit is not None:
+            done = set(written)
+            try:
+                self.on_commit([item for item in keep
+                                if item[0] in done and not isinstance(item, Fetched)])
+            except Exception:       # the batch is on disk: an upload's trouble stays there
+                log.exception("cache: could not queue committed entries for upload")
         return lost
 
     def _write(self, items: list[Encoded], touched: dict, protect: set[bytes]):

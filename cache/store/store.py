@@ -13,6 +13,8 @@ The store is its parts, each a small object with public methods:
     writer      the write-behind queue (writer.py)
     thinner     bounds the snapshots along a prefix (thin.py)
     admin       stats, listing, pins, deletes, verify, export (admin.py)
+    remote      optional: the shared S3 tier below LMDB (cache/remote/), fed by the
+                committer after each commit, read by the reader, planned last
 
 No part does LMDB I/O or compression while holding the catalog's lock.
 """
@@ -23,6 +25,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,7 +35,7 @@ from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.admin import StoreAdmin
 from ckptd.cache.store.catalog import Catalog
-from ckptd.cache.store.commit import Committer
+from ckptd.cache.store.commit import Committer, Fetched
 from ckptd.cache.store.index import DiskIndex
 from ckptd.cache.store.reader import Reader
 from ckptd.cache.store.thin import Forget, Thinner
@@ -40,6 +43,9 @@ from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from ckptd.model.spec import StateSpec
+
+if TYPE_CHECKING:
+    from ckptd.cache.remote.tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +78,10 @@ class StoreConfig:
 class CacheStore:
     def __init__(self, path: str | Path, spec: StateSpec | None, fingerprint: str | None,
                  config: StoreConfig | None = None, *, readonly: bool = False,
-                 **options) -> None:
+                 remote: RemoteTier | None = None, **options) -> None:
+        """remote: the shared tier below LMDB; the store closes it."""
         self.config = cfg = config or StoreConfig(**options)
+        self.remote = remote
         self.path, self.spec, self.fp = Path(path), spec, fingerprint
         self.B = spec.block_size if spec is not None else None
         self.readonly = readonly
@@ -85,9 +93,11 @@ class CacheStore:
         self.host = HostTier(0 if readonly else cfg.host_budget)
         self.catalog = Catalog(self._read_index(), self.host)
         self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
-                             cfg.read_threads, readonly)
+                             cfg.read_threads, readonly,
+                             remote.fetcher if remote else None, self._adopt)
         self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
-                                   spec.is_hybrid if spec is not None else None)
+                                   spec.is_hybrid if spec is not None else None,
+                                   remote.offer if remote else None)
         # Marking a put queued and queueing it happen together: a put that sees its
         # parent marked must find the parent ahead of it in the queue, or the writer
         # would drop it as an orphan (two threads putting one prefix at once).
@@ -165,11 +175,44 @@ class CacheStore:
             cat.counters.hits += int(plan.position > 0)
         return plan
 
-    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None
-             ) -> RestoredState:
-        """A plan's tensors (cache/store/reader.py); the snapshot as a Snapshot."""
+    def lookup_remote(self, tokens: list[int], limit: int, chain: KeyChain,
+                      device_blocks: int = 0, floor: int = 0) -> RestorePlan | None:
+        """The deepest state of tokens[:limit] with the remote tier's pieces added to the
+        local ones; None when there is no remote or it is cooling off. floor: the
+        position the local tiers restore alone."""
+        if self.remote is None:
+            return None
         self.need_model()
-        return self.reader.load(plan, into_pages)
+        return self.remote.plan(self.catalog, _ints(tokens), limit, chain, device_blocks,
+                                floor)
+
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None,
+             remote_timeout: float | None = None) -> RestoredState:
+        """A plan's tensors (cache/store/reader.py); the snapshot as a Snapshot.
+        remote_timeout: seconds the remote pieces may take (default: the remote's
+        fetch_timeout); those still out then count as missing."""
+        self.need_model()
+        if remote_timeout is None:
+            remote_timeout = self.remote.config.fetch_timeout if self.remote else 0.0
+        return self.reader.load(plan, into_pages, remote_timeout)
+
+    def _adopt(self, items: list[tuple[bytes, EntryMeta, bytes, dict | None]]) -> None:
+        """Keep what a restore read from the remote: in LMDB through the write-behind
+        queue (as it is, not encoded again nor uploaded back), a snapshot in RAM too."""
+        if self.readonly:
+            return
+        cat = self.catalog
+        for key, meta, blob, tensors in items:
+            if self.catalog.known(key):
+                continue
+            if tensors is not None:
+                self.host.put(key, meta, {k: v.clone() for k, v in tensors.items()})
+            with self.put_lock:
+                with cat.lock:
+                    cat.queued[key] = meta.parent
+                if not self.writer.put(Fetched(key, meta, blob), meta.logical_bytes):
+                    with cat.lock:
+                        cat.queued.pop(key, None)
 
     # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
@@ -336,6 +379,8 @@ class CacheStore:
             touched = self.catalog.take_touched()
             if touched:
                 self.disk.update_meta(touched)
+        if self.remote is not None:
+            self.remote.close()        # after the writer: its last commits go up too
         self.reader.close()
         self.disk.close()
 

@@ -1,0 +1,152 @@
+"""Write-behind to the remote: entries go up after they commit to LMDB, never before,
+and nothing that serves a request waits for them.
+
+`offer()` is called by the disk writer after each commit (cache/store/commit.py) and
+returns at once: an entry that does not fit the queue's byte bound is dropped and
+counted (the remote is slower than the disk; LMDB still has it). Workers, as many
+as the remote's concurrency, take entries in commit order (parents before their
+children, so what is on the remote is mostly a closed prefix, as the lookup's
+search assumes), put the value object, then a snapshot's marker. A failed put
+waits `backoff`, doubling, and tries again up to `upload_attempts` times, counted;
+while the remote is in its cool-off (cache/remote/client.py) workers wait instead
+of spending attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from ckptd.cache.entry import SNAPSHOT, EntryMeta
+from ckptd.cache.remote.client import RemoteClient, RemoteError
+from ckptd.cache.remote.layout import Layout, pack
+
+log = logging.getLogger(__name__)
+
+
+class Uploader:
+    def __init__(self, client: RemoteClient, layout: Layout) -> None:
+        self.client, self.layout, self.cfg = client, layout, client.config
+        self.queue: deque[tuple[bytes, EntryMeta, bytes]] = deque()
+        self.queued_bytes = 0
+        self.active = 0                       # entries being uploaded now
+        self.uploaded = self.exists = self.retries = self.failed = self.dropped = 0
+        self.uploaded_bytes = 0
+        self.closed = False
+        self.cond = threading.Condition()
+        self.workers = [threading.Thread(target=self._work, name=f"ckptd-upload-{i}",
+                                         daemon=True) for i in range(self.cfg.concurrency)]
+        for t in self.workers:
+            t.start()
+
+    def offer(self, items: Sequence[tuple[bytes, EntryMeta, bytes]]) -> int:
+        """Queue committed entries (key, meta, LMDB value) for upload; returns how many
+        were taken. Never blocks."""
+        taken = 0
+        with self.cond:
+            for key, meta, blob in items:
+                size = len(blob)
+                if self.closed or (self.queued_bytes and
+                                   self.queued_bytes + size > self.cfg.queue_bytes):
+                    self.dropped += 1
+                    continue
+                self.queue.append((key, meta, blob))
+                self.queued_bytes += size
+                taken += 1
+            self.cond.notify_all()
+        return taken
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.queue or self.closed)
+                if not self.queue:
+                    return
+                item = self.queue.popleft()
+                self.active += 1
+            try:
+                self._upload(*item)
+            except Exception:                  # counted below; a worker never dies
+                log.exception("remote: upload failed")
+                with self.cond:
+                    self.failed += 1
+            finally:
+                with self.cond:
+                    self.active -= 1
+                    self.queued_bytes -= len(item[2])
+                    self.cond.notify_all()
+
+    def _upload(self, key: bytes, meta: EntryMeta, blob: bytes) -> None:
+        steps = [(self.layout.value(key, meta.kind), pack(meta, blob))]
+        if meta.kind == SNAPSHOT:             # after the value: a marker finds a value
+            steps.append((self.layout.marker(meta.parent, key), b""))
+        delay, attempt, first = self.cfg.backoff, 0, True
+        while steps:
+            attempt += 1
+            self._wait_available()
+            name, body = steps[0]
+            try:
+                written = self.client.put(name, body)
+            except RemoteError as e:
+                # Refused (403, a bad request) is not going to change by retrying.
+                if self.closed or attempt >= self.cfg.upload_attempts \
+                        or e.kind in ("denied", "client"):
+                    with self.cond:
+                        self.failed += 1
+                    return
+                with self.cond:
+                    self.retries += 1
+                    self.cond.wait_for(lambda: self.closed, delay)   # close() wakes it
+                delay *= 2
+                continue
+            if first:
+                with self.cond:
+                    if written:
+                        self.uploaded += 1
+                        self.uploaded_bytes += len(body)
+                    else:
+                        self.exists += 1
+                first = False
+            steps.pop(0)
+
+    def _wait_available(self) -> None:
+        while not self.client.available() and not self.closed:
+            time.sleep(0.05)
+
+    @property
+    def depth(self) -> int:
+        with self.cond:
+            return len(self.queue) + self.active
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every entry offered so far is uploaded (or failed)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: not self.queue and not self.active, timeout)
+
+    def close(self) -> None:
+        """Give the queue close_timeout seconds to go up, unless the remote is failing
+        (a daemon stops promptly), then drop what is left."""
+        deadline = time.monotonic() + self.cfg.close_timeout
+        with self.cond:
+            while (self.queue or self.active) and self.client.available():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(min(left, 0.1))
+        with self.cond:
+            self.closed = True
+            self.dropped += len(self.queue)
+            self.queue.clear()
+            self.cond.notify_all()
+        for t in self.workers:
+            t.join(self.cfg.connect_timeout + self.cfg.read_timeout)
+
+    def stats(self) -> dict:
+        with self.cond:
+            return {"depth": len(self.queue) + self.active, "bytes": self.queued_bytes,
+                    "bound_bytes": self.cfg.queue_bytes, "uploaded": self.uploaded,
+                    "uploaded_bytes": self.uploaded_bytes, "exists": self.exists,
+                    "retries": self.retries, "failed": self.failed, "dropped": self.dropped}
