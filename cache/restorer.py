@@ -8,7 +8,7 @@ remote's pieces, the device pages alone, nothing) the one is taken whose measure
 read time plus the prefill of what it leaves is least. The remote is asked only
 when what it could add is worth more prefill time than its requests cost. A piece
 that fails verification ends a load at the longest good prefix; the plan is then
-made again below it, here, in one loop (without the remote, once it failed).
+made again below it, here, in one loop (without the remote, once it was slow).
 """
 
 from __future__ import annotations
@@ -92,8 +92,11 @@ class Restorer:
                 self.device.decref(held)
                 info.fallbacks += 1
                 if REMOTE in plan.bytes_by_tier():
-                    remote = False             # this request recomputes rather than wait
-                    self.rates.update_remote(*self.store.remote.fetcher.last)
+                    # A slow remote: this request recomputes rather than wait again. A
+                    # bad or missing object: the remote may still serve what is below it.
+                    r = self.store.remote
+                    remote = not r.fetcher.last_late and r.available()
+                    self.rates.update_remote(*r.fetcher.last)
                 limit = min(restored.position, plan.position - 1)
                 dev = min(dev, limit // self.B)
                 continue

@@ -42,6 +42,7 @@ class RemoteConfig:
     upload_attempts: int = 5        # tries per object before it is counted failed
     backoff: float = 0.5            # seconds before the first retry; doubles each time
     fetch_timeout: float = 30.0     # the longest a restore waits for the remote
+    lookup_timeout: float = 2.0     # the longest a lookup's search waits for the remote
     max_lists: int = 128            # LISTs one lookup may spend looking for a snapshot
     close_timeout: float = 10.0     # seconds close() lets queued uploads finish
 
@@ -49,7 +50,7 @@ class RemoteConfig:
         for name in ("concurrency", "upload_attempts", "max_lists"):
             if getattr(self, name) < 1:
                 raise ValueError(f"remote {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("connect_timeout", "read_timeout", "fetch_timeout"):
+        for name in ("connect_timeout", "read_timeout", "fetch_timeout", "lookup_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"remote {name} must be positive, got {getattr(self, name)}")
         if self.queue_bytes <= 0 or self.backoff < 0 or self.close_timeout < 0:
@@ -122,6 +123,11 @@ class RemoteClient:
             if kind != "client" and not (kind == "denied" and op == "put"):
                 self.down_until = time.monotonic() + self.cool
                 self.cool = min(_COOL_MAX, self.cool * 2)
+
+    def gave_up(self, op: str, waited: float) -> None:
+        """A caller stopped waiting for requests still out: the remote is slow, as
+        good as down for now (counted as a timeout; the cool-off starts)."""
+        self._failed("timeout", f"{op}: no answer within {waited:.1f} s", op)
 
     def _ok(self) -> None:
         if self.cool != _COOL_MIN:

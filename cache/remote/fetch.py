@@ -37,6 +37,7 @@ class Fetcher:
         # The latest fetch: (objects asked, bytes read, seconds), for restore planning.
         # A fetch cut short by its deadline counts every object asked, over the deadline.
         self.last = (0, 0, 0.0)
+        self.last_late = 0
 
     def fetch(self, pieces: list[PieceRef], expect: dict[bytes, EntryMeta],
               timeout: float) -> list[tuple[EntryMeta, memoryview] | str]:
@@ -52,6 +53,7 @@ class Fetcher:
         seconds = time.perf_counter() - t0
         with self.lock:
             self.last = (len(pieces), sum(len(v) for _, v in got), seconds)
+            self.last_late = late
             self.restores += 1
             self.pieces += len(got)
             self.bytes += sum(len(v) for _, v in got)
@@ -60,6 +62,7 @@ class Fetcher:
             self.late += late
             self.seconds += seconds
         if late:
+            self.client.gave_up("get", timeout)
             log.warning("remote: %d of %d objects not read within %.1f s; recomputing",
                         late, len(pieces), timeout)
         return out

@@ -40,6 +40,7 @@ class Found:
     requests: int = 0
     seconds: float = 0.0
     failed: bool = False          # a request failed: what was found may be partial
+    deadline: float = 0.0         # perf_counter time the search gives up
 
     @property
     def metas(self) -> dict[bytes, EntryMeta]:
@@ -87,7 +88,7 @@ class Finder:
         by search) and the snapshots after them that cover more than `floor` tokens and
         at most `limit`. first: blocks before it are held locally."""
         t0 = time.perf_counter()
-        out = Found()
+        out = Found(deadline=t0 + self.client.config.lookup_timeout)
         B, fp = chain.block_size, self.layout.fp
         n_full = min(limit // B, len(chain))
         sizes: list[int] = []
@@ -165,8 +166,14 @@ class Finder:
                 return
 
     def _parallel(self, fn, names: list[str], out: Found) -> list:
-        """fn(name) for each name on the client's pool; RemoteError when one failed."""
+        """fn(name) for each name on the client's pool; RemoteError when one failed or
+        the lookup's time is up (a slow remote must not hold up the engine's step)."""
         futs = [self.client.pool.submit(fn, n) for n in names]
-        wait(futs)
+        done, late = wait(futs, timeout=max(0.0, out.deadline - time.perf_counter()))
         out.requests += len(futs)
+        if late:
+            for f in late:
+                f.cancel()
+            self.client.gave_up("lookup", self.client.config.lookup_timeout)
+            raise RemoteError("timeout", "the remote did not answer the lookup in time")
         return [f.result() for f in futs]

@@ -141,8 +141,11 @@ class Uploader:
             self.dropped += len(self.queue)
             self.queue.clear()
             self.cond.notify_all()
+        # A worker stuck in a request to a hung remote is a daemon thread: the process
+        # may exit under it (an S3 put is whole or nothing).
+        end = time.monotonic() + 2.0
         for t in self.workers:
-            t.join(self.cfg.connect_timeout + self.cfg.read_timeout)
+            t.join(max(0.0, end - time.monotonic()))
 
     def stats(self) -> dict:
         with self.cond:
