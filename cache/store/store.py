@@ -210,7 +210,9 @@ class CacheStore:
             with self.put_lock:
                 with cat.lock:
                     cat.queued[key] = meta.parent
-                if not self.writer.put(Fetched(key, meta, blob), meta.logical_bytes):
+                # Outside the byte bound: the value is in memory already and costs no
+                # encoding (a 300 MB context read back must not be mostly dropped).
+                if not self.writer.put(Fetched(key, meta, blob), 0):
                     with cat.lock:
                         cat.queued.pop(key, None)
 

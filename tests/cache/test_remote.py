@@ -74,6 +74,17 @@ def test_a_second_store_restores_what_the_first_uploaded(aws, open_store, spec, 
     b.sanity_check()
 
 
+def test_what_a_restore_read_is_kept_whatever_the_write_queue_bound(aws, open_store, spec,
+                                                                    tmp_path):
+    url = fresh_url()
+    uploaded(open_store, spec, url, tmp_path / "a")
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url), queue_bytes=1024)
+    plan = b.lookup_remote(TOKENS, len(TOKENS), b.chain(TOKENS))
+    assert b.load(plan).ok and b.flush(30)
+    assert b.stats()["write_queue"]["dropped"] == 0
+    assert b.lookup(TOKENS).position == len(TOKENS)
+
+
 def test_local_blocks_first_the_remote_only_beyond(aws, open_store, spec, tmp_path):
     url = fresh_url()
     uploaded(open_store, spec, url, tmp_path / "a")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import time
 
+from ckptd.tools.cli import main
 from tests.daemon.daemon_proc import Daemon
 from tests.s3 import fresh_url
 
@@ -61,7 +62,8 @@ def start_all(daemons: list[Daemon]) -> None:
         raise
 
 
-def test_a_context_prefilled_once_serves_every_daemon(tiny_hybrid_dir, tmp_path, s3_server):
+def test_a_context_prefilled_once_serves_every_daemon(tiny_hybrid_dir, tmp_path, s3_server,
+                                                      capsys):
     url = fresh_url()
     rng = random.Random(22)
     context = [rng.randrange(3, 500) for _ in range(9000)]
@@ -90,6 +92,9 @@ def test_a_context_prefilled_once_serves_every_daemon(tiny_hybrid_dir, tmp_path,
         metrics = b.get("/metrics").text
         assert 'ckptd_cache_hit_tokens_total{tier="remote"}' in metrics
         assert 'ckptd_remote_fetched_objects_total' in metrics
+        capsys.readouterr()
+        assert main(["inspect", "--url", b.url, "stats"]) == 0
+        assert f"remote {url}" in capsys.readouterr().out
 
         # Another tenant's salt: nothing of A's context, from the remote or B's disk.
         got, cached, tier = complete(b, context, salt="tenant-other")
