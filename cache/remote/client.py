@@ -35,7 +35,7 @@ _MIN_PART = 5 << 20                 # S3's smallest part (but the last)
 class RemoteConfig:
     url: RemoteURL
     concurrency: int = 8            # requests in flight for reads; as many upload workers
-    queue_bytes: int = 256 << 20    # upload queue bound (encoded bytes)
+    queue_entries: int = 1 << 20    # upload queue bound (keys: the values wait in LMDB)
     part_bytes: int = 8 << 20       # larger values go up as multipart uploads of this size
     connect_timeout: float = 2.0    # seconds
     read_timeout: float = 10.0      # seconds without a byte
@@ -47,15 +47,14 @@ class RemoteConfig:
     close_timeout: float = 10.0     # seconds close() lets queued uploads finish
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "upload_attempts", "max_lists"):
+        for name in ("concurrency", "upload_attempts", "max_lists", "queue_entries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"remote {name} must be >= 1, got {getattr(self, name)}")
         for name in ("connect_timeout", "read_timeout", "fetch_timeout", "lookup_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"remote {name} must be positive, got {getattr(self, name)}")
-        if self.queue_bytes <= 0 or self.backoff < 0 or self.close_timeout < 0:
-            raise ValueError("remote queue_bytes must be positive, backoff and "
-                             "close_timeout >= 0")
+        if self.backoff < 0 or self.close_timeout < 0:
+            raise ValueError("remote backoff and close_timeout must be >= 0")
         if self.part_bytes < _MIN_PART:
             raise ValueError(f"remote part_bytes must be >= {_MIN_PART} (S3's minimum part)")
 

@@ -27,7 +27,7 @@ from ckptd.cache.remote.client import RemoteClient, RemoteConfig, RemoteError
 from ckptd.cache.remote.fetch import Fetcher
 from ckptd.cache.remote.finder import Finder, LayeredView
 from ckptd.cache.remote.layout import Layout, pack, unpack
-from ckptd.cache.remote.uploader import Uploader
+from ckptd.cache.remote.uploader import Read, Uploader
 from ckptd.model.spec import StateSpec
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,12 @@ class RemoteTier:
 
     def __init__(self, config: RemoteConfig, fingerprint: str,
                  spec: StateSpec | None = None, upload: bool = True) -> None:
-        """upload=False: reads only (the inspector, or a daemon that must not write)."""
-        self.config = config
+        """upload=False: reads only (a daemon that must not write). Uploads start
+        once a store attaches its LMDB (`attach`)."""
+        self.config, self.upload = config, upload
         self.client = RemoteClient(config)
         self.layout = Layout(config.url, fingerprint)
-        self.uploader = Uploader(self.client, self.layout) if upload else None
+        self.uploader: Uploader | None = None
         self.fetcher = Fetcher(self.client, self.layout)
         self.spec = spec
         self.finder = None
@@ -83,6 +84,11 @@ class RemoteTier:
                             device_blocks)
         plan.remote = found.metas
         return plan
+
+    def attach(self, read: Read) -> None:
+        """Start uploading what the store commits; read(key, kind) gives it back."""
+        if self.upload and self.uploader is None:
+            self.uploader = Uploader(self.client, self.layout, read)
 
     def offer(self, items) -> None:
         """Committed entries (key, meta, LMDB value), queued for upload."""

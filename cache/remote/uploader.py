@@ -2,14 +2,17 @@
 and nothing that serves a request waits for them.
 
 `offer()` is called by the disk writer after each commit (cache/store/commit.py) and
-returns at once: an entry that does not fit the queue's byte bound is dropped and
-counted (the remote is slower than the disk; LMDB still has it). Workers, as many
-as the remote's concurrency, take entries in commit order (parents before their
-children, so what is on the remote is mostly a closed prefix, as the lookup's
-search assumes), put the value object, then a snapshot's marker. A failed put
-waits `backoff`, doubling, and tries again up to `upload_attempts` times, counted;
-while the remote is in its cool-off (cache/remote/client.py) workers wait instead
-of spending attempts.
+returns at once. The queue holds keys, not values: a worker reads the value back
+from LMDB when its turn comes (`read`), so a backlog costs ~100 bytes an entry of
+RAM, not the state itself (a long context of a real model is gigabytes, and the
+remote may be far slower than the disk). The queue is bounded in entries; beyond
+it an entry is dropped and counted, as is one evicted from LMDB before its turn.
+Workers, as many as the remote's concurrency, take entries in commit order
+(parents before their children, so what is on the remote is mostly a closed
+prefix, as the lookup's search assumes), check the value's checksum, put the value
+object, then a snapshot's marker. A failed put waits `backoff`, doubling, and tries
+again up to `upload_attempts` times, counted; while the remote is in its cool-off
+(cache/remote/client.py) workers wait instead of spending attempts.
 """
 
 from __future__ import annotations
@@ -18,22 +21,26 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from ckptd.cache import codec
 from ckptd.cache.entry import SNAPSHOT, EntryMeta
 from ckptd.cache.remote.client import RemoteClient, RemoteError
 from ckptd.cache.remote.layout import Layout, pack
 
 log = logging.getLogger(__name__)
+Read = Callable[[bytes, str], "tuple[EntryMeta, bytes] | None"]
 
 
 class Uploader:
-    def __init__(self, client: RemoteClient, layout: Layout) -> None:
-        self.client, self.layout, self.cfg = client, layout, client.config
-        self.queue: deque[tuple[bytes, EntryMeta, bytes]] = deque()
-        self.queued_bytes = 0
+    def __init__(self, client: RemoteClient, layout: Layout, read: Read) -> None:
+        """read(key, kind): the committed entry's meta and LMDB value, None when gone."""
+        self.client, self.layout, self.cfg, self.read = client, layout, client.config, read
+        self.queue: deque[tuple[bytes, str, int]] = deque()     # key, kind, stored bytes
+        self.queued_bytes = 0                 # stored bytes waiting (on disk, not in RAM)
         self.active = 0                       # entries being uploaded now
         self.uploaded = self.exists = self.retries = self.failed = self.dropped = 0
+        self.evicted = 0                      # gone from LMDB (or bad there) before their turn
         self.uploaded_bytes = 0
         self.closed = False
         self.cond = threading.Condition()
@@ -48,13 +55,11 @@ class Uploader:
         taken = 0
         with self.cond:
             for key, meta, blob in items:
-                size = len(blob)
-                if self.closed or (self.queued_bytes and
-                                   self.queued_bytes + size > self.cfg.queue_bytes):
+                if self.closed or len(self.queue) >= self.cfg.queue_entries:
                     self.dropped += 1
                     continue
-                self.queue.append((key, meta, blob))
-                self.queued_bytes += size
+                self.queue.append((key, meta.kind, len(blob)))
+                self.queued_bytes += len(blob)
                 taken += 1
             self.cond.notify_all()
         return taken
@@ -65,10 +70,10 @@ class Uploader:
                 self.cond.wait_for(lambda: self.queue or self.closed)
                 if not self.queue:
                     return
-                item = self.queue.popleft()
+                key, kind, size = self.queue.popleft()
                 self.active += 1
             try:
-                self._upload(*item)
+                self._one(key, kind)
             except Exception:                  # counted below; a worker never dies
                 log.exception("remote: upload failed")
                 with self.cond:
@@ -76,8 +81,21 @@ class Uploader:
             finally:
                 with self.cond:
                     self.active -= 1
-                    self.queued_bytes -= len(item[2])
+                    self.queued_bytes -= size
                     self.cond.notify_all()
+
+    def _one(self, key: bytes, kind: str) -> None:
+        found = self.read(key, kind)
+        if found is not None:
+            try:
+                codec.verify(found[1], self.layout.fp, key)
+            except codec.CorruptValue:        # the disk's damage stays off the remote
+                found = None
+        if found is None:
+            with self.cond:
+                self.evicted += 1
+            return
+        self._upload(key, *found)
 
     def _upload(self, key: bytes, meta: EntryMeta, blob: bytes) -> None:
         steps = [(self.layout.value(key, meta.kind), pack(meta, blob))]
@@ -150,6 +168,7 @@ class Uploader:
     def stats(self) -> dict:
         with self.cond:
             return {"depth": len(self.queue) + self.active, "bytes": self.queued_bytes,
-                    "bound_bytes": self.cfg.queue_bytes, "uploaded": self.uploaded,
+                    "bound_entries": self.cfg.queue_entries, "evicted": self.evicted,
+                    "uploaded": self.uploaded,
                     "uploaded_bytes": self.uploaded_bytes, "exists": self.exists,
                     "retries": self.retries, "failed": self.failed, "dropped": self.dropped}

@@ -35,9 +35,10 @@ from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.admin import StoreAdmin
 from ckptd.cache.store.catalog import Catalog
-from ckptd.cache.store.commit import Committer, Fetched
+from ckptd.cache.store.commit import Committer
 from ckptd.cache.store.index import DiskIndex
 from ckptd.cache.store.reader import Reader
+from ckptd.cache.store.remote_link import RemoteLink
 from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskTier
@@ -92,9 +93,10 @@ class CacheStore:
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
         self.host = HostTier(0 if readonly else cfg.host_budget)
         self.catalog = Catalog(self._read_index(), self.host)
+        self.link = RemoteLink(self, remote) if remote is not None else None
         self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
-                             cfg.read_threads, readonly,
-                             remote.fetcher if remote else None, self._adopt)
+                             cfg.read_threads, readonly, remote.fetcher if remote else None,
+                             self.link.adopt if self.link else None)
         self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
                                    spec.is_hybrid if spec is not None else None,
                                    remote.offer if remote else None)
@@ -107,6 +109,8 @@ class CacheStore:
             cfg.batch, cfg.block_when_full)
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
         self.admin = StoreAdmin(self)
+        if remote is not None and not readonly:
+            remote.attach(self.link.committed)
 
     @classmethod
     def open_readonly(cls, path: str | Path, spec: StateSpec | None = None,
@@ -195,26 +199,6 @@ class CacheStore:
         if remote_timeout is None:
             remote_timeout = self.remote.config.fetch_timeout if self.remote else 0.0
         return self.reader.load(plan, into_pages, remote_timeout)
-
-    def _adopt(self, items: list[tuple[bytes, EntryMeta, bytes, dict | None]]) -> None:
-        """Keep what a restore read from the remote: in LMDB through the write-behind
-        queue (as it is, not encoded again nor uploaded back), a snapshot in RAM too."""
-        if self.readonly:
-            return
-        cat = self.catalog
-        for key, meta, blob, tensors in items:
-            if self.catalog.known(key):
-                continue
-            if tensors is not None:
-                self.host.put(key, meta, {k: v.clone() for k, v in tensors.items()})
-            with self.put_lock:
-                with cat.lock:
-                    cat.queued[key] = meta.parent
-                # Outside the byte bound: the value is in memory already and costs no
-                # encoding (a 300 MB context read back must not be mostly dropped).
-                if not self.writer.put(Fetched(key, meta, blob), 0):
-                    with cat.lock:
-                        cat.queued.pop(key, None)
 
     # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
