@@ -24,6 +24,7 @@ from ckptd.cache.work import RestoreInfo
 from ckptd.model.spec import StateSpec
 
 _ATTEMPTS = 8      # each failed load lowers the limit, so the loop ends anyway
+_HIT_FLOOR = 0.1   # the least share of remote searches assumed to find something
 
 
 class Rates:
@@ -36,6 +37,10 @@ class Rates:
         # requests (botocore spends ~1-2 ms of CPU on each), large ones their bytes.
         self.remote_object_s = 0.0025      # wall seconds per object in a parallel fetch
         self.remote_latency = 0.02         # seconds per request (the client measures it)
+        # How often asking the remote found something: a daemon serving fresh prompts
+        # stops paying a search per prompt that can't pay off, never below a floor, so
+        # a long shared context is still asked for.
+        self.remote_hit = 1.0
 
     def read_seconds(self, plan: RestorePlan) -> float:
         by_tier = plan.bytes_by_tier()
@@ -134,6 +139,10 @@ class Restorer:
         if remote and self._ask_remote(best.position, limit):
             self.rates.remote_latency = store.remote.latency()
             plan = store.lookup_remote(seq.tokens, limit, rec.chain, dev, best.position)
+            if plan is not None:                       # None: it is cooling off
+                found = plan.position >= best.position + self.B
+                self.rates.remote_hit = max(_HIT_FLOOR,
+                                            0.8 * self.rates.remote_hit + 0.2 * found)
             if plan is not None and plan.position > best.position \
                     and self._cost(plan, limit) < self._cost(best, limit):
                 best = plan
@@ -147,14 +156,16 @@ class Restorer:
         return self.rates.read_seconds(plan) + (limit - plan.position) / self.rates.prefill_tps
 
     def _ask_remote(self, have: int, limit: int) -> bool:
-        """Whether the remote could save more prefill than finding out costs: a search
-        round trip per log_(fanout+1) of the blocks it may add, and a LIST or two."""
+        """Whether the remote is expected to save more prefill than finding out costs:
+        the prefill it could spare times how often asking found something, against a
+        search round trip per log_(fanout+1) of the blocks it may add and a LIST or two."""
         gain = limit - have
         if gain < self.B:
             return False
         fanout = self.store.remote.config.concurrency
         rounds = math.ceil(math.log(gain // self.B + 1, fanout + 1)) + 2
-        return gain / self.rates.prefill_tps > rounds * self.store.remote.latency()
+        expected = self.rates.remote_hit * gain / self.rates.prefill_tps
+        return expected > rounds * self.store.remote.latency()
 
     def _deadline(self, plan: RestorePlan) -> float:
         """Seconds the plan's remote pieces may take before the restore gives up on

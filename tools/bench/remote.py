@@ -7,7 +7,8 @@ Starts SeaweedFS (tools/bench/seaweed.py) on loopback unless AWS_ENDPOINT_URL an
 --url s3://... name another store. For each model and context length L, with daemons
 that each have an empty cache folder and one bucket prefix:
 
-    cold     daemon A computes the context (its time to the first token)
+    cold     daemon A computes the context (its time to the first token; every
+             daemon answers a short prompt first, so first-request costs stay out)
     upload   A's write-behind until everything is on the remote: seconds, objects
              and bytes put per context (and per token)
     remote   daemon B, empty folder, restores it from the remote
@@ -28,6 +29,7 @@ import json
 import os
 import random
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -82,6 +84,7 @@ def one(model: str, path: str | None, length: int, url: str, out: Path, args) ->
     row: dict = {"model": model, "length": length}
     with ManagedDaemon(path, out / f"{tag}-a", out / f"{tag}-a.log", serve) as a:
         a.start()
+        _complete(a.client, _short(short, 150))      # first-request costs out of the way
         row["cold"] = _complete(a.client, prompt)
         row["upload_drain_s"] = round(_drain(a.client), 2)
         up = _stats(a.client)["remote"]
@@ -91,11 +94,12 @@ def one(model: str, path: str | None, length: int, url: str, out: Path, args) ->
                            "puts": up["requests"]["put"]}
     with ManagedDaemon(path, out / f"{tag}-b", out / f"{tag}-b.log", serve) as b:
         b.start()
+        _complete(b.client, _short(short, 151))
         row["remote"] = _complete(b.client, prompt)
         row["remote_fetch"] = _stats(b.client)["remote"]["fetch"]
-        row["short_before_ms"] = _complete(b.client, _short(short, 199))["ms"]
         _drain(b.client)
         b.restart()
+        _complete(b.client, _short(short, 152))
         row["lmdb"] = _complete(b.client, prompt)
     same = row["remote"]["tokens"] == row["cold"]["tokens"] == row["lmdb"]["tokens"]
     row["same_tokens"] = same
@@ -104,40 +108,67 @@ def one(model: str, path: str | None, length: int, url: str, out: Path, args) ->
 
 
 def slow(path, prompt, short, url: str, serve: list[str], out: Path, args) -> dict:
-    """The upload queue of a daemon whose remote is slow, while it serves."""
+    """The upload queue of a daemon whose remote is slow, and its short prompts' times:
+    before (warm, nothing to upload), while uploads run, and with the remote hung."""
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     port = int(endpoint.rsplit(":", 1)[1].split("/")[0])
     proxy = SlowProxy(port, delay=args.slow_delay, rate=args.slow_rate).start()
-    serve = [*serve[:serve.index("--remote")], "--remote", url,
-             *serve[serve.index("--remote") + 2:]]
-    samples, shorts = [], []
+    i = serve.index("--remote")
+    serve = [*serve[:i], "--remote", url, *serve[i + 2:]]
+    samples: list[dict] = []
+    times: dict[str, list[float]] = {"before": [], "during": [], "hung": []}
     try:
         with ManagedDaemon(path, Path(f"{out}-c"), Path(f"{out}-c.log"), serve,
                            env={"AWS_ENDPOINT_URL": proxy.endpoint}) as c:
             c.start()
-            cold = _complete(c.client, prompt)
-            t0, next_short = time.perf_counter(), 0.0
-            while time.perf_counter() - t0 < args.slow_seconds:
+            n = 0
+            for k in range(5):                        # two to warm up, three measured
+                ms = _complete(c.client, _short(short, n))["ms"]
+                n += 1
+                if k >= 2:
+                    times["before"].append(ms)
+            _drain(c.client)
+            cold: dict = {}
+            t0 = time.perf_counter()
+            job = threading.Thread(target=lambda: cold.update(_complete(c.client, prompt)))
+            job.start()
+            prefill_end, next_short = None, 0.0
+            while True:
                 now = time.perf_counter() - t0
                 up = _stats(c.client)["remote"]["uploads"]
                 samples.append({"t": round(now, 1), **{k: up[k] for k in (
-                    "depth", "bytes", "uploaded", "uploaded_bytes", "dropped", "failed")}})
-                if now >= next_short:
-                    shorts.append(_complete(c.client, _short(short, len(shorts)))["ms"])
-                    next_short += 2.0
-                if not up["depth"]:
-                    break
+                    "depth", "bytes", "uploaded", "uploaded_bytes", "dropped", "evicted")}})
+                if prefill_end is None and not job.is_alive():
+                    prefill_end = now
+                if prefill_end is not None:
+                    if not up["depth"] or now - prefill_end > args.slow_seconds:
+                        break
+                    if now >= next_short:
+                        times["during"].append(_complete(c.client, _short(short, n))["ms"])
+                        n, next_short = n + 1, now + 2.0
                 time.sleep(0.5)
+            job.join()
+            proxy.stall = True                        # hung: uploads wait, serving goes on
+            for _ in range(3):
+                times["hung"].append(_complete(c.client, _short(short, n))["ms"])
+                n += 1
             final = _stats(c.client)["remote"]["uploads"]
+            proxy.stall = False
     finally:
         proxy.stop()
-    took = samples[-1]["t"] if samples else 0.0
+    rate = [s for s in samples if prefill_end is None or s["t"] >= prefill_end]
+    mbps = ((rate[-1]["uploaded_bytes"] - rate[0]["uploaded_bytes"]) /
+            max(rate[-1]["t"] - rate[0]["t"], 1e-9) / 1e6) if len(rate) > 1 else None
     return {"rate_per_connection": args.slow_rate, "delay_s": args.slow_delay,
-            "cold_ms": cold["ms"], "bound_bytes": final["bound_bytes"],
-            "peak_bytes": max((s["bytes"] for s in samples), default=0),
-            "dropped": final["dropped"], "uploaded": final["uploaded"],
+            "cold_ms": cold.get("ms"), "prefill_end_s": prefill_end,
+            "peak_depth": max((s["depth"] for s in samples), default=0),
+            "peak_backlog_bytes": max((s["bytes"] for s in samples), default=0),
+            "bound_entries": final["bound_entries"], "dropped": final["dropped"],
+            "evicted": final["evicted"], "uploaded": final["uploaded"],
             "uploaded_bytes": final["uploaded_bytes"], "depth_at_end": final["depth"],
-            "seconds": took, "short_ms": shorts, "samples": samples}
+            "upload_mb_per_s": None if mbps is None else round(mbps, 2),
+            "short_ms": {k: [round(v) for v in vs] for k, vs in times.items()},
+            "samples": samples}
 
 
 def report(rows: list[dict], meta: dict) -> str:
@@ -155,12 +186,13 @@ def report(rows: list[dict], meta: dict) -> str:
     lines += ["", "Slow remote (upload queue):", ""]
     for r in rows:
         s = r["slow"]
-        lines.append(f"- {r['model']} {r['length']}: {s['rate_per_connection']} B/s a "
-                     f"connection, {s['delay_s']} s a chunk: peak queue "
-                     f"{s['peak_bytes'] / 1e6:.1f} MB of {s['bound_bytes'] / 1e6:.0f} MB, "
-                     f"{s['uploaded']} uploaded ({s['uploaded_bytes'] / 1e6:.1f} MB) and "
-                     f"{s['dropped']} dropped in {s['seconds']} s, {s['depth_at_end']} left; "
-                     f"short prompts meanwhile {s['short_ms']} ms")
+        lines.append(f"- {r['model']} {r['length']}: {s['rate_per_connection']:.0f} B/s a "
+                     f"connection, {s['delay_s']} s a chunk; cold {s['cold_ms']:.0f} ms; peak "
+                     f"queue {s['peak_depth']} entries ({s['peak_backlog_bytes'] / 1e6:.1f} MB "
+                     f"waiting in LMDB), bound {s['bound_entries']}; {s['uploaded']} uploaded "
+                     f"({s['uploaded_bytes'] / 1e6:.1f} MB, {s['upload_mb_per_s']} MB/s after "
+                     f"the prefill), {s['dropped']} dropped, {s['evicted']} evicted first, "
+                     f"{s['depth_at_end']} left; short prompts (ms) {s['short_ms']}")
     return "\n".join(lines) + "\n"
 
 
@@ -176,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-seconds", type=float, default=60.0)
     p.add_argument("--serve-arg", action="append", default=[])
     args = p.parse_args(argv)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg()[0]}   # at start
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = out / time.strftime("run-%Y%m%d-%H%M%S")    # cache folders and logs: fresh
@@ -199,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.kill()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg()[0]}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "report.md").write_text(report(rows, meta))
     print(report(rows, meta))
