@@ -41,7 +41,7 @@ from ckptd.cache.store.reader import Reader
 from ckptd.cache.store.remote_link import RemoteLink
 from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
-from ckptd.cache.tiers.disk import DiskTier
+from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from ckptd.model.spec import StateSpec
 
@@ -149,7 +149,10 @@ class CacheStore:
         if orphans:
             log.warning("cache: %d entries below a damaged index record dropped", len(orphans))
             if not self.readonly:
-                self.disk.delete_many(orphans)
+                try:
+                    self.disk.delete_many(orphans)
+                except DiskFull as e:  # a damaged page (MDB_CORRUPTED): out of the index
+                    log.warning("cache: could not delete them: %s", e)    # is enough
         return index
 
     def has(self, key: bytes) -> bool:
