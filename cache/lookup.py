@@ -28,8 +28,8 @@ from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import KeyChain, KeyContext, snapshot_key
 from ckptd.cache.snapshot import Snapshot
 
-DEVICE, HOST, DISK = "device", "host", "disk"
-_SLOWEST_FIRST = (DISK, HOST, DEVICE)
+DEVICE, HOST, DISK, REMOTE = "device", "host", "disk", "remote"
+_SLOWEST_FIRST = (REMOTE, DISK, HOST, DEVICE)
 
 
 class IndexView(Protocol):
@@ -47,8 +47,8 @@ class IndexView(Protocol):
 class PieceRef(NamedTuple):   # a tuple: a long plan makes ~1,000 of them per request
     key: bytes
     kind: str          # BLOCK or SNAPSHOT
-    tier: str          # HOST or DISK
-    nbytes: int        # bytes to move: logical in RAM, stored (compressed) on disk
+    tier: str          # HOST, DISK or REMOTE
+    nbytes: int        # bytes to move: logical in RAM, stored (compressed) elsewhere
     position: int      # tokens covered by the state this piece was taken from
 
 
@@ -64,6 +64,8 @@ class RestorePlan:
     device_blocks: int = 0             # leading blocks the caller maps from its device pages
     shared: int = 0                    # prompt tokens that cached entries share: where
                                        # the prompt parts from what is cached
+    remote: dict[bytes, EntryMeta] = field(repr=False, default_factory=dict)
+                                       # what the remote's pieces must be (cache/remote/)
 
     def pieces(self) -> list[PieceRef]:
         """What the store loads: the stored blocks, then the snapshot."""

@@ -1,25 +1,30 @@
 """Restoring a new sequence from the longest cached prefix of its prompt.
 
 The prompt's leading blocks still on the device are adopted (shared, no copy);
-the store plans the rest (RAM, then disk) and a snapshot at the restore point.
-A restore is planned by cost: reading bytes can be slower than recomputing a
-short prefix, so the plan is taken only when its measured read time beats the
-measured prefill rate. A piece that fails verification ends a load at the
-longest good prefix; the plan is then made again below it, here, in one loop.
+the store plans the rest (RAM, then disk, then the remote tier) and a snapshot at
+the restore point. A restore is planned by cost: reading bytes can be slower than
+recomputing a short prefix, so of the plans at hand (local tiers only, with the
+remote's pieces, the device pages alone, nothing) the one is taken whose measured
+read time plus the prefill of what it leaves is least. The remote is asked only
+when what it could add is worth more prefill time than its requests cost. A piece
+that fails verification ends a load at the longest good prefix; the plan is then
+made again below it, here, in one loop (without the remote, once it was slow).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from ckptd.cache.device import DevicePages
-from ckptd.cache.lookup import RestoredState, RestorePlan
+from ckptd.cache.lookup import DEVICE, REMOTE, RestoredState, RestorePlan
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
 from ckptd.cache.work import RestoreInfo
 from ckptd.model.spec import StateSpec
 
 _ATTEMPTS = 8      # each failed load lowers the limit, so the loop ends anyway
+_HIT_FLOOR = 0.1   # the least share of remote searches assumed to find something
 
 
 class Rates:
@@ -27,7 +32,30 @@ class Rates:
 
     def __init__(self) -> None:
         self.prefill_tps = 2000.0          # tokens/s; replaced by measurements
-        self.bytes_per_s = {"host": 4e9, "disk": 3e8}
+        self.bytes_per_s = {"host": 4e9, "disk": 3e8, "remote": 1e8}
+        # The remote is read an object a request, in parallel: small objects cost their
+        # requests (botocore spends ~1-2 ms of CPU on each), large ones their bytes.
+        self.remote_object_s = 0.0025      # wall seconds per object in a parallel fetch
+        self.remote_latency = 0.02         # seconds per request (the client measures it)
+        # How often asking the remote found something: a daemon serving fresh prompts
+        # stops paying a search per prompt that can't pay off, never below a floor, so
+        # a long shared context is still asked for.
+        self.remote_hit = 1.0
+
+    def read_seconds(self, plan: RestorePlan) -> float:
+        by_tier = plan.bytes_by_tier()
+        s = sum(n / self.bytes_per_s[t] for t, n in by_tier.items() if t != REMOTE)
+        if REMOTE in by_tier:
+            objects = sum(1 for p in plan.pieces() if p.tier == REMOTE)
+            s += self.remote_latency + max(by_tier[REMOTE] / self.bytes_per_s[REMOTE],
+                                           objects * self.remote_object_s)
+        return s
+
+    def update_remote(self, objects: int, nbytes: int, seconds: float) -> None:
+        """A fetch of `objects` objects, `nbytes` bytes in all, took `seconds`."""
+        if objects > 0 and seconds > 0:
+            self.remote_object_s = 0.8 * self.remote_object_s + 0.2 * seconds / objects
+            self.update_read(REMOTE, nbytes, seconds)
 
     def update_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= 16 and seconds > 0:
@@ -52,17 +80,17 @@ class Restorer:
         seq, chain = rec.seq, rec.chain
         n = len(seq.tokens)
         device = self.device.find(chain, n // self.B)
-        dev, limit = len(device), n
+        dev, limit, remote = len(device), n, self.store.remote is not None
         for attempt in range(_ATTEMPTS):
-            plan = self._plan(rec, limit, dev)
+            plan = self._plan(rec, limit, dev, remote)
             if not attempt:
                 rec.shared = max(plan.shared, dev * self.B)
             if plan.position == n and plan.snapshot is None:
-                plan = self._plan(rec, n - 1, dev)     # keep one token to compute
+                plan = self._plan(rec, n - 1, dev, remote)     # keep one token to compute
             if plan.position == 0:
                 break
             t_read = time.perf_counter()
-            restored, held = self._load(plan, device)
+            restored, held = self._load(plan, device, self._deadline(plan))
             if restored.ok and plan.position == n and restored.snapshot.logits is None:
                 self.device.decref(held)               # no logits to sample from: stop short
                 limit = n - 1
@@ -70,14 +98,24 @@ class Restorer:
             if not restored.ok:
                 self.device.decref(held)
                 info.fallbacks += 1
+                if REMOTE in plan.bytes_by_tier():
+                    # A slow remote: this request recomputes rather than wait again. A
+                    # bad or missing object: the remote may still serve what is below it.
+                    r = self.store.remote
+                    remote = not r.fetcher.last_late and r.available()
+                    self.rates.update_remote(*r.fetcher.last)
                 limit = min(restored.position, plan.position - 1)
                 dev = min(dev, limit // self.B)
                 continue
             for tier, nbytes in plan.bytes_by_tier().items():
-                self.rates.update_read(tier, nbytes, time.perf_counter() - t_read)
+                if tier != REMOTE:
+                    self.rates.update_read(tier, nbytes, time.perf_counter() - t_read)
+            if REMOTE in plan.bytes_by_tier():
+                self.rates.update_remote(*self.store.remote.fetcher.last)
             self._install(rec, restored, device, held)
             info.cached_tokens, info.tier = restored.position, restored.tier
             info.device_tokens = restored.first_block * self.B
+            info.by_tier = self._by_tier(plan, restored.first_block)
             if restored.position == n:
                 info.logits = restored.snapshot.logits
             # Blocks the store lacks (a device page outlived its stored copy) are put
@@ -86,31 +124,82 @@ class Restorer:
             break
         info.restore_ms = (time.perf_counter() - t0) * 1000
 
-    def _plan(self, rec, limit: int, dev: int) -> RestorePlan:
-        """The store's plan over the device pages; when reading the store would cost
-        more than recomputing, the device pages alone (an attention-only model can
-        restore at any block boundary; a hybrid needs a stored snapshot)."""
+    def _plan(self, rec, limit: int, dev: int, remote: bool) -> RestorePlan:
+        """The cheapest of: the store's local plan over the device pages, the device
+        pages alone (an attention-only model can restore at any block boundary; a
+        hybrid needs a stored snapshot), nothing, and (remote) the plan with the
+        remote tier's pieces."""
         seq, store = rec.seq, self.store
-        plan = store.lookup(seq.tokens, seq.salt, max_tokens=limit, device_blocks=dev,
+        best = store.lookup(seq.tokens, seq.salt, max_tokens=limit, device_blocks=dev,
                             chain=rec.chain)
-        if self._worth_it(plan):
-            return plan
-        if dev and not self.hybrid:
-            return store.lookup(seq.tokens, seq.salt, max_tokens=min(limit, dev * self.B),
-                                device_blocks=dev, chain=rec.chain)
-        return RestorePlan(0, [], None, shared=plan.shared)
+        if not self._worth_it(best):
+            if dev and not self.hybrid:
+                best = store.lookup(seq.tokens, seq.salt, max_tokens=min(limit, dev * self.B),
+                                    device_blocks=dev, chain=rec.chain)
+            else:
+                best = RestorePlan(0, [], None, shared=best.shared)
+        if remote and self._ask_remote(best.position, limit):
+            self.rates.remote_latency = store.remote.latency()
+            plan = store.lookup_remote(seq.tokens, limit, rec.chain, dev, best.position)
+            if plan is not None:                       # None: it is cooling off
+                found = plan.position >= best.position + self.B
+                self.rates.remote_hit = max(_HIT_FLOOR,
+                                            0.8 * self.rates.remote_hit + 0.2 * found)
+            if plan is not None and plan.position > best.position \
+                    and self._cost(plan, limit) < self._cost(best, limit):
+                plan.shared = max(plan.shared, best.shared)
+                best = plan
+        return best
 
     def _worth_it(self, plan: RestorePlan) -> bool:
-        read_s = sum(n / self.rates.bytes_per_s[t] for t, n in plan.bytes_by_tier().items())
-        return read_s <= plan.position / self.rates.prefill_tps
+        return self.rates.read_seconds(plan) <= plan.position / self.rates.prefill_tps
 
-    def _load(self, plan: RestorePlan, device: list[int]) -> tuple[RestoredState, list[int]]:
+    def _cost(self, plan: RestorePlan, limit: int) -> float:
+        """Seconds to read the plan and compute what it leaves of tokens[:limit]."""
+        return self.rates.read_seconds(plan) + (limit - plan.position) / self.rates.prefill_tps
+
+    def _ask_remote(self, have: int, limit: int) -> bool:
+        """Whether the remote is expected to save more prefill than finding out costs:
+        the prefill it could spare times how often asking found something, against a
+        search round trip per log_(fanout+1) of the blocks it may add and a LIST or two."""
+        gain = limit - have
+        if gain < self.B:
+            return False
+        fanout = self.store.remote.config.concurrency
+        rounds = math.ceil(math.log(gain // self.B + 1, fanout + 1)) + 2
+        expected = self.rates.remote_hit * gain / self.rates.prefill_tps
+        return expected > rounds * self.store.remote.latency()
+
+    def _deadline(self, plan: RestorePlan) -> float:
+        """Seconds the plan's remote pieces may take before the restore gives up on
+        them: a few times the estimate, and no less than recomputing what the plan
+        covers (waiting that long still beats it), within the remote's fetch_timeout."""
+        remote = self.store.remote
+        if remote is None:
+            return 0.0
+        wait = max(1.0, 3 * self.rates.read_seconds(plan), plan.position / self.rates.prefill_tps)
+        return min(remote.config.fetch_timeout, wait)
+
+    def _by_tier(self, plan: RestorePlan, first_block: int) -> dict[str, int]:
+        """Restored tokens by the tier that held them."""
+        B, out = self.B, {}
+        if first_block:
+            out[DEVICE] = first_block * B
+        for p in plan.blocks:
+            out[p.tier] = out.get(p.tier, 0) + B
+        rest = plan.position - (first_block + len(plan.blocks)) * B
+        if rest > 0 and plan.snapshot is not None:
+            out[plan.snapshot.tier] = out.get(plan.snapshot.tier, 0) + rest
+        return out
+
+    def _load(self, plan: RestorePlan, device: list[int], remote_timeout: float
+              ) -> tuple[RestoredState, list[int]]:
         """The store's load of a plan. Where the runner offers views of its pool pages (a
         CPU pool), blocks decode straight into pages taken for them here, which the
         caller then owns (the second value): no fresh buffer to fault in, no copy."""
         n = len(plan.blocks)
         if n == 0:
-            return self.store.load(plan), []
+            return self.store.load(plan, remote_timeout=remote_timeout), []
         # The device pages found carry no reference until _install adopts them: hold
         # them while allocating, or the pool could reclaim one of them for these.
         found = device[:plan.device_blocks]
@@ -122,9 +211,9 @@ class Restorer:
         views = self.io.page_views(held)
         if views is None:
             self.device.decref(held)
-            return self.store.load(plan), []
+            return self.store.load(plan, remote_timeout=remote_timeout), []
         try:
-            return self.store.load(plan, views), held
+            return self.store.load(plan, views, remote_timeout), held
         except BaseException:
             self.device.decref(held)
             raise

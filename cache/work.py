@@ -15,14 +15,17 @@ from ckptd.model.sequence import Sequence
 class RestoreInfo:
     """What admission restored for a new sequence."""
     cached_tokens: int = 0
-    tier: str | None = None       # the slowest tier read: "device", "host", "disk" or None
+    tier: str | None = None       # the slowest tier read: device, host, disk, remote or None
     device_tokens: int = 0        # of cached_tokens, those in adopted device pages
     restore_ms: float = 0.0
     logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
     fallbacks: int = 0            # plans abandoned because a piece failed verification
+    by_tier: dict[str, int] | None = None   # restored tokens per tier, from the plan
 
     def tokens_by_tier(self) -> dict[str, int]:
         """Restored tokens by the tier that held them."""
+        if self.by_tier is not None:
+            return dict(self.by_tier)
         out = {DEVICE: self.device_tokens} if self.device_tokens else {}
         rest = self.cached_tokens - self.device_tokens
         if rest and self.tier is not None:

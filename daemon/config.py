@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import importlib.util
 import ipaddress
 import os
 import re
@@ -85,6 +86,7 @@ class ServeConfig:
     slot_save_path: Path | None = None     # where /slots/{id}?action=save|restore keep files
     cors_origins: str | None = None        # "*", "localhost" or a comma-separated list
     cors_credentials: bool = False         # preflights allow credentials (cookies)
+    remote: str | None = None              # s3://bucket/prefix: the shared remote tier
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -133,6 +135,7 @@ class ServeConfig:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
         self._check_sampling()
+        self._check_remote()
         if self.alias is not None and not self.alias.strip():
             raise ValueError("alias must not be empty")
         if self.chat_template is not None and self.chat_template_file is not None:
@@ -155,6 +158,14 @@ class ServeConfig:
                                  f", got {v}")
         if self.top_p == 0.0 or self.repeat_penalty == 0.0:
             raise ValueError("top_p and repeat_penalty must be > 0")
+
+    def _check_remote(self) -> None:
+        if self.remote is not None:
+            from ckptd.cache.remote.layout import RemoteURL
+
+            RemoteURL.parse(self.remote)
+            if importlib.util.find_spec("boto3") is None:
+                raise ValueError("--remote needs boto3: pip install 'ckptd[s3]'")
 
     @property
     def loopback(self) -> bool:
@@ -225,6 +236,9 @@ SETTINGS: dict[str, tuple] = {
     "cors_origins": (str, "origins browsers may call from: '*', 'localhost' or a "
                           "comma-separated list (default: none, no CORS headers)"),
     "cors_credentials": ("flag", "let CORS requests carry credentials (cookies)"),
+    "remote": (str, "s3://BUCKET[/PREFIX]: share cached state with other daemons through "
+                    "an S3-compatible store (endpoint and keys from AWS_ENDPOINT_URL, "
+                    "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
 }
 
 

@@ -118,6 +118,8 @@ class Metrics:
                 out += self.hist[name].lines(f"ckptd_{name}_seconds")
         if cache_stats is not None:
             _cache_lines(put, cache_stats)
+            if cache_stats.get("remote"):
+                _remote_lines(put, out, cache_stats["remote"])
         return "\n".join(out) + "\n"
 
 
@@ -181,6 +183,47 @@ def _cache_lines(put: _Writer, s: dict) -> None:
                                       for r in SHED_REASONS])
     put.counter("ckptd_cache_committed_writes_total", "Entries committed to disk",
                 [("", wq.get("committed", 0))])
+
+
+def _remote_lines(put: _Writer, out: list[str], r: dict) -> None:
+    up, fetch, look = r.get("uploads") or {}, r["fetch"], r["lookups"]
+    put.gauge("ckptd_remote_available", "1 unless the remote tier is cooling off after "
+              "failures (lookups skip it meanwhile)", [("", int(r["available"]))])
+    put.counter("ckptd_remote_requests_total", "Requests made to the remote tier",
+                [(f'op="{op}"', n) for op, n in r["requests"].items()])
+    put.counter("ckptd_remote_errors_total", "Remote requests that failed, by kind "
+                "(a missing object is not one)", [(f'kind="{k}"', n)
+                                                   for k, n in r["errors"].items()])
+    put.counter("ckptd_remote_bytes_total", "Bytes moved to and from the remote tier",
+                [('direction="down"', r["bytes_down"]), ('direction="up"', r["bytes_up"])])
+    lat = r["latency"]
+    out.append("# HELP ckptd_remote_request_seconds Time of one remote request")
+    out.append("# TYPE ckptd_remote_request_seconds histogram")
+    acc = 0
+    for b, c in zip(lat["buckets"], lat["counts"]):
+        acc += c
+        out.append(f'ckptd_remote_request_seconds_bucket{{le="{_num(b)}"}} {acc}')
+    out.append(f'ckptd_remote_request_seconds_bucket{{le="+Inf"}} {sum(lat["counts"])}')
+    out += [f"ckptd_remote_request_seconds_sum {_num(lat['sum'])}",
+            f"ckptd_remote_request_seconds_count {sum(lat['counts'])}"]
+    put.counter("ckptd_remote_lookups_total", "Restores that asked the remote, or skipped "
+                "it while it was cooling off", [('result="asked"', look["asked"]),
+                                                 ('result="skipped"', look["skipped"])])
+    put.counter("ckptd_remote_fetched_objects_total", "Objects read from the remote for "
+                "restores, checked", [("", fetch["objects"])])
+    put.counter("ckptd_remote_fetch_failures_total", "Remote objects a restore planned but "
+                "could not use", [(f'reason="{k}"', fetch[k]) for k in
+                                  ("missing", "corrupt", "late")])
+    put.gauge("ckptd_remote_upload_queue_depth", "Entries waiting to go up",
+              [("", up.get("depth", 0))])
+    put.gauge("ckptd_remote_upload_queue_bytes", "Bytes waiting to go up",
+              [("", up.get("bytes", 0))])
+    put.counter("ckptd_remote_uploads_total", "Entries offered for upload, by outcome "
+                "(exists: another daemon had put it; dropped: the queue was full)",
+                [(f'result="{k}"', up.get(k, 0)) for k in
+                 ("uploaded", "exists", "failed", "dropped")])
+    put.counter("ckptd_remote_upload_retries_total", "Upload attempts repeated after a "
+                "failure", [("", up.get("retries", 0))])
 
 
 class _Writer:

@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 
 from ckptd.cache.manager import CacheManager
+from ckptd.cache.remote.client import RemoteConfig
+from ckptd.cache.remote.layout import RemoteURL
+from ckptd.cache.remote.tier import RemoteTier
 from ckptd.cache.store import CacheStore
 from ckptd.daemon import memory
 from ckptd.daemon.config import ServeConfig
@@ -57,9 +60,10 @@ class Runtime:
         sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
                             -(-max_context // B) + 1, cfg.parallel)
         runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
+        remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
-                           queue_bytes=cfg.write_queue)
+                           queue_bytes=cfg.write_queue, remote=remote)
         cache = CacheManager(runner, runner.spec, sizes.kv_pages, model.fingerprint, store,
                              cfg.snapshot_interval, cfg.max_snapshots, cfg.snapshot_budget)
         engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
@@ -82,3 +86,17 @@ class Runtime:
         """Cancel what still runs, then store what the cache captured, flush and close."""
         self.engine.stop()
         self.cache.close()
+
+
+def _remote(url: str, fingerprint: str, spec) -> RemoteTier:
+    """The shared tier. A remote that does not answer now is no reason not to serve:
+    the daemon starts, says so, and uses it once it answers."""
+    tier = RemoteTier(RemoteConfig(RemoteURL.parse(url)), fingerprint, spec)
+    why = tier.check()
+    if why is None:
+        log.info("remote tier %s at %s, objects under %s", url, tier.client.endpoint,
+                 tier.layout.root)
+    else:
+        log.warning("remote tier %s at %s does not answer (%s): serving from the local "
+                    "tiers until it does", url, tier.client.endpoint, why)
+    return tier

@@ -45,3 +45,16 @@ def tiny_dir(request, tiny_hybrid_dir, tiny_llama_dir):
 def tiny_model(tiny_dir):
     from ckptd.model.loader import load_model
     return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS) on loopback for the whole session: started once,
+    SIGKILLed at the end. Tests keep apart by prefix (tests/s3.py: fresh_url)."""
+    from tests.s3 import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs")).start()
+    try:
+        yield server.wait_ready()
+    finally:
+        server.kill()

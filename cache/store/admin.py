@@ -93,7 +93,8 @@ class StoreAdmin:
         for m, tiers in merged.values():
             if "host" in tiers:
                 host_kinds[m.kind] = host_kinds.get(m.kind, 0) + 1
-        w, c = self.store.writer, self.catalog.counters
+        w, c, remote = self.store.writer, self.catalog.counters, self.store.remote
+        remote = remote.stats() if remote is not None else None
         with self.catalog.lock:
             return {
                 "entries": len(merged),
@@ -118,6 +119,7 @@ class StoreAdmin:
                                 "lost_no_room": c.lost_writes,
                                 "map_full": c.map_full,
                                 "orphans_skipped": c.orphans},
+                "remote": remote,
             }
 
     def entries(self, offset: int = 0, limit: int = 100, sort: str = "last_used",

@@ -32,7 +32,7 @@ class Counters:
     map_full: int = 0        # commits that found the LMDB map full (then evicted and retried)
     orphans: int = 0         # entries not written: their parent was evicted meanwhile
     thinned: int = 0         # snapshots dropped to keep a prefix's count bounded
-    read_bytes: dict = field(default_factory=lambda: {"host": 0, "disk": 0})
+    read_bytes: dict = field(default_factory=lambda: {"host": 0, "disk": 0, "remote": 0})
 
 
 class Catalog:

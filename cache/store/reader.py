@@ -1,6 +1,8 @@
 """Loading a restore plan: RAM pieces are copied; disk pieces are read and decoded on
 the reader pool straight into the output pages (two helpers run ahead of it: disk
-read-ahead, output page faults), verified, and promoted into RAM."""
+read-ahead, output page faults), verified, and promoted into RAM. Remote pieces are
+fetched all at once (cache/remote/fetch.py), decoded the same way, and handed to
+`adopt`, which keeps them in LMDB (and a snapshot in RAM) for the next restore."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import torch
 
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK
-from ckptd.cache.lookup import DEVICE, DISK, HOST, PieceRef, RestoredState, RestorePlan
+from ckptd.cache.lookup import DEVICE, DISK, HOST, REMOTE, PieceRef, RestoredState, RestorePlan
+from ckptd.cache.remote.fetch import CORRUPT, MISSING
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers import pagein
@@ -24,15 +27,19 @@ from ckptd.cache.tiers.host import HostTier
 from ckptd.model.spec import StateSpec
 
 log = logging.getLogger(__name__)
-_MISSING, _CORRUPT = "missing", "corrupt"
+_MISSING, _CORRUPT = MISSING, CORRUPT
 _AHEAD = 8                   # values per read-ahead step
 _READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at most)
 
 
 class Reader:
     def __init__(self, catalog: Catalog, host: HostTier, disk: DiskTier, spec: StateSpec | None,
-                 fingerprint: str | None, threads: int, readonly: bool) -> None:
+                 fingerprint: str | None, threads: int, readonly: bool,
+                 fetcher=None, adopt=None) -> None:
+        """fetcher: the remote tier's (None without one); adopt(items): keeps what it
+        read, [(key, meta, value bytes, tensors to hold in RAM or None)]."""
         self.catalog, self.host, self.disk = catalog, host, disk
+        self.fetcher, self.adopt = fetcher, adopt
         self.spec, self.fp, self.readonly = spec, fingerprint, readonly
         self.B = spec.block_size if spec is not None else None
         self.threads = threads
@@ -59,8 +66,8 @@ class Reader:
         self.prefetcher.shutdown()
         self.promoter.shutdown()
 
-    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None
-             ) -> RestoredState:
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None,
+             remote_timeout: float = 30.0) -> RestoredState:
         """The tensors of a plan: pages [n_blocks, *kv_shape()] and the snapshot. A piece
         that is gone or fails verification ends the restore there: the result is then
         not ok, with the position of the longest good prefix, never wrong data (the
@@ -71,7 +78,8 @@ class Reader:
         caller's KV pool pages; any strides): they are written in place and `pages` is
         None. Memory the pool already holds is not faulted in anew, as a fresh output
         buffer is on every restore (the kernel zeroing its pages was half a restarted
-        daemon's first disk restore)."""
+        daemon's first disk restore). remote_timeout: seconds the remote pieces may take
+        (then they count as missing)."""
         first = plan.device_blocks
         pieces, nb = plan.pieces(), len(plan.blocks)
         pages = None
@@ -87,11 +95,11 @@ class Reader:
             outs = []
         into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
-        from_disk = []
+        from_disk, from_remote = [], []
         for i, p in enumerate(pieces):
             v = self.host.get(p.key)
             if v is None:
-                from_disk.append(i)
+                (from_remote if p.tier == REMOTE and self.fetcher else from_disk).append(i)
             elif i < nb:
                 values[i] = into[i]
                 outs[i].copy_(v["kv"])
@@ -116,19 +124,21 @@ class Reader:
                         values[i] = v
             finally:
                 done.set()
+        if from_remote:
+            self._load_remote(plan, from_remote, into, values, remote_timeout)
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
             self.drop(corrupt)
-        self._touch_and_promote(pieces, values, set(from_disk),
-                                at_once=into_pages is not None)
+        read = {**dict.fromkeys(from_disk, DISK), **dict.fromkeys(from_remote, REMOTE)}
+        self._touch_and_promote(pieces, values, read, at_once=into_pages is not None)
         snap = values[nb] if plan.snapshot is not None else None
         if isinstance(snap, dict) and plan.snapshot.position != plan.position:
             # Attention only: a later state's page, cut to the tokens the prompt shares
             # (its logits belong to that later state).
             snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
         if not bad:
-            tier = DISK if from_disk else HOST if pieces else DEVICE
+            tier = REMOTE if from_remote else DISK if from_disk else HOST if pieces else DEVICE
             snap = Snapshot.from_tensors(snap) if isinstance(snap, dict) else None
             return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None,
                                  first_block=first)
@@ -138,22 +148,50 @@ class Reader:
         return RestoredState((first + good) * self.B, None, None, ok=False,
                              dropped=len(corrupt), first_block=first)
 
+    def _decode(self, key: bytes, buf: memoryview | None, dest: dict | None):
+        """A value's tensors, decoded into dest where given; _MISSING or _CORRUPT."""
+        if buf is None:
+            return _MISSING
+        try:
+            if dest is None or dest["kv"].is_contiguous():
+                return codec.decode(buf, self.fp, dest, key)
+            # a strided page of the caller's pool: decode beside it, then copy in
+            got = codec.decode(buf, self.fp, {"kv": _scratch(dest["kv"])}, key)
+            dest["kv"].copy_(got["kv"])
+            return dest
+        except codec.CorruptValue:
+            return _CORRUPT
+
+    def _load_remote(self, plan: RestorePlan, idx: list[int], into: list, values: list,
+                     timeout: float) -> None:
+        """Fetch and decode the remote pieces idx of the plan into values; adopt the
+        good ones up to the first that failed (what follows it would be orphans)."""
+        pieces = plan.pieces()
+        got = self.fetcher.fetch([pieces[i] for i in idx], plan.remote, timeout)
+        n = self.threads
+        jobs = [[(i, g) for i, g in list(zip(idx, got))[t::n]] for t in range(n)]
+
+        def decode(job):
+            return [g if isinstance(g, str) else self._decode(pieces[i].key, g[1], into[i])
+                    for i, g in job]
+        for job, out in zip(jobs, self.pool.map(decode, jobs)):
+            for (i, _), v in zip(job, out):
+                values[i] = v
+        keep = []
+        for i, g in zip(idx, got):
+            if not isinstance(values[i], dict):
+                break
+            meta, value = g
+            snap = None if i < len(plan.blocks) else values[i]
+            keep.append((pieces[i].key, meta, bytes(value), snap))
+        if keep and self.adopt is not None:
+            self.adopt(keep)
+
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = {ref.key: out for ref, out in job}
 
         def decode(key: bytes, buf: memoryview | None):
-            if buf is None:
-                return _MISSING
-            dest = into[key]
-            try:
-                if dest is None or dest["kv"].is_contiguous():
-                    return codec.decode(buf, self.fp, dest, key)
-                # a strided page of the caller's pool: decode beside it, then copy in
-                got = codec.decode(buf, self.fp, {"kv": _scratch(dest["kv"])}, key)
-                dest["kv"].copy_(got["kv"])
-                return dest
-            except codec.CorruptValue:
-                return _CORRUPT
+            return self._decode(key, buf, into[key])
         try:
             return self.disk.read_many([(ref.key, ref.kind) for ref, _ in job], decode)
         except lmdb.Error as e:
@@ -162,22 +200,23 @@ class Reader:
             log.warning("cache: disk read failed: %s", e)
             return [_MISSING] * len(job)
 
-    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: set[int],
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, read: dict[int, str],
                            at_once: bool = False):
-        """at_once: copy blocks into RAM before returning (they are the caller's pool pages,
-        which may be reused once the restore has returned)."""
+        """read: the pieces read from disk or the remote, and which. at_once: copy blocks
+        into RAM before returning (they are the caller's pool pages, which may be reused
+        once the restore has returned)."""
         now, promote = time.time(), []
         with self.catalog.lock:
             for i, p in enumerate(pieces):
                 if not isinstance(values[i], dict):
                     continue
-                self.catalog.counters.read_bytes[DISK if i in from_disk else HOST] += p.nbytes
+                self.catalog.counters.read_bytes[read.get(i, HOST)] += p.nbytes
                 meta = self.catalog.index.get(p.key)
                 if meta is None:
                     continue                 # in RAM only, not yet committed
                 meta.last_used, meta.hits = now, meta.hits + 1
                 self.catalog.touched[p.key] = meta
-                if i in from_disk and self.host.accepts(meta.logical_bytes) \
+                if read.get(i) == DISK and self.host.accepts(meta.logical_bytes) \
                         and self._into_ram(p.key, meta):
                     promote.append((p.key, meta, values[i]))
         # The caller owns what it gets back: RAM keeps its own copy. A snapshot (small;

@@ -13,6 +13,8 @@ The store is its parts, each a small object with public methods:
     writer      the write-behind queue (writer.py)
     thinner     bounds the snapshots along a prefix (thin.py)
     admin       stats, listing, pins, deletes, verify, export (admin.py)
+    remote      optional: the shared S3 tier below LMDB (cache/remote/), fed by the
+                committer after each commit, read by the reader, planned last
 
 No part does LMDB I/O or compression while holding the catalog's lock.
 """
@@ -23,6 +25,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,11 +38,15 @@ from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.store.commit import Committer
 from ckptd.cache.store.index import DiskIndex
 from ckptd.cache.store.reader import Reader
+from ckptd.cache.store.remote_link import RemoteLink
 from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from ckptd.model.spec import StateSpec
+
+if TYPE_CHECKING:
+    from ckptd.cache.remote.tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +79,10 @@ class StoreConfig:
 class CacheStore:
     def __init__(self, path: str | Path, spec: StateSpec | None, fingerprint: str | None,
                  config: StoreConfig | None = None, *, readonly: bool = False,
-                 **options) -> None:
+                 remote: RemoteTier | None = None, **options) -> None:
+        """remote: the shared tier below LMDB; the store closes it."""
         self.config = cfg = config or StoreConfig(**options)
+        self.remote = remote
         self.path, self.spec, self.fp = Path(path), spec, fingerprint
         self.B = spec.block_size if spec is not None else None
         self.readonly = readonly
@@ -84,10 +93,13 @@ class CacheStore:
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
         self.host = HostTier(0 if readonly else cfg.host_budget)
         self.catalog = Catalog(self._read_index(), self.host)
+        self.link = RemoteLink(self, remote) if remote is not None else None
         self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
-                             cfg.read_threads, readonly)
+                             cfg.read_threads, readonly, remote.fetcher if remote else None,
+                             self.link.adopt if self.link else None)
         self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
-                                   spec.is_hybrid if spec is not None else None)
+                                   spec.is_hybrid if spec is not None else None,
+                                   remote.offer if remote else None)
         # Marking a put queued and queueing it happen together: a put that sees its
         # parent marked must find the parent ahead of it in the queue, or the writer
         # would drop it as an orphan (two threads putting one prefix at once).
@@ -97,6 +109,8 @@ class CacheStore:
             cfg.batch, cfg.block_when_full, on_shed=self._shed)
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
         self.admin = StoreAdmin(self)
+        if remote is not None and not readonly:
+            remote.attach(self.link.committed)
 
     @classmethod
     def open_readonly(cls, path: str | Path, spec: StateSpec | None = None,
@@ -168,11 +182,26 @@ class CacheStore:
             cat.counters.hits += int(plan.position > 0)
         return plan
 
-    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None
-             ) -> RestoredState:
-        """A plan's tensors (cache/store/reader.py); the snapshot as a Snapshot."""
+    def lookup_remote(self, tokens: list[int], limit: int, chain: KeyChain,
+                      device_blocks: int = 0, floor: int = 0) -> RestorePlan | None:
+        """The deepest state of tokens[:limit] with the remote tier's pieces added to the
+        local ones; None when there is no remote or it is cooling off. floor: the
+        position the local tiers restore alone."""
+        if self.remote is None:
+            return None
         self.need_model()
-        return self.reader.load(plan, into_pages)
+        return self.remote.plan(self.catalog, _ints(tokens), limit, chain, device_blocks,
+                                floor)
+
+    def load(self, plan: RestorePlan, into_pages: list[torch.Tensor] | None = None,
+             remote_timeout: float | None = None) -> RestoredState:
+        """A plan's tensors (cache/store/reader.py); the snapshot as a Snapshot.
+        remote_timeout: seconds the remote pieces may take (default: the remote's
+        fetch_timeout); those still out then count as missing."""
+        self.need_model()
+        if remote_timeout is None:
+            remote_timeout = self.remote.config.fetch_timeout if self.remote else 0.0
+        return self.reader.load(plan, into_pages, remote_timeout)
 
     # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
@@ -350,6 +379,8 @@ class CacheStore:
             touched = self.catalog.take_touched()
             if touched:
                 self.disk.update_meta(touched)
+        if self.remote is not None:
+            self.remote.close()        # after the writer: its last commits go up too
         self.reader.close()
         self.disk.close()
 

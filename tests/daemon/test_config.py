@@ -72,3 +72,12 @@ def test_max_snapshots_reaches_the_engine(tiny_dir, tmp_path):
 def test_bad_flag_value_names_the_flag():
     with pytest.raises(ValueError, match="--parallel"):
         from_args(_args("--parallel", "many"), {})
+
+
+def test_remote_from_flag_or_environment():
+    assert from_args(_args("--remote", "s3://bucket/a/b"), {}).remote == "s3://bucket/a/b"
+    assert from_args(_args(), {"CKPTD_REMOTE": "s3://bucket"}).remote == "s3://bucket"
+    assert from_args(_args(), {}).remote is None
+    for bad in ("bucket/x", "s3://", "s3://Bad_Bucket", "s3://ok-bucket/a//b"):
+        with pytest.raises(ValueError, match="--remote"):
+            ServeConfig(remote=bad)

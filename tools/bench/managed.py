@@ -38,8 +38,11 @@ def spawn(log_path: Path, line: str, cmd, **popen) -> subprocess.Popen:
 
 class ManagedDaemon:
     def __init__(self, model: str | None, cache_dir: Path, log_path: Path,
-                 serve_args: list[str] | None = None, ready_timeout: float = 300.0) -> None:
+                 serve_args: list[str] | None = None, ready_timeout: float = 300.0,
+                 env: dict[str, str] | None = None) -> None:
+        """env: variables set for the daemon over this process's own."""
         self.model, self.cache_dir, self.log_path = model, cache_dir, log_path
+        self.env = dict(env or {})
         self.serve_args = list(serve_args or [])
         self.ready_timeout = ready_timeout
         self.port = free_port()
@@ -57,7 +60,7 @@ class ManagedDaemon:
     def start(self) -> Client:
         assert self.proc is None, "already running"
         self.proc = spawn(self.log_path, " ".join(self.command()), self.command(),
-                          env=dict(os.environ))
+                          env={**os.environ, **self.env})
         self.starts += 1
         try:
             self.client.wait_ready(self.ready_timeout, alive=lambda: self.proc.poll() is None)

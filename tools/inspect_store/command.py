@@ -1,12 +1,14 @@
 """`ckptd inspect`: look into a cache, on disk or in a running daemon, and tidy it.
 
     ckptd inspect [--cache-dir DIR | --url URL [--api-key KEY]] [--model PATH] [--json] ACTION
+    ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc
 
 Reads go to the LMDB store directly, read-only, so they work beside a running daemon
 (LMDB readers never block its writer), or to the daemon's /cache/* endpoints with
---url. Changes (pin, unpin, rm, clear, gc, verify --drop, import) open the store
-read-write only when no other process has it open: a running daemon keeps the index
-in memory, so its cache is changed through --url instead. `--json` prints the
+--url, or to a shared remote tier with --remote (inspect_store/remote.py). Changes
+(pin, unpin, rm, clear, gc, verify --drop, import) open the store read-write only
+when no other process has it open: a running daemon keeps the index in memory, so
+its cache is changed through --url instead. `--json` prints the
 machine-readable result of any action instead of tables.
 """
 
@@ -38,6 +40,12 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument("--cache-dir", default=d(None),
                    help="cache folder (default: $CKPTD_CACHE_DIR, else the daemon's default)")
     p.add_argument("--url", default=d(None), help="a running daemon, http://127.0.0.1:PORT")
+    p.add_argument("--remote", default=d(None), metavar="s3://BUCKET/PREFIX",
+                   help="a shared remote tier (endpoint and keys: the standard AWS_* "
+                        "variables); stats, ls, verify and gc only")
+    p.add_argument("--fingerprint", default=d(None),
+                   help="with --remote: the model whose objects to read or change "
+                        "(default: the only one there)")
     p.add_argument("--api-key", default=d(os.environ.get("CKPTD_API_KEY")),
                    help="the daemon's --api-key (default $CKPTD_API_KEY)")
     p.add_argument("--model", default=d(None),
@@ -74,14 +82,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add(name, what).add_argument("key", help="32 hex digits, or a unique prefix")
     p = add("clear", "delete every unpinned entry")
     p.add_argument("--include-pinned", action="store_true")
-    p = add("gc", "evict least-recently-used leaves until the store fits SIZE (pinned kept)")
-    p.add_argument("--to", required=True, metavar="SIZE", help="e.g. 500MB, 2GiB, 0")
+    p = add("gc", "evict least-recently-used leaves until the store fits SIZE (pinned kept); "
+                  "with --remote, delete the oldest objects of one model")
+    p.add_argument("--to", metavar="SIZE", help="e.g. 500MB, 2GiB, 0")
+    p.add_argument("--older-than", metavar="AGE",
+                   help="with --remote: delete objects older than this (e.g. 12h, 7d)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --remote: say what would be deleted, delete nothing")
     add("export", "copy the store (compacted) to an empty folder").add_argument("dir")
     add("import", "add the entries of an exported store (same model) to this one"
         ).add_argument("dir")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.remote:
+        from ckptd.tools.inspect_store import remote
+
+        return remote.run(args)
+    if args.fingerprint:
+        raise ValueError("--fingerprint goes with --remote")
     source = _source(args)
     out, code = ACTIONS[args.action](args, source)
     if args.json or getattr(args, "format", None) == "json":
@@ -215,6 +234,9 @@ def _gc(args, source):
     from ckptd.daemon.config import parse_size
     from ckptd.tools.inspect_store.source import is_hybrid
 
+    if args.to is None or args.older_than or args.dry_run:
+        raise ValueError("gc of a local store takes --to SIZE (--older-than and --dry-run "
+                         "go with --remote)")
     target = parse_size(args.to, "--to")
     with _local(source, "gc").open(write=True) as s:
         out = s.evict_to(target, hybrid=is_hybrid(s))

@@ -71,6 +71,13 @@ def stats(console: Console, st: dict) -> None:
         h = st["host"]
         tiers.add_row("host (RAM)", str(h["entries"]), human_bytes(h["bytes"]),
                       human_bytes(h["budget_bytes"]))
+    r = st.get("remote")
+    if r:                    # a daemon's view: what it moved, not what the bucket holds
+        up = r["uploads"] or {}
+        tiers.add_row(f"remote {escape(r['url'])}", f"{up.get('uploaded', 0)} up, "
+                      f"{r['fetch']['objects']} down", f"{human_bytes(r['bytes_up'])} up, "
+                      f"{human_bytes(r['bytes_down'])} down",
+                      "available" if r["available"] else "cooling off")
     console.print(tiers)
     fps = _table("model fingerprints", "fingerprint", "entries", "stored")
     for fp, row in sorted(d["by_fingerprint"].items()):

@@ -1,0 +1,110 @@
+"""Restores from the remote tier through the cache manager, over a real runner, store
+and S3 server (SeaweedFS): the logits after a remote restore are the uncached ones
+(both model kinds), and the planner takes the remote only when it is cheaper than
+recomputing and worth asking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.remote.client import RemoteConfig
+from ckptd.cache.remote.layout import RemoteURL
+from ckptd.cache.remote.tier import RemoteTier
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
+from ckptd.model.runner import Runner
+from ckptd.model.testing import prompt_logits
+from tests.s3 import fresh_url
+
+B = 16
+
+
+@pytest.fixture
+def daemons(tiny_model, tmp_path, s3_server, monkeypatch):
+    """daemons(n) -> n (runner, cache) pairs with their own stores and one remote."""
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    url, made = fresh_url(), []
+
+    def build(n: int):
+        out = []
+        for _ in range(n):
+            runner = Runner(tiny_model, 64, 2, B)
+            remote = RemoteTier(RemoteConfig(RemoteURL.parse(url)), tiny_model.fingerprint,
+                                runner.spec)
+            store = CacheStore(tmp_path / f"s{len(made)}", runner.spec, tiny_model.fingerprint,
+                               remote=remote)
+            cache = CacheManager(runner, runner.spec, 64, tiny_model.fingerprint, store,
+                                 snapshot_interval=4 * B)
+            made.append(cache)
+            out.append((runner, cache))
+        return out
+    yield build
+    for cache in made:
+        cache.sanity_check()
+        cache.close()
+
+
+def _prefill(runner, cache, tokens: list[int]):
+    """Start a sequence, compute its prompt in one step, finish it; its restore info."""
+    seq, info = cache.start(tokens)
+    n = len(tokens) - seq.num_computed
+    if n:
+        cache.prepare([(seq, n)])
+        out = runner.step([(seq, n)])
+        cache.after_step([Work(seq, n, n=n)], out)
+    logits = out[0] if n else info.logits
+    cache.finish(seq)
+    return info, logits
+
+
+def _uploaded(cache) -> None:
+    assert cache.store.flush(30) and cache.store.remote.flush(30)
+
+
+def test_a_remote_restore_gives_the_uncached_logits(tiny_model, daemons):
+    (ra, a), (rb, b) = daemons(2)
+    tokens = torch.randint(3, 500, (150,), generator=torch.Generator().manual_seed(7)).tolist()
+    _prefill(ra, a, tokens)
+    _uploaded(a)
+    b.rates.prefill_tps = 100.0          # as slow as a real model: the remote pays off
+    info, got = _prefill(rb, b, tokens + [9, 10, 11])
+    assert info.tier == "remote" and info.cached_tokens >= 128
+    assert info.tokens_by_tier() == {"remote": info.cached_tokens}
+    want = prompt_logits(tiny_model, tokens + [9, 10, 11])[-1]
+    assert (got - want).abs().max().item() <= 1e-5
+    # An exact repeat on a third: the stored logits, nothing computed.
+    (rc, c), = daemons(1)
+    c.rates.prefill_tps = 100.0
+    info, got = _prefill(rc, c, tokens)
+    assert info.cached_tokens == len(tokens) and info.tier == "remote"
+    assert (got - prompt_logits(tiny_model, tokens)[-1]).abs().max().item() <= 1e-5
+
+
+def test_the_remote_is_taken_on_cost_and_asked_on_expectation(daemons):
+    (ra, a), (rb, b) = daemons(2)
+    tokens = torch.randint(3, 500, (150,), generator=torch.Generator().manual_seed(8)).tolist()
+    _prefill(ra, a, tokens)
+    _uploaded(a)
+    remote = b.store.remote
+    # Reading would cost more than computing: asked, not taken.
+    b.rates.prefill_tps, b.rates.remote_object_s = 100.0, 10.0
+    info, _ = _prefill(rb, b, tokens)
+    assert info.cached_tokens == 0 and remote.finder.lookups == 1
+    assert remote.fetcher.restores == 0
+    # Asking can't pay off (prefill is nearly free): not even asked.
+    (rc, c), = daemons(1)
+    c.rates.prefill_tps = 1e12
+    info, _ = _prefill(rc, c, tokens)
+    assert info.cached_tokens == 0 and c.store.remote.finder.lookups == 0
+    # Misses make asking rarer, down to a floor; one hit makes it likelier again.
+    (rd, d), = daemons(1)
+    d.rates.prefill_tps = 100.0          # every fresh prompt worth asking for at first
+    for seed in range(100, 110):        # prompts that start like nothing uploaded
+        fresh = torch.randint(3, 500, (100,), generator=torch.Generator().manual_seed(seed))
+        _prefill(rd, d, fresh.tolist())
+    assert d.rates.remote_hit == pytest.approx(0.107, abs=0.01)
+    info, _ = _prefill(rd, d, tokens)
+    assert info.tier == "remote" and d.rates.remote_hit > 0.2
