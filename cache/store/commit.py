@@ -2,12 +2,16 @@
 budget, commit a batch in one LMDB transaction, keep the in-memory index in step.
 
 Runs on the writer's threads (cache/store/writer.py). Eviction happens before a
-commit, so the stored bytes never pass the budget.
+commit, so the stored bytes never pass the budget. What a commit wrote is then
+handed to `on_commit` (the remote tier's uploader), except what came from the
+remote in the first place (Fetched: already encoded, already there).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
@@ -20,15 +24,25 @@ log = logging.getLogger(__name__)
 Encoded = tuple[bytes, EntryMeta, bytes]
 
 
+class Fetched(NamedTuple):
+    """A queue item read from the remote tier: its LMDB value as the remote had it."""
+    key: bytes
+    meta: EntryMeta
+    blob: bytes
+
+
 class Committer:
     def __init__(self, catalog: Catalog, disk: DiskTier, fingerprint: str | None,
-                 budget: int, hybrid: bool | None) -> None:
-        """hybrid: the model's (None for a store opened without one: evict says)."""
+                 budget: int, hybrid: bool | None,
+                 on_commit: Callable[[list[Encoded]], object] | None = None) -> None:
+        """hybrid: the model's (None for a store opened without one: evict says).
+        on_commit: called on the writer thread with the entries each commit wrote."""
         self.catalog, self.disk, self.fp = catalog, disk, fingerprint
         self.budget, self.hybrid = budget, hybrid
+        self.on_commit = on_commit
 
-    def encode(self, item) -> Encoded | Forget:
-        if isinstance(item, Forget):
+    def encode(self, item) -> Encoded | Forget | Fetched:
+        if isinstance(item, (Forget, Fetched)):
             return item
         key, meta, tensors = item
         blob = codec.encode(tensors, self.fp, key=key)
@@ -68,6 +82,13 @@ class Committer:
                 lost = len(batch) - len(keep) - orphans
                 cat.counters.lost_writes += lost
                 cat.counters.orphans += orphans
+        if written and self.on_commit is not None:
+            done = set(written)
+            try:
+                self.on_commit([item for item in keep
+                                if item[0] in done and not isinstance(item, Fetched)])
+            except Exception:       # the batch is on disk: an upload's trouble stays there
+                log.exception("cache: could not queue committed entries for upload")
         return lost
 
     def _write(self, items: list[Encoded], touched: dict, protect: set[bytes]):
@@ -93,8 +114,10 @@ class Committer:
 
     def _make_room(self, batch: list[Encoded], protect: set[bytes]) -> tuple[list[Encoded], int]:
         """Evict so that the batch fits the budget. Returns the items to write, and how
-        many were left out as orphans; the items that still don't fit (the rest is
-        pinned) are left out too, last ones first."""
+        many were left out as orphans. When the batch still doesn't fit (a batch larger
+        than the budget, or the rest pinned), its newest chains are kept whole and the
+        next newer one as far as it fits from its start (a chain: items each the child
+        of the one before); an item whose parent is then missing goes too."""
         cat = self.catalog
         with cat.lock:
             # Children of a parent that is gone can't be written (prefixes stay closed):
@@ -112,12 +135,36 @@ class Committer:
             self.evict(over, protect)
         with cat.lock:
             room = self.budget - cat.index.stored_bytes
-        keep, used = [], 0
+        if incoming <= room:
+            return batch, orphans
+        chains: list[list[Encoded]] = []
         for item in batch:
-            if used + len(item[2]) > room:
+            meta = item[1]
+            if chains and meta.has_block_parent and meta.parent == chains[-1][-1][0]:
+                chains[-1].append(item)
+            else:
+                chains.append([item])
+        chosen: list[list[Encoded]] = []
+        for chain in reversed(chains):
+            size = sum(len(item[2]) for item in chain)
+            if size > room:
+                part = []
+                for item in chain:
+                    if len(item[2]) > room:
+                        break
+                    part.append(item)
+                    room -= len(item[2])
+                chosen.append(part)
                 break
-            keep.append(item)
-            used += len(item[2])
+            chosen.append(chain)
+            room -= size
+        keep, kept = [], set()
+        with cat.lock:
+            for item in (item for chain in reversed(chosen) for item in chain):
+                key, meta, _ = item
+                if not meta.has_block_parent or meta.parent in kept or meta.parent in cat.index:
+                    keep.append(item)
+                    kept.add(key)
         return keep, orphans
 
     def evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset(),

@@ -119,3 +119,26 @@ def test_full_queue_drops_or_blocks_per_flag(open_store, tmp_path):
     block.flush()
     assert block.stats()["write_queue"]["dropped"] == 0
     assert block.lookup(toks).position == 200 * B
+
+
+def test_a_batch_over_the_budget_keeps_its_newest_prompt(open_store, tmp_path):
+    """Writes that waited (here: the LMDB writer lock held by another process's
+    transaction) come as one batch holding several prompts; when it can't all fit,
+    the newest prompt is the one kept whole, as eviction would have kept it."""
+    spec = attention_spec(torch.float32)
+    prompts = [[i] * (4 * B) + [i + 1] for i in range(3)]
+    probe = open_store(spec, path=tmp_path / "probe", host_budget=0)
+    fill(probe, spec, prompts[0])
+    probe.flush()
+    one = probe.stats()["disk"]["stored_bytes"]
+    s = open_store(spec, disk_budget=one * 3 // 2, host_budget=0, batch=64)
+    held = s.disk.env.begin(write=True)
+    try:
+        for p in prompts:
+            fill(s, spec, p)
+    finally:
+        held.abort()
+    s.flush()
+    assert s.lookup(prompts[-1]).position == len(prompts[-1])
+    assert s.stats()["disk"]["stored_bytes"] <= one * 3 // 2
+    assert _closed(s)
