@@ -105,7 +105,11 @@ def fuse_kept(linears: list[nn.Module]) -> KeptMatmul:
     def flush() -> None:
         if not run:
             return
-        fused = cat_rows([m.qweight for m in run]) if len(run) > 1 else run[0].qweight
+        if len(run) == 1:
+            parts.append(run[0].qweight)
+            run.clear()
+            return
+        fused = cat_rows([m.qweight for m in run])
         row = 0
         for m in run:     # views of the fused rows: no second copy stays
             n = m.out_features
