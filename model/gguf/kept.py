@@ -37,7 +37,7 @@ def check_types(tensors, keep: bool) -> None:
     assert isinstance(tensors, GGUFTensors)
     for name, t in tensors.by_name.items():
         kind = t.tensor_type.name
-        if kind in PLAIN or (keep and kind in KEPT):
+        if kind in PLAIN or kind in ("F16", "BF16") or (keep and kind in KEPT):
             continue
         if not keep and t.tensor_type in gguf.quants._type_traits:
             continue
