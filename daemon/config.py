@@ -68,6 +68,7 @@ class ServeConfig:
     no_admin: bool = False                 # /cache/* answers 403
     log_format: str = "text"
     dtype: str | None = None               # None: float32
+    weights: str = "keep"                  # a GGUF's formats kept in memory, or "expand"
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
     alias: str | None = None               # the model id clients see; None: the file's name
     strict_model_name: bool = False        # a request naming another model gets 404
@@ -126,6 +127,8 @@ class ServeConfig:
                              f"got {self.log_format!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in ("keep", "expand"):
+            raise ValueError(f"weights must be keep or expand, got {self.weights!r}")
         for name in ("api_key", "admin_key"):
             key = getattr(self, name)
             if key is not None and (not key.strip() or key != key.strip()):
@@ -213,6 +216,9 @@ SETTINGS: dict[str, tuple] = {
     "no_admin": ("flag", "turn the /cache/* admin endpoints off (they answer 403)"),
     "log_format": (str, "text or json (default text)"),
     "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
+    "weights": (str, "keep: a GGUF's quantized / F16 / BF16 tensors stay in their formats and "
+                     "are dequantized inside the matmul (default); expand: all converted to "
+                     "the dtype at load"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
     "alias": (str, "the model id /v1/models reports (default: the model file's name)"),

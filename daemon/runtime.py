@@ -49,7 +49,8 @@ class Runtime:
         t0 = time.perf_counter()
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        model, tok = load(path, getattr(torch, cfg.dtype) if cfg.dtype else None)
+        model, tok = load(path, getattr(torch, cfg.dtype) if cfg.dtype else None,
+                         weights=cfg.weights)
         limit = model.config.max_position_embeddings
         if cfg.max_context and cfg.max_context > limit:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "

@@ -25,6 +25,7 @@ from ckptd.kernels.norm import naive as norm_ref
 from ckptd.kernels.paged_attention import naive as attn_ref
 from ckptd.kernels.paged_attention import reference_varlen as attn_varlen_ref
 from ckptd.kernels.paged_attention import sdpa as attn_sdpa
+from ckptd.kernels.quant import naive as quant_ref
 from ckptd.kernels.rotary import naive as rotary_ref
 from ckptd.kernels.swiglu import naive as swiglu_ref
 
@@ -238,3 +239,31 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
     expert (kernels/moe/)."""
     impl = _fast("moe.triton_moe") if use_triton(x) else moe_ref
     return impl.moe_experts(x, topk_ids, topk_w, w_gate_up, w_down)
+
+
+# weights kept in their GGUF formats (kernels/quant/)
+
+
+def quant_matmul(x, qt, bias=None):
+    """x [M, K] @ W.T (+ bias) -> [M, N], W [N, K] a kept QuantTensor: Triton dequantizes
+    tiles inside the matmul; on the CPU the compiled kernels (kernels/quant/cpu.py)
+    multiply a decode step's rows block by block, else the plain reference."""
+    if use_triton(x):
+        return _fast("quant.triton_quant").matmul(x, qt, bias)
+    if os.environ.get("CKPTD_KERNELS") != "torch" and x.dtype == torch.float32:
+        cpu = _fast("quant.cpu")
+        if cpu.supports(qt):
+            return cpu.matmul(x, qt, bias)
+    return quant_ref.matmul(x, qt, bias)
+
+
+def quant_embedding(ids, qt, dtype=torch.float32):
+    """Rows `ids` of a kept [V, H] table, dequantized (only those rows) to dtype."""
+    return quant_ref.embedding(ids, qt, dtype)
+
+
+def quant_moe_experts(x, topk_ids, topk_w, gate, up, down):
+    """moe_experts with kept experts: gate, up [E, I, H], down [E, H, I] QuantTensors."""
+    if use_triton(x):
+        return _fast("quant.triton_quant").moe_experts(x, topk_ids, topk_w, gate, up, down)
+    return quant_ref.moe_experts(x, topk_ids, topk_w, gate, up, down, mm=quant_matmul)

@@ -150,4 +150,9 @@ def _split_qwen3_next(cfg: ModelConfig, out: dict[str, Recipe], p: str) -> None:
 
 def _rows(src: Recipe, index: torch.Tensor) -> Recipe:
     """Rows `index` of src's tensor (read once per row set: two sets read it twice)."""
-    return lambda dtype, device: src(dtype, device)[index.to(device)].contiguous()
+    def rows(dtype, device):
+        t = src(dtype, device)
+        if hasattr(t, "take_rows"):     # a GGUF tensor kept as stored (model/gguf/kept.py)
+            return t.take_rows(index)
+        return t[index.to(device)].contiguous()
+    return rows

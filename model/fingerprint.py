@@ -13,9 +13,12 @@ from ckptd.model.config import ModelConfig
 _EDGE = 1 << 20  # bytes hashed at each end of a weight file
 
 
-def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.dtype) -> str:
-    """Hex blake2b-128 over the config, the compute dtype, and each weight file's size
-    plus its first and last MiB.
+def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.dtype,
+                      weights: str = "expand") -> str:
+    """Hex blake2b-128 over the config, the compute dtype, the weights' format in memory
+    (`keep`: as the GGUF stores them; `expand`, hashed as nothing, so caches made before
+    the option existed stay valid), and each weight file's size plus its first and
+    last MiB.
 
     Hashing whole files would cost minutes on a 16 GB checkpoint at every start; the
     size and both ends (headers, tensor index, first and last tensors) change with any
@@ -24,6 +27,8 @@ def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.d
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(cfg.raw, sort_keys=True, default=str).encode())
     h.update(str(dtype).encode())
+    if weights != "expand":
+        h.update(f"weights={weights}".encode())
     for f in sorted(weight_files):
         size = f.stat().st_size
         h.update(f.name.encode() + size.to_bytes(8, "little"))

@@ -22,26 +22,35 @@ from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.fingerprint import model_fingerprint
+from ckptd.model.quant import attach_kept, is_kept
 from ckptd.model.weights import SafetensorsSource
+
+WEIGHTS = ("keep", "expand")
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None,
-         device: str | torch.device = "cpu"):
-    """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once."""
+         device: str | torch.device = "cpu", weights: str = "keep"):
+    """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once.
+    weights: "keep" serves a GGUF's quantized / F16 / BF16 tensors in their formats
+    (model/quant.py), "expand" converts every tensor to `dtype` at load."""
     from ckptd.model.text.tokenizer import Tokenizer
     path = Path(path)
     if _is_gguf(path):
         from ckptd.model.gguf.load import check_architecture, open_gguf
         check_architecture(path)
         reader = open_gguf(path)
-        return load_model(path, dtype, device, reader), Tokenizer.from_gguf(reader)
+        return (load_model(path, dtype, device, reader, weights),
+                Tokenizer.from_gguf(reader))
     model = load_model(path, dtype, device)
     return model, Tokenizer.from_dir(path)
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
-               device: str | torch.device = "cpu", gguf_reader=None) -> CausalLM:
+               device: str | torch.device = "cpu", gguf_reader=None,
+               weights: str = "keep") -> CausalLM:
     """A ready CausalLM from an HF folder or a .gguf file; fp32 unless dtype says otherwise."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
@@ -50,7 +59,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         from ckptd.model.gguf.load import check_architecture, gguf_recipes
         if gguf_reader is None:
             check_architecture(path)        # before gguf's reader maps the file
-        hf_config, recipes, release = gguf_recipes(path, gguf_reader)
+        hf_config, recipes, release = gguf_recipes(path, gguf_reader, weights == "keep")
         files = [path]
         cfg = ModelConfig.from_hf(hf_config)
     elif path.is_dir():
@@ -62,7 +71,9 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     else:
         raise ValueError(f"not a model folder or a .gguf file: {path}")
     model = build(cfg, recipes, dtype, device, release)
-    model.fingerprint = model_fingerprint(cfg, files, dtype)
+    # kept weights multiply in another order than expanded ones: their caches never mix
+    model.fingerprint = model_fingerprint(cfg, files, dtype,
+                                          weights if _is_gguf(path) else "expand")
     return model
 
 
@@ -101,19 +112,22 @@ def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype
     missing = [n for n in expected if n not in recipes]
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), first: {missing[0]}")
-    state = {}
+    state, kept = {}, {}
     for name, meta in expected.items():
         t = recipes.pop(name)(dtype, device)
         release()
         if tuple(t.shape) != tuple(meta.shape):
             raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, "
                              f"expected {tuple(meta.shape)}")
-        state[name] = t
+        (kept if is_kept(t) else state)[name] = t
     if tied:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        for d in (state, kept):
+            if "model.embed_tokens.weight" in d:
+                d["lm_head.weight"] = d["model.embed_tokens.weight"]
+    state.update(attach_kept(model, kept, dtype))      # swaps the kept ones' modules
     model.load_state_dict(state, assign=True)
     del state
-    if tied:
+    if tied and "lm_head.weight" not in kept:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse()
     release(everything=True)

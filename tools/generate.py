@@ -27,6 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--dtype", choices=_DTYPES, default="float32")
+    p.add_argument("--weights", choices=("keep", "expand"), default="keep",
+                   help="keep a GGUF's quantized tensors in their formats (default) or "
+                        "expand them to the dtype at load")
     p.add_argument("--block-size", type=int, default=16)
 
 
@@ -45,7 +48,8 @@ def run(args) -> int:
     if args.block_size <= 0:
         raise ValueError(f"--block-size must be positive, got {args.block_size}")
     text_in = args.prompt if args.prompt is not None else _read(args.prompt_file)
-    model, tok = load(args.model or default_model_path(), dtype=getattr(torch, args.dtype))
+    model, tok = load(args.model or default_model_path(), dtype=getattr(torch, args.dtype),
+                      weights=args.weights)
     if args.raw:
         prompt = tok.encode(text_in, add_special_tokens=True)
     else:

@@ -158,14 +158,16 @@ def _tokenizer(out: Path) -> None:
     }, indent=1))
 
 
-def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | None = None
-              ) -> Path:
-    """Write the folder; with `gguf`, also convert it (F32) with llama.cpp's converter."""
+def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | None = None,
+              sizes: dict | None = None) -> Path:
+    """Write the folder; with `gguf`, also convert it (F32) with llama.cpp's converter.
+    sizes: config keys to change (tools/quant_fixture.py widens rows to the 256 values
+    of a K-quant block)."""
     if arch not in ARCHES:
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = _config(arch)
+    cfg = {**_config(arch), **(sizes or {})}
     _tokenizer(out)
     from tokenizers import Tokenizer
     cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")

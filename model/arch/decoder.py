@@ -84,13 +84,14 @@ class CausalLM(nn.Module):
         self.fuse()
         return out
 
+    # the final norm: the embedding may be kept in a GGUF format (model/quant.py)
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def state_spec(self, block_size: int) -> StateSpec:
         return self.config.state_spec(block_size, self.dtype)

@@ -20,6 +20,7 @@ from torch import nn
 from ckptd.kernels import ops
 from ckptd.model.arch.layers import Matmul, fuse_linears, matmul_of
 from ckptd.model.config import ModelConfig
+from ckptd.model.quant import KeptExperts
 
 
 class Experts(nn.Module):
@@ -72,8 +73,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out = ops.moe_experts(x, ids, weights, self.experts.gate_up_proj,
-                              self.experts.down_proj)
+        if isinstance(self.experts, KeptExperts):
+            out = self.experts(x, ids, weights)
+        else:
+            out = ops.moe_experts(x, ids, weights, self.experts.gate_up_proj,
+                                  self.experts.down_proj)
         if self.shared:
             out = out + self._shared(x)
         return out

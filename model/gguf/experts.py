@@ -72,6 +72,10 @@ def expert_recipes(tensors: GGUFTensors, i: int, part: str) -> list[tuple[str, R
         gate, up = f"blk.{i}.ffn_gate_exps.weight", f"blk.{i}.ffn_up_exps.weight"
 
         def gate_up(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            kept = tensors.kept(gate), tensors.kept(up)     # --weights keep: as stored
+            if kept[0] is not None and kept[1] is not None:
+                from ckptd.model.quant import KeptGateUp
+                return KeptGateUp(*kept)
             g = tensors.get(gate)
             dst = torch.empty(g.shape[0], 2 * g.shape[1], g.shape[2], dtype=dtype,
                               device=device)
@@ -80,4 +84,9 @@ def expert_recipes(tensors: GGUFTensors, i: int, part: str) -> list[tuple[str, R
             return dst
         return [(p + "mlp.experts.gate_up_proj", gate_up)]
     name = f"blk.{i}.{part}"
+    if part == "ffn_down_exps.weight":
+        def down(dtype: torch.dtype, device: torch.device):
+            kept = tensors.kept(name)                       # --weights keep: as stored
+            return kept if kept is not None else tensors.get(name).to(device, dtype)
+        return [(p + _SIMPLE[part], down)]
     return [(p + _SIMPLE[part], plain(lambda: tensors.get(name)))]

@@ -84,17 +84,21 @@ def check_architecture(path: str | Path) -> str:
     return arch
 
 
-def gguf_recipes(path: str | Path, reader=None
+def gguf_recipes(path: str | Path, reader=None, keep: bool = False
                  ) -> tuple[dict, dict[str, Recipe], Callable[..., None]]:
     """(Hugging Face style config dict, {HF tensor name: recipe}, release) of a GGUF.
 
     A recipe reads its tensor when called (model/checkpoint.py); `release()` drops the
     file pages read since the last call, `release(everything=True)` all of them.
     `reader`: an already open GGUFReader of `path`, to read the file once when the
-    tokenizer is wanted too. Tied embeddings: no lm_head.weight, tie_word_embeddings."""
+    tokenizer is wanted too. Tied embeddings: no lm_head.weight, tie_word_embeddings.
+    keep: recipes return the tensors of kept types as stored (gguf/kept.py); a type
+    the mode cannot serve is refused here, before any weight is read."""
+    from ckptd.model.gguf.kept import check_types, kept_recipes
     reader = reader or open_gguf(path)
     arch = field(reader, "general.architecture")
     tensors = GGUFTensors(reader, path)
+    check_types(tensors, keep)
     if arch == "llama":
         cfg, recipes = _load_llama(reader, tensors)
     elif arch in SUPPORTED:
@@ -103,6 +107,8 @@ def gguf_recipes(path: str | Path, reader=None
     else:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
                          f"(supported: {', '.join(SUPPORTED)})")
+    if keep:
+        recipes = kept_recipes(tensors, recipes)
     return cfg, recipes, tensors.release
 
 
@@ -122,6 +128,9 @@ class GGUFTensors:
         self.path = path
         self._mm = getattr(reader.data, "_mmap", None)    # np.memmap's mapping
         self._read = False
+        # gguf/kept.py: while a list, kept tensors read are appended here and get()
+        # hands out their row numbers instead of their values
+        self.row_ids: list | None = None
 
     def __contains__(self, name: str) -> bool:
         return name in self.by_name
@@ -141,6 +150,14 @@ class GGUFTensors:
             raise ValueError(f"GGUF {self.path or ''} is missing tensor {name!r}")
         want = self.shape(name)
         self._read = True
+        if self.row_ids is not None:
+            from ckptd.model.gguf.kept import kept_view
+            qt = kept_view(self, name)
+            if qt is not None:
+                self.row_ids.append(qt)
+                if len(want) != 2:      # experts: experts.py asks kept() for those
+                    raise ValueError(f"{name}: a kept {len(want)}-D tensor is not a row set")
+                return torch.arange(want[0], dtype=torch.float64).view(want[0], 1)
         kind = gguf.GGMLQuantizationType
         dtypes = {kind.F32: torch.float32, kind.F16: torch.float16, kind.BF16: torch.bfloat16}
         if t.tensor_type in dtypes and self._mm is not None:
@@ -151,6 +168,17 @@ class GGUFTensors:
             raise ValueError(f"GGUF tensor {name!r} has type {t.tensor_type.name}, which the "
                              "gguf package cannot dequantize") from None
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(want))
+
+    def kept(self, name: str):
+        """The tensor as stored (a QuantTensor) when kept mode is reading and its type is
+        kept, else None."""
+        if self.row_ids is None:
+            return None
+        from ckptd.model.gguf.kept import kept_view
+        qt = kept_view(self, name)
+        if qt is not None:
+            self.row_ids.append(qt)
+        return qt
 
     def release(self, everything: bool = False) -> None:
         """Drop the file's mapped pages (after a read, or always with everything): the

@@ -72,13 +72,20 @@ def test_quantized_moe_gguf_dequantizes(moe_reference_dirs, moe_ggufs):
     path = moe_ggufs["next-q8"]
     types = {t.name: t.tensor_type for t in open_gguf(path).tensors}
     assert types["blk.0.ffn_gate_exps.weight"] == gguf.GGMLQuantizationType.Q8_0
-    ours, want = load_model(path), load_model(moe_reference_dirs["next"])
+    ours, want = load_model(path, weights="expand"), load_model(moe_reference_dirs["next"])
     for name in ("gate_up_proj", "down_proj"):
         a = getattr(ours.model.layers[0].mlp.experts, name)
         b = getattr(want.model.layers[0].mlp.experts, name)
         err = (a - b).abs().max().item()
         assert a.dtype == torch.float32 and 0 < err <= b.abs().max().item() / 100, name
     assert torch.isfinite(prompt_logits(ours, list(range(3, 60)))).all()
+    # kept (the default): the experts stay Q8_0 and compute what the expanded ones do
+    from ckptd.model.quant import KeptExperts
+    kept = load_model(path)
+    experts = kept.model.layers[0].mlp.experts
+    assert isinstance(experts, KeptExperts) and experts.gate.fmt == "Q8_0"
+    ids = list(range(3, 60))
+    assert (prompt_logits(kept, ids) - prompt_logits(ours, ids)).abs().max() < 1e-3
 
 
 def test_converted_config_keys(moe_ggufs):

@@ -51,6 +51,8 @@ def add_arguments(parser) -> None:
     where.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                        help="extra `ckptd serve` flag for the started daemon, e.g. "
                        "--serve-arg=--snapshot-interval=256 (repeatable)")
+    where.add_argument("--weights", choices=("keep", "expand"),
+                       help="the started daemon's --weights (default: its own, keep)")
     where.add_argument("--api-key", help="the daemon's API key")
     where.add_argument("--peer", metavar="URL", help="also run every scenario against this "
                        "OpenAI-compatible server (llama.cpp, llama-cpp-python)")
@@ -83,9 +85,9 @@ def _check(args) -> tuple[list[str], list[int]]:
                          "not both")
     if args.peer_command is not None and "{port}" not in args.peer_command:
         raise ValueError("--peer-command must contain {port}, where the peer listens")
-    if args.url and (args.cache_dir or args.serve_arg):
-        raise ValueError("--cache-dir and --serve-arg apply only to a daemon started "
-                         "with --model")
+    if args.url and (args.cache_dir or args.serve_arg or args.weights):
+        raise ValueError("--cache-dir, --serve-arg and --weights apply only to a daemon "
+                         "started with --model")
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad or not scenarios:
@@ -138,7 +140,8 @@ def run(args) -> int:
         daemon = None
         if started:
             cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp) / "cache"
-            daemon = ManagedDaemon(args.model, cache_dir, out / "daemon.log", args.serve_arg)
+            serve = args.serve_arg + ([f"--weights={args.weights}"] if args.weights else [])
+            daemon = ManagedDaemon(args.model, cache_dir, out / "daemon.log", serve)
             log(f"starting {' '.join(daemon.command())}")
             client = daemon.start()
         else:

@@ -1,0 +1,1 @@
+"""GGUF weights kept in their block formats: dequantize inside the matmul."""

@@ -1,0 +1,187 @@
+/* Kept GGUF weights on the CPU: y[M, N] = x[M, K] @ W[N, K]^T with W in a GGML block
+ * format, dequantized block by block into registers-sized scratch (never into a
+ * full fp32 copy), and the dequantization alone for long steps (cpu.py).
+ *
+ * Each block is dequantized with ggml-quants.c's dequantize_row_* formulas, in the
+ * same fp32 operations: built with -ffp-contract=off, so d * q + m is never fused into
+ * an fma and the values equal the gguf package's dequantize bit for bit. The dot
+ * products use explicit fmaf over 16 lanes (vectorized by the compiler).
+ * Rows are split over OpenMP threads: the process's one libgomp (torch's), since it
+ * is loaded first under the same soname. */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0) {
+        if (m == 0) { u = s; }
+        else {                                   /* subnormal: normalise */
+            e = 113;
+            while (!(m & 0x400)) { m <<= 1; e--; }
+            u = s | (e << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (e == 31) {
+        u = s | 0x7f800000u | (m << 13);
+    } else {
+        u = s | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float bf2f(const uint8_t *p) {
+    uint32_t u = (uint32_t)(p[0] | (p[1] << 8)) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline void k_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) { *d = q[j] & 63; *m = q[j + 4] & 63; }
+    else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* one block -> y[block size] */
+static inline __attribute__((always_inline)) void deq_block(int t, const uint8_t *restrict b, float *restrict y) {
+    switch (t) {
+    case Q4_0: {
+        const float d = h2f(b);
+        for (int l = 0; l < 16; l++) y[l] = d * (float)((int)(b[2 + l] & 0xF) - 8);
+        for (int l = 0; l < 16; l++) y[l + 16] = d * (float)((int)(b[2 + l] >> 4) - 8);
+        break;
+    }
+    case Q4_1: {
+        const float d = h2f(b), m = h2f(b + 2);
+        for (int l = 0; l < 16; l++) y[l] = d * (float)(b[4 + l] & 0xF) + m;
+        for (int l = 0; l < 16; l++) y[l + 16] = d * (float)(b[4 + l] >> 4) + m;
+        break;
+    }
+    case Q8_0: {
+        const float d = h2f(b);
+        for (int l = 0; l < 32; l++) y[l] = (float)(int8_t)b[2 + l] * d;
+        break;
+    }
+    case Q4_K: case Q5_K: {
+        const float d = h2f(b), dmin = h2f(b + 2);
+        const uint8_t *sc = b + 4, *qh = b + 16, *ql = b + (t == Q4_K ? 16 : 48);
+        uint8_t s, mn;
+        for (int j = 0; j < 4; j++) {
+            k_scale_min(2 * j, sc, &s, &mn);
+            const float d1 = d * (float)s, m1 = dmin * (float)mn;
+            k_scale_min(2 * j + 1, sc, &s, &mn);
+            const float d2 = d * (float)s, m2 = dmin * (float)mn;
+            for (int l = 0; l < 32; l++) {
+                int lo = ql[32 * j + l] & 0xF, hi = ql[32 * j + l] >> 4;
+                if (t == Q5_K) {
+                    lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                }
+                y[64 * j + l] = d1 * (float)lo - m1;
+                y[64 * j + 32 + l] = d2 * (float)hi - m2;
+            }
+        }
+        break;
+    }
+    case Q6_K: {
+        const float d = h2f(b + 208);
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int n = 0; n < 2; n++) {
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = (d * (float)sc[is]) * (float)q1;
+                y[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
+                y[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
+                y[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
+            }
+            y += 128; ql += 64; qh += 32; sc += 8;
+        }
+        break;
+    }
+    }
+}
+
+static int block_values(int t) {
+    return (t == Q4_K || t == Q5_K || t == Q6_K) ? 256 : 32;
+}
+
+static int block_bytes(int t) {
+    switch (t) {
+    case Q4_0: return 18; case Q4_1: return 20; case Q8_0: return 34;
+    case Q4_K: return 144; case Q5_K: return 176; case Q6_K: return 210;
+    default: return 64;           /* F16 / BF16: 32 values of 2 bytes */
+    }
+}
+
+/* a row of K values -> y[K]; one switch per row, so each loop below is specialised
+ * to its format and vectorized */
+static void deq_row(int t, const uint8_t *restrict row, int64_t K, float *restrict y) {
+    const int bv = block_values(t), bb = block_bytes(t);
+    const int64_t nb = K / bv;
+    switch (t) {
+    case F16: for (int64_t k = 0; k < K; k++) y[k] = h2f(row + 2 * k); break;
+    case BF16: for (int64_t k = 0; k < K; k++) y[k] = bf2f(row + 2 * k); break;
+#define EACH(T) case T: for (int64_t b = 0; b < nb; b++) deq_block(T, row + b * bb, y + b * bv); break;
+    EACH(Q4_0) EACH(Q4_1) EACH(Q8_0) EACH(Q4_K) EACH(Q5_K) EACH(Q6_K)
+#undef EACH
+    }
+}
+
+typedef float v16 __attribute__((vector_size(64)));
+
+/* sum a[k] b[k]: 16 lanes of GCC vector extensions (AVX-512, or two AVX2 halves);
+ * this function alone may fuse its multiply-adds */
+__attribute__((optimize("fp-contract=fast")))
+static inline float dot(const float *restrict a, const float *restrict b, int64_t K) {
+    v16 acc = {0}, va, vb;
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        memcpy(&va, a + k, 64);
+        memcpy(&vb, b + k, 64);
+        acc += va * vb;
+    }
+    float s = 0.f;
+    for (; k < K; k++) s += a[k] * b[k];
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+/* rows [r0, r1) of W (row_bytes apart) -> out [(r1 - r0), K] fp32 */
+void ckq_dequant(int t, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1,
+                 int64_t K, float *out, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = r0; r < r1; r++) deq_row(t, w + r * row_bytes, K, out + (r - r0) * K);
+}
+
+/* y[m, n] = sum_k x[m, k] W[n, k] for n < N, m < M: each row of W is dequantized once
+ * into a per-thread scratch row (L1/L2-sized), then dotted with every x[m] */
+void ckq_gemv(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+              const float *x, int64_t M, float *y, float *scratch, int nthreads) {
+    #pragma omp parallel num_threads(nthreads)
+    {
+        float *tmp = scratch;
+#ifdef _OPENMP
+        tmp += (int64_t)omp_get_thread_num() * K;
+#endif
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            deq_row(t, w + n * row_bytes, K, tmp);
+            for (int64_t m = 0; m < M; m++) y[m * N + n] = dot(tmp, x + m * K, K);
+        }
+    }
+}

@@ -1,0 +1,139 @@
+"""The CPU path for kept weights: cpu.c, compiled once per machine and called through
+ctypes (it releases the GIL and runs on the process's OpenMP threads).
+
+    matmul(x, qt)     x [M, K] fp32 @ W.T: a few rows (decode) multiply block by block
+                      without expanding W; longer steps dequantize CHUNK rows of W at a
+                      time into one reused buffer and let MKL multiply them
+    dequantize(qt, rows)     fp32 rows (embedding lookups)
+
+The library is built with the system C compiler (`cc`, override with $CC) into
+~/.cache/ckptd/kernels (or $CKPTD_KERNEL_CACHE), keyed by the source, the flags and the
+CPU; `available()` is False where no compiler works, and kernels/quant/naive.py serves
+instead (slower, same values).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from ckptd.kernels.quant.formats import FORMATS, QuantTensor
+
+log = logging.getLogger("ckptd.kernels")
+
+_SRC = Path(__file__).with_name("cpu.c")
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
+          "-shared", "-fPIC"]
+GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer
+_CHUNK_BYTES = 4 << 20  # fp32 rows dequantized per MKL call: stays in L2/L3
+_lib = None
+_tried = False
+_lock = threading.Lock()
+
+
+def _cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = os.environ.get("CC", "cc")
+    src = _SRC.read_bytes()
+    key = hashlib.blake2b(src + " ".join([cc, *_FLAGS]).encode() + _cpu_id().encode(),
+                          digest_size=12).hexdigest()
+    root = Path(os.environ.get("CKPTD_KERNEL_CACHE",
+                               Path.home() / ".cache" / "ckptd" / "kernels"))
+    lib = root / f"ckq-{key}.so"
+    if not lib.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=root)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *_FLAGS, str(_SRC), "-o", tmp, "-lm"], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(tmp, lib)        # atomic: a concurrent build loses nothing
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    dll = ctypes.CDLL(str(lib))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    dll.ckq_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, i64, i64, ptr, ctypes.c_int]
+    dll.ckq_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
+                             ctypes.c_int]
+    dll.ckq_dequant.restype = dll.ckq_gemv.restype = None
+    return dll
+
+
+def available() -> bool:
+    """Whether the compiled kernels load here (built on first call)."""
+    global _lib, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            if os.environ.get("CKPTD_QUANT_CPU", "1") != "0":
+                try:
+                    _lib = _build()
+                except (OSError, subprocess.SubprocessError) as e:
+                    err = getattr(e, "stderr", b"") or b""
+                    log.warning("cannot build the CPU kernels for kept weights (%s%s); "
+                                "they dequantize with plain torch instead",
+                                e, (": " + err.decode(errors="replace")[-300:]) if err else "")
+        return _lib is not None
+
+
+def supports(qt: QuantTensor) -> bool:
+    """The C kernels take any kept format on a CPU tensor with contiguous rows (F16/BF16
+    rows of whole 32-value groups)."""
+    return (qt.data.device.type == "cpu" and qt.data.dim() == 2 and qt.data.stride(-1) == 1
+            and qt.shape[-1] % 32 == 0 and available())
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def dequantize_rows(qt: QuantTensor, r0: int, r1: int, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """fp32 rows [r0, r1) of a 2-D kept tensor (into `out` [r1 - r0, K] when given)."""
+    K = qt.shape[-1]
+    if out is None:
+        out = torch.empty(r1 - r0, K, dtype=torch.float32)
+    _lib.ckq_dequant(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), r0, r1, K,
+                     _ptr(out), torch.get_num_threads())
+    return out
+
+
+def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """x [M, K] fp32 @ W.T (+ bias) -> [M, N] fp32, W a 2-D kept tensor [N, K]."""
+    x = x.contiguous()
+    M, K = x.shape
+    N = qt.shape[0]
+    if M <= GEMV_ROWS:
+        y = torch.empty(M, N, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        scratch = torch.empty(threads, K, dtype=torch.float32)   # a row per thread
+        _lib.ckq_gemv(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), N, K, _ptr(x), M,
+                      _ptr(y), _ptr(scratch), threads)
+        return y if bias is None else y.add_(bias)
+    y = torch.empty(M, N, dtype=torch.float32)
+    step = max(1, _CHUNK_BYTES // (4 * K))
+    buf = torch.empty(min(step, N), K, dtype=torch.float32)
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        w = dequantize_rows(qt, r0, r1, buf[:r1 - r0])
+        torch.matmul(x, w.t(), out=y[:, r0:r1])
+    return y if bias is None else y.add_(bias)

@@ -1,0 +1,115 @@
+"""`--weights keep` for GGUF files: recipes that hand the loader the tensors as the file
+stores them (kernels/quant/formats.py: QuantTensor, a view of the mapped file) instead
+of fp32.
+
+The converters (load.py, qwen35.py, experts.py) write each HF tensor as a recipe over
+GGUF tensors; the only transforms they apply to 2-D weights are row permutations and
+row selections (llama's q/k unpermute, Qwen3.5's value-head untiling, Qwen3-Next's
+split of in_proj_qkvz). A recipe is run once with every kept tensor it reads replaced
+by its row numbers ([rows, 1]); what comes out says which rows of the stored tensor
+the parameter is, and those rows are taken from the kept bytes (whole rows are whole
+blocks). A recipe that does anything else with a kept tensor (a column permutation, a
+value change, two tensors at once) is run again normally: that parameter is expanded
+to fp32, logged once per load.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ckptd.kernels.quant.formats import FORMATS, QuantTensor
+from ckptd.model.checkpoint import Recipe
+
+log = logging.getLogger("ckptd.model")
+
+KEPT = tuple(FORMATS)          # F16, BF16 and the block formats; F32 is a plain view
+PLAIN = ("F32",)
+
+
+def check_types(tensors, keep: bool) -> None:
+    """Before any weight is read: ValueError naming the first tensor whose type this
+    mode cannot serve (one line)."""
+    import gguf
+
+    from ckptd.model.gguf.load import GGUFTensors
+    assert isinstance(tensors, GGUFTensors)
+    for name, t in tensors.by_name.items():
+        kind = t.tensor_type.name
+        if kind in PLAIN or kind in ("F16", "BF16") or (keep and kind in KEPT):
+            continue
+        if not keep and t.tensor_type in gguf.quants._type_traits:
+            continue
+        if keep:
+            raise ValueError(f"GGUF tensor {name!r} has type {kind}, which --weights keep "
+                             f"does not support (kept: {', '.join(KEPT)}, F32); "
+                             "--weights expand dequantizes it to fp32 where the gguf "
+                             "package can")
+        raise ValueError(f"GGUF tensor {name!r} has type {kind}, which the gguf package "
+                         "cannot dequantize")
+
+
+def kept_recipes(tensors, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
+    """The recipes, each returning a QuantTensor where its tensor can stay kept."""
+    return {name: _kept(tensors, name, r) for name, r in recipes.items()}
+
+
+def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
+    def probe(dtype: torch.dtype, device: torch.device):
+        """(the recipe's result with kept tensors as row numbers, the kept tensors read)"""
+        tensors.row_ids = []
+        try:
+            out = recipe(dtype, device)
+        except (RuntimeError, ValueError, IndexError):
+            out = None                  # not a row transform: expanded below
+        finally:
+            reads, tensors.row_ids = tensors.row_ids, None
+        return out, reads
+
+    def run(dtype: torch.dtype, device: torch.device):
+        out, reads = probe(dtype, device)
+        if not reads:                   # nothing kept read: the plain result
+            return out if out is not None else recipe(dtype, device)
+        if isinstance(out, QuantTensor) or type(out).__name__ == "KeptGateUp":
+            return out                  # experts.py built it from the kept tensors
+        if dtype not in (torch.float32, torch.float64):
+            out, reads = probe(torch.float64, torch.device("cpu"))   # exact row numbers
+        rows = _row_selection(out, reads)
+        if rows is None:
+            log.info("%s: expanded to %s (its conversion is not a row selection)", name, dtype)
+            return recipe(dtype, device)
+        qt = reads[0]
+        if rows.numel() == qt.shape[0] and torch.equal(rows, torch.arange(qt.shape[0])):
+            return qt                   # the stored rows as they are: the mapped bytes
+        return qt.take_rows(rows)
+    return run
+
+
+def _row_selection(ids, reads: list[QuantTensor]) -> torch.Tensor | None:
+    """The row numbers `ids` stands for, when it is a selection of distinct rows of the
+    one 2-D kept tensor read."""
+    if len(reads) != 1 or reads[0].data.dim() != 2 or not isinstance(ids, torch.Tensor):
+        return None
+    if ids.dim() != 2 or ids.shape[1] != 1 or ids.numel() == 0:
+        return None
+    rows = ids[:, 0].double().cpu()
+    if not torch.equal(rows, rows.round()) or rows.min() < 0 or rows.max() >= reads[0].shape[0]:
+        return None
+    rows = rows.long()
+    return rows if rows.unique().numel() == rows.numel() else None
+
+
+def kept_view(tensors, name: str) -> QuantTensor | None:
+    """The tensor as stored, when its type is kept: uint8 [*lead, rows, row_bytes] over
+    the mapped file."""
+    from ckptd.model.weights import view
+    t = tensors.by_name[name]
+    kind = t.tensor_type.name
+    if kind not in KEPT or tensors._mm is None:
+        return None
+    shape = tensors.shape(name)
+    _, bs, ts = FORMATS[kind]
+    row_bytes = shape[-1] // bs * ts
+    data = view(tensors._mm, torch.uint8, int(t.data_offset), (*shape[:-1], row_bytes))
+    return QuantTensor(data, kind, shape)
