@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DTYPES = ("float32", "bfloat16", "float16")
+from ckptd.model.placement import DTYPE_NAMES, check_names
+
 LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_STEP_TOKENS = 65536        # one step's activations grow with its token count
@@ -66,7 +67,8 @@ class ServeConfig:
     admin_key: str | None = None           # set: /cache/* needs this key (the API key won't do)
     no_admin: bool = False                 # /cache/* answers 403
     log_format: str = "text"
-    dtype: str | None = None               # None: float32
+    device: str = "auto"                   # auto: CUDA when there is one, else the CPU
+    dtype: str = "auto"                    # auto: bfloat16 on CUDA, float32 on the CPU
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
     alias: str | None = None               # the model id clients see; None: the file's name
     strict_model_name: bool = False        # a request naming another model gets 404
@@ -122,8 +124,7 @@ class ServeConfig:
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
                              f"got {self.log_format!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_names(self.device, self.dtype)
         for name in ("api_key", "admin_key"):
             key = getattr(self, name)
             if key is not None and (not key.strip() or key != key.strip()):
@@ -201,7 +202,9 @@ SETTINGS: dict[str, tuple] = {
                        "also opens every other endpoint"),
     "no_admin": ("flag", "turn the /cache/* admin endpoints off (they answer 403)"),
     "log_format": (str, "text or json (default text)"),
-    "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
+    "device": (str, "auto, cpu, cuda or cuda:N (default auto: CUDA when there is one)"),
+    "dtype": (str, f"{', '.join(DTYPE_NAMES)} (default auto: bfloat16 on CUDA, float32 "
+                   "on the CPU)"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
     "alias": (str, "the model id /v1/models reports (default: the model file's name)"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-_DTYPES = ("float32", "bfloat16")
 LONG_PROMPT = 4096          # tokens from which the prefill shows a progress bar
 
 
@@ -26,16 +25,18 @@ def add_arguments(p) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=_DTYPES, default="float32")
+    p.add_argument("--device", default="auto",
+                   help="auto (default: CUDA when there is one), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (default: bfloat16 on CUDA, float32 "
+                   "on the CPU), bfloat16, float16 or float32")
     p.add_argument("--block-size", type=int, default=16)
 
 
 def run(args) -> int:
-    import torch
-
     from ckptd.daemon.engine import local_engine
     from ckptd.model.default import default_model_path
     from ckptd.model.loader import load
+    from ckptd.model.placement import resolve
     from ckptd.model.sampling.sampler import SamplingParams
 
     # Check everything the user typed before the model is loaded.
@@ -44,8 +45,9 @@ def run(args) -> int:
                             seed=args.seed, stop=tuple(args.stop))
     if args.block_size <= 0:
         raise ValueError(f"--block-size must be positive, got {args.block_size}")
+    where = resolve(args.device, args.dtype)
     text_in = args.prompt if args.prompt is not None else _read(args.prompt_file)
-    model, tok = load(args.model or default_model_path(), dtype=getattr(torch, args.dtype))
+    model, tok = load(args.model or default_model_path(), where.dtype, where.device)
     if args.raw:
         prompt = tok.encode(text_in, add_special_tokens=True)
     else:
