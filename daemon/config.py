@@ -69,6 +69,7 @@ class ServeConfig:
     log_format: str = "text"
     device: str = "auto"                   # auto: CUDA when there is one, else the CPU
     dtype: str = "auto"                    # auto: bfloat16 on CUDA, float32 on the CPU
+    enforce_eager: bool = False            # no CUDA graphs for decode steps
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
     alias: str | None = None               # the model id clients see; None: the file's name
     strict_model_name: bool = False        # a request naming another model gets 404
@@ -205,6 +206,8 @@ SETTINGS: dict[str, tuple] = {
     "device": (str, "auto, cpu, cuda or cuda:N (default auto: CUDA when there is one)"),
     "dtype": (str, f"{', '.join(DTYPE_NAMES)} (default auto: bfloat16 on CUDA, float32 "
                    "on the CPU)"),
+    "enforce_eager": ("flag", "no CUDA graphs: decode steps launch their kernels one by one "
+                              "(default: graphs on CUDA)"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
     "alias": (str, "the model id /v1/models reports (default: the model file's name)"),

@@ -58,7 +58,9 @@ class Runtime:
         spec = model.state_spec(B)
         sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
                             -(-max_context // B) + 1, cfg.parallel)
-        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
+        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens,
+                        graphs=False if cfg.enforce_eager else None,
+                        max_seq_pages=-(-max_context // B))
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
                            queue_bytes=cfg.write_queue)

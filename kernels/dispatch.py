@@ -238,3 +238,42 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
     expert (kernels/moe/)."""
     impl = _fast("moe.triton_moe") if use_triton(x) else moe_ref
     return impl.moe_experts(x, topk_ids, topk_w, w_gate_up, w_down)
+
+
+# one call per layer for a whole step of packed sequences (kernels/varlen.py)
+
+
+def step_conv1d(x, weight, conv_pool, varlen):
+    """x [N, C]: the step's tokens; conv_pool [S, C, K-1] read and written in place at
+    varlen.state_indices. Returns y [N, C] (silu)."""
+    if varlen.decode_only:
+        return causal_conv1d_update_slots(x, conv_pool, varlen.state_indices, weight)
+    return causal_conv1d_varlen(x, weight, None, varlen, conv_pool, varlen.state_indices)
+
+
+def step_gated_delta(q, k, v, g, beta, state_pool, varlen, recurrent=False):
+    """q, k [N, H, K]; v [N, H, V]; g, beta [N, H]; state_pool [S, H, K, V] fp32 advanced
+    in place at varlen.state_indices. Chunked unless every sequence has one token (or
+    recurrent: token by token, for tests). Returns o [N, H, V]."""
+    if varlen.decode_only or recurrent:
+        return recurrent_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
+                                                 varlen.state_indices)
+    return chunk_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
+                                         varlen.state_indices)
+
+
+def step_attention(q, kv_pool, layer, varlen, scale):
+    """q [N, Hq, D]: each sequence's new tokens, after its ctx tokens (their K/V already
+    written). Returns [N, Hq, D]. Triton: one launch for the step. Elsewhere SDPA (or
+    the reference) per sequence on its host page table, which the CPU reads in place."""
+    if use_triton(q):
+        return _fast("paged_attention.triton_attention").paged_attention_varlen(
+            q, kv_pool, layer, varlen.cu_seqlens, varlen.ctx_lens, varlen.page_tables, scale,
+            max_q_len=varlen.max_q_len)
+    impl = attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+    out = torch.empty_like(q)
+    cu = varlen.cu
+    for i in range(varlen.n):
+        out[cu[i]:cu[i + 1]] = impl.paged_attention(q[cu[i]:cu[i + 1]], kv_pool, layer,
+                                                    varlen.tables[i], varlen.ctx[i], scale)
+    return out

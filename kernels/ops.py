@@ -32,6 +32,9 @@ from ckptd.kernels.dispatch import (
     scatter_pages,
     scatter_states,
     silu_and_mul,
+    step_attention,
+    step_conv1d,
+    step_gated_delta,
     use_triton,
     write_kv,
 )
@@ -42,6 +45,7 @@ __all__ = [
     "gated_delta_decode", "gated_rms_norm", "gather_pages", "gather_states", "l2norm",
     "moe_experts", "paged_attention", "paged_attention_varlen", "paged_decode_attention",
     "recurrent_gated_delta_rule", "recurrent_gated_delta_rule_varlen", "rms_norm",
-    "rotary_cos_sin", "scatter_pages", "scatter_states", "silu_and_mul", "use_triton",
+    "rotary_cos_sin", "scatter_pages", "scatter_states", "silu_and_mul", "step_attention",
+    "step_conv1d", "step_gated_delta", "use_triton",
     "write_kv",
 ]

@@ -15,14 +15,19 @@ from __future__ import annotations
 import torch
 
 from ckptd.model.batch import SeqChunk, StepBatch
+from ckptd.model.graphs import DecodeGraphs
 from ckptd.model.sequence import Sequence
 from ckptd.model.state import DeviceState, SlotPool
 
 
 class Runner:
     def __init__(self, model, num_pages: int, num_slots: int, block_size: int = 16,
-                 device: str | torch.device | None = None, max_batch_tokens: int = 2048) -> None:
-        """device: where the state lives (default: the model's device)."""
+                 device: str | torch.device | None = None, max_batch_tokens: int = 2048,
+                 graphs: bool | None = None, max_seq_pages: int | None = None) -> None:
+        """device: where the state lives (default: the model's device). graphs: decode
+        steps replay CUDA graphs (model/graphs.py; default: on CUDA; True on the CPU runs
+        their static buffers eagerly, for tests). max_seq_pages: pages of the longest
+        sequence (default num_pages), the width of a graph's page tables."""
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.model = model
@@ -30,8 +35,17 @@ class Runner:
         self.max_batch_tokens = max_batch_tokens
         self.spec = model.state_spec(block_size)
         self.device = torch.device(device) if device is not None else model.device
-        self.state = DeviceState(self.spec, num_pages, num_slots, self.device)
+        if graphs is None:
+            graphs = self.device.type == "cuda"
+        # graphs: one page and one slot more, which no sequence gets: padded rows' own
+        spare = 1 if graphs else 0
+        self.state = DeviceState(self.spec, num_pages + spare, num_slots + spare, self.device)
         self.slots = SlotPool(num_slots)
+        self.graphs = None
+        if graphs:
+            self.graphs = DecodeGraphs(model, self.state, block_size, num_slots,
+                                       max_seq_pages or max(num_pages, 1), num_pages, num_slots,
+                                       capture=self.device.type == "cuda")
 
     @property
     def vocab_size(self) -> int:
@@ -40,7 +54,8 @@ class Runner:
     def step(self, work: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Compute the next n tokens of each (sequence, n) in one model call.
 
-        Returns float32 logits [len(work), vocab] of each sequence's last computed token.
+        Returns float32 logits [len(work), vocab] of each sequence's last computed token,
+        on the CPU.
         """
         if not work:
             raise ValueError("step needs at least one (sequence, n_tokens)")
@@ -62,17 +77,20 @@ class Runner:
         if total > self.max_batch_tokens:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
-        ids, pos, chunks, last = [], [], [], []
+        ids, chunks, last = [], [], []
         for seq, n in work:
             start, end = seq.num_computed, seq.num_computed + n
-            table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32)
+            table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
             chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
             ids += seq.tokens[start:end]
-            pos += range(start, end)
             last.append(len(ids) - 1)
-        batch = StepBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
-                          chunks, torch.tensor(last, dtype=torch.long))
-        logits = self.model(batch, self.state)
+        if self.graphs is not None and self.graphs.fits(chunks):
+            logits = self.graphs.run(chunks, ids)
+        else:
+            logits = self.model(StepBatch.build(chunks, ids, last, B, self.device), self.state)
+        # the step's one wait for the device: its logits, for sampling on the host (a
+        # copy: a graph's output buffer is overwritten by its next replay)
+        logits = logits.to("cpu", copy=self.graphs is not None)
         for seq, n in work:
             seq.num_computed += n
         return logits

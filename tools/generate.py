@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="auto", help="auto (default: bfloat16 on CUDA, float32 "
                    "on the CPU), bfloat16, float16 or float32")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs for decode steps (default: graphs on CUDA)")
 
 
 def run(args) -> int:
@@ -61,7 +63,8 @@ def run(args) -> int:
     if total > limit:
         raise ValueError(f"prompt ({len(prompt)} tokens) + --max-tokens ({params.max_tokens}) "
                          f"exceeds the model's context of {limit} tokens")
-    engine = local_engine(model, tok, -(-total // args.block_size) + 1, args.block_size)
+    engine = local_engine(model, tok, -(-total // args.block_size) + 1, args.block_size,
+                          graphs=False if args.enforce_eager else None)
     text = ""
     with _PrefillBar(len(prompt)) as bar:
         for ev in engine.stream(prompt, params, on_prefill=bar.update):
