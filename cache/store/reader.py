@@ -81,7 +81,9 @@ class Reader:
                                  f"{len(into_pages)}")
             outs = into_pages[:nb]
         elif nb:
-            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype)
+            # pinned where there is CUDA: the copy up to the device is then asynchronous
+            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype,
+                                pin_memory=torch.cuda.is_available())
             outs = list(pages)
         else:
             outs = []
