@@ -30,6 +30,17 @@ from ckptd.kernels.swiglu import naive as swiglu_ref
 
 _HAVE_TRITON = find_spec("triton") is not None
 _MODES = ("auto", "triton", "torch")
+# the optional kernels of `pip install ckptd[gpu]`; CKPTD_EXTERNAL_KERNELS=off keeps ours
+_HAVE_FLA = find_spec("fla") is not None
+_HAVE_FLASH = find_spec("flash_attn") is not None
+
+
+def use_external(name: str, x: torch.Tensor) -> bool:
+    """Whether a prefill step runs fla ("fla") or flash-attn ("flash") on x: installed,
+    on CUDA, and not turned off. Decode steps keep ckptd's kernels (CUDA graphs)."""
+    if os.environ.get("CKPTD_EXTERNAL_KERNELS", "auto") == "off" or not x.is_cuda:
+        return False
+    return _HAVE_FLA if name == "fla" else _HAVE_FLASH
 
 
 def use_triton(x: torch.Tensor) -> bool:
@@ -258,6 +269,9 @@ def step_gated_delta(q, k, v, g, beta, state_pool, varlen, recurrent=False):
     if varlen.decode_only or recurrent:
         return recurrent_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
                                                  varlen.state_indices)
+    if use_external("fla", q):
+        return _fast("external.fla").chunk_gated_delta_rule_varlen(
+            q, k, v, g, beta, varlen, state_pool, varlen.state_indices)
     return chunk_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
                                          varlen.state_indices)
 
@@ -266,6 +280,10 @@ def step_attention(q, kv_pool, layer, varlen, scale):
     """q [N, Hq, D]: each sequence's new tokens, after its ctx tokens (their K/V already
     written). Returns [N, Hq, D]. Triton: one launch for the step. Elsewhere SDPA (or
     the reference) per sequence on its host page table, which the CPU reads in place."""
+    if not varlen.decode_only and use_external("flash", q):
+        flash = _fast("external.flash")
+        if flash.usable(kv_pool):
+            return flash.step_attention(q, kv_pool, layer, varlen, scale)
     if use_triton(q):
         return _fast("paged_attention.triton_attention").paged_attention_varlen(
             q, kv_pool, layer, varlen.cu_seqlens, varlen.ctx_lens, varlen.page_tables, scale,
