@@ -78,6 +78,8 @@ class _Daemon:
 def run(args) -> int:
     from ckptd.tools.bench.store import english_text
 
+    # a time limit's SIGTERM unwinds through the finally blocks: no daemon outlives us
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     context = english_text(4 * args.context)[:4 * args.context]   # ~--context tokens
     q1, q2 = "\nQuestion: what is this text about?\n", "\nQuestion: who wrote it?\n"
     extra = ["--device", args.device, "--dtype", args.dtype, *args.serve_arg]
