@@ -6,8 +6,8 @@ sequences are packed into one flat dimension N; each sequence's slice of it is a
 (KV in its pages, recurrent state in its slot); the step appends `q_len` more.
 
 `StepBatch.build` makes every tensor the step needs from host ints in one go: the
-values are packed into one int64 host buffer, copied to the model's device once
-(pinned, asynchronous on CUDA) and sliced there. So every tensor of a step is on the
+values are packed into two host buffers (int64 and int32), copied to the model's
+device (pinned, asynchronous on CUDA) and sliced there. So every tensor of a step is on the
 model's device by construction, and a layer never copies from the host or waits for
 the device (the step's one sync is its logits coming back, model/runner.py).
 """
@@ -40,7 +40,7 @@ class StepBatch:
     kv_slots: torch.Tensor      # int64 [N]: flat KV slot (page * block_size + offset)
     logits_index: torch.Tensor  # int64 [M]: flat token indices whose logits are returned
     varlen: Varlen
-    flat: torch.Tensor          # the one device buffer every tensor above is a view of
+    buffers: tuple              # (int64, int32) device buffers every tensor above views
 
     @property
     def is_decode_only(self) -> bool:
@@ -78,23 +78,26 @@ class StepBatch:
             pos.append(p)
             slots.append(table[p // B] * B + p % B)
         bos, eos = chunk_bounds(cu, CHUNK)
-        ints = [input_ids, logits_index, cu, [s.ctx_len for s in seqs],
-                [s.slot for s in seqs], bos, eos]
-        parts = [torch.tensor(x, dtype=torch.int64, device=_HOST) for x in ints]
-        parts[1:1] = [torch.cat(pos) if pos else parts[0][:0],
-                      torch.cat(slots) if slots else parts[0][:0]]
-        parts.append(tables.flatten())
-        flat = torch.cat(parts)
+        empty = torch.zeros(0, dtype=torch.int64, device=_HOST)
+        wide = [torch.tensor(input_ids, dtype=torch.int64, device=_HOST),
+                torch.cat(pos) if pos else empty, torch.cat(slots) if slots else empty,
+                torch.tensor(logits_index, dtype=torch.int64, device=_HOST),
+                torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=_HOST)]
+        narrow = [torch.tensor(x, dtype=torch.int64, device=_HOST)
+                  for x in (cu, [s.ctx_len for s in seqs], bos, eos)] + [tables.flatten()]
+        # int64 where torch indexes with it, int32 what the kernels read: two buffers, of
+        # which every tensor of the step is a view (a graph's inputs are refilled in place)
+        buffers = (torch.cat(wide), torch.cat(narrow).to(torch.int32))
         if device.type == "cuda":
-            flat = flat.pin_memory().to(device, non_blocking=True)
-        elif flat.device != device:
-            flat = flat.to(device)
-        ids, positions, kv_slots, logits, cu_t, ctx, state, bos_t, eos_t, tab = \
-            flat.split([p.numel() for p in parts])
+            buffers = tuple(b.pin_memory().to(device, non_blocking=True) for b in buffers)
+        elif device != _HOST:
+            buffers = tuple(b.to(device) for b in buffers)
+        ids, positions, kv_slots, logits, state = buffers[0].split([p.numel() for p in wide])
+        cu_t, ctx, bos_t, eos_t, tab = buffers[1].split([p.numel() for p in narrow])
         varlen = Varlen(tuple(cu), tuple(s.ctx_len for s in seqs),
-                        tuple(s.page_table for s in seqs), cu_t.int(), ctx.int(), state,
-                        tab.view(n, -1).int(), bos_t.int(), eos_t.int())
-        return cls(seqs, ids, positions, kv_slots, logits, varlen, flat)
+                        tuple(s.page_table for s in seqs), cu_t, ctx, state, tab.view(n, -1),
+                        bos_t, eos_t)
+        return cls(seqs, ids, positions, kv_slots, logits, varlen, buffers)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ step per batch size (`BUCKETS` up to the runner's sequences) and replays it with
 launch. A step of n sequences runs the graph of the next bucket up: its inputs are
 built padded to that many rows (model/batch.py: Padding; padded rows write to a page
 and a recurrent slot no sequence holds) and with page tables as wide as the longest
-context, copied into the graph's input buffer with one device copy, replayed, and the
-first n rows of its logits read.
+context, copied into the graph's input buffers (every input tensor is a view of
+them), replayed, and the first n rows of its logits read.
 
 A graph is captured the first time its bucket is needed, on a batch of padded rows
 only, so capturing never advances a real sequence. Graphs share one memory pool.
@@ -61,7 +61,8 @@ class DecodeGraphs:
         batch = StepBatch.build(seqs, input_ids, list(range(len(seqs))), self.block_size,
                                 self.state.device, pad)
         g = self.graphs.get(rows) or self._record(rows)
-        g.static.flat.copy_(batch.flat)
+        for static, fresh in zip(g.static.buffers, batch.buffers):
+            static.copy_(fresh)
         if g.graph is not None:
             g.graph.replay()
         else:       # host ints are read only off the Triton path: give this step's

@@ -7,12 +7,17 @@ forward); on CUDA the test captures and replays real CUDA graphs.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from ckptd.model.loader import load_model
-from ckptd.model.runner import Runner
-from ckptd.model.sequence import Sequence
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
+
+from ckptd.model.loader import load_model  # noqa: E402
+from ckptd.model.runner import Runner  # noqa: E402
+from ckptd.model.sequence import Sequence  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -42,9 +47,15 @@ def _run(runner: Runner):
     return out, states
 
 
-@pytest.mark.parametrize("which", ["hybrid", "llama", "moe"])
-def test_graph_decode_equals_eager(which, tiny_hybrid_dir, tiny_llama_dir, tiny_moe_dir):
-    path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
+@pytest.mark.parametrize("which", ["hybrid", "llama", "moe", "hybrid-triton"])
+def test_graph_decode_equals_eager(which, tiny_hybrid_dir, tiny_llama_dir, tiny_moe_dir,
+                                   monkeypatch):
+    """hybrid-triton: the kernels a graph records on CUDA, which read the step's device
+    tensors (context lengths, page tables, slots) from the refilled buffers."""
+    if which.endswith("-triton"):
+        monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir,
+            "moe": tiny_moe_dir}[which.removesuffix("-triton")]
     model = load_model(path, device=DEVICE)
     eager = Runner(model, num_pages=40, num_slots=5, block_size=8, graphs=False)
     graphs = Runner(model, num_pages=40, num_slots=5, block_size=8, graphs=True,
