@@ -68,3 +68,26 @@ def test_the_dtype_is_part_of_the_fingerprint(tiny_hybrid_dir):
     prints = {load_model(tiny_hybrid_dir, dt).fingerprint
               for dt in (torch.float32, torch.bfloat16, torch.float16)}
     assert len(prints) == 3
+
+
+def test_enforce_eager_and_device_flags_reach_the_config():
+    import argparse
+
+    from ckptd.daemon.config import add_arguments, from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = from_args(p.parse_args(["--enforce-eager", "--device", "cpu", "--dtype",
+                                  "bfloat16"]), {})
+    assert (cfg.enforce_eager, cfg.device, cfg.dtype) == (True, "cpu", "bfloat16")
+    cfg = from_args(p.parse_args([]), {"CKPTD_DEVICE": "cuda:1", "CKPTD_ENFORCE_EAGER": "0"})
+    assert (cfg.enforce_eager, cfg.device, cfg.dtype) == (False, "cuda:1", "auto")
+
+
+def test_generate_on_the_cpu_in_bf16(tiny_hybrid_dir):
+    p = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "generate", "--model",
+                        str(tiny_hybrid_dir), "--device", "cpu", "--dtype", "bfloat16",
+                        "--enforce-eager", "--raw", "--prompt", "hello there",
+                        "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout
