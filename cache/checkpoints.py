@@ -91,14 +91,16 @@ class Checkpointer:
         n_full = P // B
         kv = self.spec.attention is not None
         first, pages = rec.stored_blocks, None
-        if n_full > first and kv:
-            pages = io.read_pages(seq.pages[first:n_full])
-        rec.stored_blocks = max(first, n_full)
         snap = Snapshot()
-        if P % B and kv:
-            snap.kv = io.read_partial(seq.pages[n_full], P % B)
-        if self.spec.is_hybrid:
-            snap.conv, snap.ssm = io.read_recurrent(seq.slot)
+        # on a GPU the copies to the host run beside the next step; store_pending waits
+        with io.deferred_reads():
+            if n_full > first and kv:
+                pages = io.read_pages(seq.pages[first:n_full])
+            if P % B and kv:
+                snap.kv = io.read_partial(seq.pages[n_full], P % B)
+            if self.spec.is_hybrid:
+                snap.conv, snap.ssm = io.read_recurrent(seq.slot)
+        rec.stored_blocks = max(first, n_full)
         if logits is not None:
             snap.logits = logits.detach().float().clone()
         self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
@@ -106,6 +108,8 @@ class Checkpointer:
 
     def store_pending(self) -> None:
         pending, self.pending = self.pending, []
+        if pending:
+            self.io.settle_reads()
         for cp in pending:
             if cp.pages is not None:
                 self.store.put_blocks(cp.tokens, cp.first_block, cp.pages, cp.salt,

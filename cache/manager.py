@@ -20,6 +20,7 @@ manager reads and writes them only through StateIO.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import torch
@@ -52,6 +53,8 @@ class StateIO(Protocol):
     def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
     def read_recurrent(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
     def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
+    def deferred_reads(self) -> AbstractContextManager: ...
+    def settle_reads(self) -> None: ...
 
 
 class CacheManager:

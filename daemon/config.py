@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DTYPES = ("float32", "bfloat16", "float16")
+from ckptd.model.placement import DTYPE_NAMES, check_names
+
 LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_STEP_TOKENS = 65536        # one step's activations grow with its token count
@@ -67,7 +68,9 @@ class ServeConfig:
     admin_key: str | None = None           # set: /cache/* needs this key (the API key won't do)
     no_admin: bool = False                 # /cache/* answers 403
     log_format: str = "text"
-    dtype: str | None = None               # None: float32
+    device: str = "auto"                   # auto: CUDA when there is one, else the CPU
+    dtype: str = "auto"                    # auto: bfloat16 on CUDA, float32 on the CPU
+    enforce_eager: bool = False            # no CUDA graphs for decode steps
     weights: str = "keep"                  # a GGUF's formats kept in memory, or "expand"
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
     alias: str | None = None               # the model id clients see; None: the file's name
@@ -125,8 +128,7 @@ class ServeConfig:
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
                              f"got {self.log_format!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_names(self.device, self.dtype)
         if self.weights not in ("keep", "expand"):
             raise ValueError(f"weights must be keep or expand, got {self.weights!r}")
         for name in ("api_key", "admin_key"):
@@ -215,7 +217,11 @@ SETTINGS: dict[str, tuple] = {
                        "also opens every other endpoint"),
     "no_admin": ("flag", "turn the /cache/* admin endpoints off (they answer 403)"),
     "log_format": (str, "text or json (default text)"),
-    "dtype": (str, "float32, bfloat16 or float16 (default float32)"),
+    "device": (str, "auto, cpu, cuda or cuda:N (default auto: CUDA when there is one)"),
+    "dtype": (str, f"{', '.join(DTYPE_NAMES)} (default auto: bfloat16 on CUDA, float32 "
+                   "on the CPU)"),
+    "enforce_eager": ("flag", "no CUDA graphs: decode steps launch their kernels one by one "
+                              "(default: graphs on CUDA)"),
     "weights": (str, "keep: a GGUF's quantized / F16 / BF16 tensors stay in their formats and "
                      "are dequantized inside the matmul (default); expand: all converted to "
                      "the dtype at load"),

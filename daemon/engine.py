@@ -355,10 +355,10 @@ class Engine:
 
 
 def local_engine(model, tokenizer, num_pages: int, block_size: int = 16,
-                 max_running: int = 1) -> Engine:
+                 max_running: int = 1, graphs: bool | None = None) -> Engine:
     """An engine over device pages only (no store: nothing is cached), as `ckptd
     generate` runs it."""
-    runner = Runner(model, num_pages, max_running, block_size)
+    runner = Runner(model, num_pages, max_running, block_size, graphs=graphs)
     cache = CacheManager(runner, runner.spec, num_pages, model.fingerprint)
     return Engine(runner, cache, tokenizer, max_running=max_running)
 

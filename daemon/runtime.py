@@ -21,6 +21,7 @@ from ckptd.daemon import memory
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
 from ckptd.model.loader import load
+from ckptd.model.placement import resolve
 from ckptd.model.runner import Runner
 from ckptd.model.text.tokenizer import Tokenizer
 
@@ -49,8 +50,8 @@ class Runtime:
         t0 = time.perf_counter()
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
-        model, tok = load(path, getattr(torch, cfg.dtype) if cfg.dtype else None,
-                         weights=cfg.weights)
+        where = resolve(cfg.device, cfg.dtype)
+        model, tok = load(path, where.dtype, where.device, weights=cfg.weights)
         limit = model.config.max_position_embeddings
         if cfg.max_context and cfg.max_context > limit:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
@@ -60,7 +61,9 @@ class Runtime:
         spec = model.state_spec(B)
         sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
                             -(-max_context // B) + 1, cfg.parallel)
-        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens)
+        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens,
+                        graphs=False if cfg.enforce_eager else None,
+                        max_seq_pages=-(-max_context // B))
         remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
@@ -71,9 +74,10 @@ class Runtime:
                         step_tokens=cfg.step_tokens,
                         check_invariants=os.environ.get(CHECK_ENV) == "1")
         engine.heap.freeze()           # the loaded objects leave the collector's walks
-        log.info("loaded %s in %.1f s: %s, %d layers, block %d, %s (%d tokens), RAM tier "
-                 "%.0f MiB, context %d, %d parallel, %d torch threads", path.name,
-                 time.perf_counter() - t0, model.config.arch, len(model.config.layer_types), B,
+        log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
+                 "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
+                 time.perf_counter() - t0, where, model.config.arch,
+                 len(model.config.layer_types), B,
                  sizes.source, sizes.kv_pages * B, sizes.host_bytes / 2**20, max_context,
                  cfg.parallel, torch.get_num_threads())
         return cls(model, tok, runner, store, cache, engine, max_context, sizes.kv_pages * B)

@@ -33,6 +33,10 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     cfg = config.from_args(args)
+    if cfg.device != "cpu":
+        # `--device cuda` without CUDA: one line before the port opens (imports torch)
+        from ckptd.model.placement import resolve
+        resolve(cfg.device, cfg.dtype)
     lock = config.prepare_cache_dir(cfg.cache_dir)
     _setup_logging(cfg.log_format)
     try:

@@ -31,6 +31,17 @@ from ckptd.kernels.swiglu import naive as swiglu_ref
 
 _HAVE_TRITON = find_spec("triton") is not None
 _MODES = ("auto", "triton", "torch")
+# the optional kernels of `pip install ckptd[gpu]`; CKPTD_EXTERNAL_KERNELS=off keeps ours
+_HAVE_FLA = find_spec("fla") is not None
+_HAVE_FLASH = find_spec("flash_attn") is not None
+
+
+def use_external(name: str, x: torch.Tensor) -> bool:
+    """Whether a prefill step runs fla ("fla") or flash-attn ("flash") on x: installed,
+    on CUDA, and not turned off. Decode steps keep ckptd's kernels (CUDA graphs)."""
+    if os.environ.get("CKPTD_EXTERNAL_KERNELS", "auto") == "off" or not x.is_cuda:
+        return False
+    return _HAVE_FLA if name == "fla" else _HAVE_FLASH
 
 
 def use_triton(x: torch.Tensor) -> bool:
@@ -267,3 +278,49 @@ def quant_moe_experts(x, topk_ids, topk_w, gate, up, down):
     if use_triton(x):
         return _fast("quant.triton_quant").moe_experts(x, topk_ids, topk_w, gate, up, down)
     return quant_ref.moe_experts(x, topk_ids, topk_w, gate, up, down, mm=quant_matmul)
+
+
+# one call per layer for a whole step of packed sequences (kernels/varlen.py)
+
+
+def step_conv1d(x, weight, conv_pool, varlen):
+    """x [N, C]: the step's tokens; conv_pool [S, C, K-1] read and written in place at
+    varlen.state_indices. Returns y [N, C] (silu)."""
+    if varlen.decode_only:
+        return causal_conv1d_update_slots(x, conv_pool, varlen.state_indices, weight)
+    return causal_conv1d_varlen(x, weight, None, varlen, conv_pool, varlen.state_indices)
+
+
+def step_gated_delta(q, k, v, g, beta, state_pool, varlen, recurrent=False):
+    """q, k [N, H, K]; v [N, H, V]; g, beta [N, H]; state_pool [S, H, K, V] fp32 advanced
+    in place at varlen.state_indices. Chunked unless every sequence has one token (or
+    recurrent: token by token, for tests). Returns o [N, H, V]."""
+    if varlen.decode_only or recurrent:
+        return recurrent_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
+                                                 varlen.state_indices)
+    if use_external("fla", q):
+        return _fast("external.fla").chunk_gated_delta_rule_varlen(
+            q, k, v, g, beta, varlen, state_pool, varlen.state_indices)
+    return chunk_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
+                                         varlen.state_indices)
+
+
+def step_attention(q, kv_pool, layer, varlen, scale):
+    """q [N, Hq, D]: each sequence's new tokens, after its ctx tokens (their K/V already
+    written). Returns [N, Hq, D]. Triton: one launch for the step. Elsewhere SDPA (or
+    the reference) per sequence on its host page table, which the CPU reads in place."""
+    if not varlen.decode_only and use_external("flash", q):
+        flash = _fast("external.flash")
+        if flash.usable(kv_pool):
+            return flash.step_attention(q, kv_pool, layer, varlen, scale)
+    if use_triton(q):
+        return _fast("paged_attention.triton_attention").paged_attention_varlen(
+            q, kv_pool, layer, varlen.cu_seqlens, varlen.ctx_lens, varlen.page_tables, scale,
+            max_q_len=varlen.max_q_len)
+    impl = attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+    out = torch.empty_like(q)
+    cu = varlen.cu
+    for i in range(varlen.n):
+        out[cu[i]:cu[i + 1]] = impl.paged_attention(q[cu[i]:cu[i + 1]], kv_pool, layer,
+                                                    varlen.tables[i], varlen.ctx[i], scale)
+    return out

@@ -35,6 +35,9 @@ from ckptd.kernels.dispatch import (
     scatter_pages,
     scatter_states,
     silu_and_mul,
+    step_attention,
+    step_conv1d,
+    step_gated_delta,
     use_triton,
     write_kv,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "moe_experts", "paged_attention", "paged_attention_varlen", "paged_decode_attention",
     "quant_embedding", "quant_matmul", "quant_moe_experts",
     "recurrent_gated_delta_rule", "recurrent_gated_delta_rule_varlen", "rms_norm",
-    "rotary_cos_sin", "scatter_pages", "scatter_states", "silu_and_mul", "use_triton",
+    "rotary_cos_sin", "scatter_pages", "scatter_states", "silu_and_mul", "step_attention",
+    "step_conv1d", "step_gated_delta", "use_triton",
     "write_kv",
 ]

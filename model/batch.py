@@ -4,6 +4,12 @@ One step runs any mix of prefill chunks and single-token decodes. Tokens of all
 sequences are packed into one flat dimension N; each sequence's slice of it is a
 `SeqChunk`. Before the step, a sequence already holds `ctx_len` tokens of state
 (KV in its pages, recurrent state in its slot); the step appends `q_len` more.
+
+`StepBatch.build` makes every tensor the step needs from host ints in one go: the
+values are packed into two host buffers (int64 and int32), copied to the model's
+device (pinned, asynchronous on CUDA) and sliced there. So every tensor of a step is on the
+model's device by construction, and a layer never copies from the host or waits for
+the device (the step's one sync is its logits coming back, model/runner.py).
 """
 
 from __future__ import annotations
@@ -12,23 +18,103 @@ from dataclasses import dataclass
 
 import torch
 
+from ckptd.kernels.varlen import CHUNK, Varlen, chunk_bounds
+
+_HOST = torch.device("cpu")
+
 
 @dataclass
 class SeqChunk:
     q_start: int              # offset of this sequence's tokens in the flat batch
     q_len: int                # tokens computed this step (1 for a decode)
     ctx_len: int              # tokens already in this sequence's state
-    page_table: torch.Tensor  # int32 [ceil((ctx_len + q_len) / block_size)] page ids
+    page_table: torch.Tensor  # host int32 [ceil((ctx_len + q_len) / block_size)] page ids
     slot: int                 # this sequence's recurrent state slot
 
 
 @dataclass
 class StepBatch:
-    input_ids: torch.Tensor     # int64 [N]
-    positions: torch.Tensor     # int64 [N]
     seqs: list[SeqChunk]
+    input_ids: torch.Tensor     # int64 [N], on the model's device (as all below)
+    positions: torch.Tensor     # int64 [N]
+    kv_slots: torch.Tensor      # int64 [N]: flat KV slot (page * block_size + offset)
     logits_index: torch.Tensor  # int64 [M]: flat token indices whose logits are returned
+    varlen: Varlen
+    buffers: tuple              # (int64, int32) device buffers every tensor above views
 
     @property
     def is_decode_only(self) -> bool:
-        return all(s.q_len == 1 for s in self.seqs)
+        return self.varlen.decode_only
+
+    @classmethod
+    def build(cls, seqs: list[SeqChunk], input_ids: list[int], logits_index: list[int],
+              block_size: int, device: torch.device, pad: Padding | None = None) -> StepBatch:
+        """seqs in flat order (q_start rising, packed without gaps). `pad` appends
+        one-token rows up to a fixed batch size and widens the page tables to a fixed
+        width, so the layout is the one a captured CUDA graph reads (model/graphs.py)."""
+        B = block_size
+        if pad is not None:
+            seqs, input_ids, logits_index = pad.apply(seqs, input_ids, logits_index)
+        n = len(seqs)
+        cu = [0]
+        for s in seqs:
+            if s.q_start != cu[-1]:
+                raise ValueError(f"sequence chunks must be packed in order: chunk at "
+                                 f"{s.q_start}, expected {cu[-1]}")
+            cu.append(cu[-1] + s.q_len)
+        if cu[-1] != len(input_ids):
+            raise ValueError(f"{len(input_ids)} token ids for chunks of {cu[-1]} tokens")
+        width = max((len(s.page_table) for s in seqs), default=0)
+        if pad is not None:
+            if width > pad.width:
+                raise ValueError(f"a page table of {width} pages is wider than {pad.width}")
+            width = pad.width
+        tables = torch.zeros(n, max(width, 1), dtype=torch.int64, device=_HOST)
+        pos, slots = [], []
+        for i, s in enumerate(seqs):
+            table = s.page_table.to(_HOST, torch.int64)
+            tables[i, :len(table)] = table
+            p = torch.arange(s.ctx_len, s.ctx_len + s.q_len, device=_HOST)
+            pos.append(p)
+            slots.append(table[p // B] * B + p % B)
+        bos, eos = chunk_bounds(cu, CHUNK)
+        empty = torch.zeros(0, dtype=torch.int64, device=_HOST)
+        wide = [torch.tensor(input_ids, dtype=torch.int64, device=_HOST),
+                torch.cat(pos) if pos else empty, torch.cat(slots) if slots else empty,
+                torch.tensor(logits_index, dtype=torch.int64, device=_HOST),
+                torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=_HOST)]
+        narrow = [torch.tensor(x, dtype=torch.int64, device=_HOST)
+                  for x in (cu, [s.ctx_len for s in seqs], bos, eos)] + [tables.flatten()]
+        # int64 where torch indexes with it, int32 what the kernels read: two buffers, of
+        # which every tensor of the step is a view (a graph's inputs are refilled in place)
+        buffers = (torch.cat(wide), torch.cat(narrow).to(torch.int32))
+        if device.type == "cuda":
+            buffers = tuple(b.pin_memory().to(device, non_blocking=True) for b in buffers)
+        elif device != _HOST:
+            buffers = tuple(b.to(device) for b in buffers)
+        ids, positions, kv_slots, logits, state = buffers[0].split([p.numel() for p in wide])
+        cu_t, ctx, bos_t, eos_t, tab = buffers[1].split([p.numel() for p in narrow])
+        varlen = Varlen(tuple(cu), tuple(s.ctx_len for s in seqs),
+                        tuple(s.page_table for s in seqs), cu_t, ctx, state, tab.view(n, -1),
+                        bos_t, eos_t)
+        return cls(seqs, ids, positions, kv_slots, logits, varlen, buffers)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Rows up to `rows` sequences, each one token of a sequence of nothing before it
+    whose KV and recurrent state go to a page and a slot no sequence is given: a
+    padded row computes garbage no real row reads. Tables `width` pages wide."""
+    rows: int
+    width: int
+    page: int
+    slot: int
+
+    def apply(self, seqs, input_ids, logits_index):
+        if len(seqs) > self.rows or any(s.q_len != 1 for s in seqs):
+            raise ValueError(f"padding takes up to {self.rows} one-token sequences")
+        n = len(seqs)
+        table = torch.tensor([self.page], dtype=torch.int32, device=_HOST)
+        extra = [SeqChunk(n + i, 1, 0, table, self.slot) for i in range(self.rows - n)]
+        rows = range(n, self.rows)
+        return [*seqs, *extra], [*input_ids, *[0] * len(extra)], [*logits_index, *rows]

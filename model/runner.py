@@ -15,14 +15,20 @@ from __future__ import annotations
 import torch
 
 from ckptd.model.batch import SeqChunk, StepBatch
+from ckptd.model.graphs import DecodeGraphs
 from ckptd.model.sequence import Sequence
 from ckptd.model.state import DeviceState, SlotPool
+from ckptd.model.transfers import Transfers
 
 
 class Runner:
     def __init__(self, model, num_pages: int, num_slots: int, block_size: int = 16,
-                 device: str | torch.device | None = None, max_batch_tokens: int = 2048) -> None:
-        """device: where the state lives (default: the model's device)."""
+                 device: str | torch.device | None = None, max_batch_tokens: int = 2048,
+                 graphs: bool | None = None, max_seq_pages: int | None = None) -> None:
+        """device: where the state lives (default: the model's device). graphs: decode
+        steps replay CUDA graphs (model/graphs.py; default: on CUDA; True on the CPU runs
+        their static buffers eagerly, for tests). max_seq_pages: pages of the longest
+        sequence (default num_pages), the width of a graph's page tables."""
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.model = model
@@ -30,8 +36,18 @@ class Runner:
         self.max_batch_tokens = max_batch_tokens
         self.spec = model.state_spec(block_size)
         self.device = torch.device(device) if device is not None else model.device
-        self.state = DeviceState(self.spec, num_pages, num_slots, self.device)
+        if graphs is None:
+            graphs = self.device.type == "cuda"
+        # graphs: one page and one slot more, which no sequence gets: padded rows' own
+        spare = 1 if graphs else 0
+        self.state = DeviceState(self.spec, num_pages + spare, num_slots + spare, self.device)
         self.slots = SlotPool(num_slots)
+        self.transfers = Transfers(self.device)
+        self.graphs = None
+        if graphs:
+            self.graphs = DecodeGraphs(model, self.state, block_size, num_slots,
+                                       max_seq_pages or max(num_pages, 1), num_pages, num_slots,
+                                       capture=self.device.type == "cuda")
 
     @property
     def vocab_size(self) -> int:
@@ -40,7 +56,8 @@ class Runner:
     def step(self, work: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Compute the next n tokens of each (sequence, n) in one model call.
 
-        Returns float32 logits [len(work), vocab] of each sequence's last computed token.
+        Returns float32 logits [len(work), vocab] of each sequence's last computed token,
+        on the CPU.
         """
         if not work:
             raise ValueError("step needs at least one (sequence, n_tokens)")
@@ -62,17 +79,20 @@ class Runner:
         if total > self.max_batch_tokens:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
-        ids, pos, chunks, last = [], [], [], []
+        ids, chunks, last = [], [], []
         for seq, n in work:
             start, end = seq.num_computed, seq.num_computed + n
-            table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32)
+            table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
             chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
             ids += seq.tokens[start:end]
-            pos += range(start, end)
             last.append(len(ids) - 1)
-        batch = StepBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
-                          chunks, torch.tensor(last, dtype=torch.long))
-        logits = self.model(batch, self.state)
+        if self.graphs is not None and self.graphs.fits(chunks):
+            logits = self.graphs.run(chunks, ids)
+        else:
+            logits = self.model(StepBatch.build(chunks, ids, last, B, self.device), self.state)
+        # the step's one wait for the device: its logits, for sampling on the host (a
+        # copy: a graph's output buffer is overwritten by its next replay)
+        logits = logits.to("cpu", copy=self.graphs is not None)
         for seq, n in work:
             seq.num_computed += n
         return logits
@@ -111,21 +131,22 @@ class Runner:
         return [kv[p] for p in pages]
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:
-        """Copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim]."""
-        idx = torch.as_tensor(pages, dtype=torch.long, device=self.device)
-        return self.state.kv.index_select(0, idx)
+        """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim]."""
+        return self.transfers.to_host(self.state.kv.index_select(0, self.transfers.index(pages)))
 
     def load_pages(self, pages: list[int], kv: torch.Tensor) -> None:
         """Write whole pages kv [n, n_attn, 2, block_size, kv_heads, head_dim]."""
         want = (len(pages), *self.spec.kv_shape())
         if tuple(kv.shape) != want:
             raise ValueError(f"pages have shape {tuple(kv.shape)}, expected {want}")
-        idx = torch.as_tensor(pages, dtype=torch.long, device=self.device)
-        self.state.kv.index_copy_(0, idx, kv.to(self.device, self.state.kv.dtype))
+        pool = self.state.kv
+        self.transfers.to_device(
+            lambda x: pool.index_copy_(0, self.transfers.index(pages), x.to(pool.dtype)), kv)
 
     def read_partial(self, page: int, n: int) -> torch.Tensor:
         """KV of the first n tokens of a page: [n_attn, 2, n, kv_heads, head_dim]."""
-        return self.state.kv[page, :, :, :n].clone(memory_format=torch.contiguous_format)
+        return self.transfers.to_host(
+            self.state.kv[page, :, :, :n].clone(memory_format=torch.contiguous_format))
 
     def load_partial(self, page: int, kv: torch.Tensor) -> None:
         """Write kv [n_attn, 2, r, kv_heads, head_dim] as the first r tokens of a page."""
@@ -133,21 +154,31 @@ class Runner:
         if tuple(kv.shape) != self.spec.kv_shape(r):
             raise ValueError(f"partial page KV has shape {tuple(kv.shape)}, "
                              f"expected {self.spec.kv_shape(max(r, 0))}")
-        self.state.kv[page, :, :, :r] = kv.to(self.device, self.state.kv.dtype)
+        pool = self.state.kv
+        self.transfers.to_device(lambda x: pool[page, :, :, :r].copy_(x), kv)
 
     def read_recurrent(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of a slot's conv state [n_rec, conv_dim, K-1] and ssm state
+        """Host copies of a slot's conv state [n_rec, conv_dim, K-1] and ssm state
         [n_rec, v_heads, k_head_dim, v_head_dim] (float32)."""
         self._need_recurrent()
-        return self.state.conv[slot].clone(), self.state.ssm[slot].clone()
+        return (self.transfers.to_host(self.state.conv[slot].clone()),
+                self.transfers.to_host(self.state.ssm[slot].clone()))
 
     def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
         self._need_recurrent()
         if tuple(conv.shape) != self.spec.conv_shape() or tuple(ssm.shape) != self.spec.ssm_shape():
             raise ValueError(f"recurrent state has shapes {tuple(conv.shape)}, {tuple(ssm.shape)}; "
                              f"expected {self.spec.conv_shape()}, {self.spec.ssm_shape()}")
-        self.state.conv[slot] = conv.to(self.device, self.state.conv.dtype)
-        self.state.ssm[slot] = ssm.to(self.device, self.state.ssm.dtype)
+        self.transfers.to_device(lambda x: self.state.conv[slot].copy_(x), conv)
+        self.transfers.to_device(lambda x: self.state.ssm[slot].copy_(x), ssm)
+
+    def deferred_reads(self):
+        """Inside: read_* return before their copies to the host are done (CUDA); the
+        caller calls settle_reads() before it reads them."""
+        return self.transfers.deferred()
+
+    def settle_reads(self) -> None:
+        self.transfers.settle()
 
     def _need_recurrent(self) -> None:
         if self.state.conv is None:

@@ -25,21 +25,21 @@ class Scratch:
 
     def table(self, seq: int, n_tokens: int) -> torch.Tensor:
         first = seq * self.pages_per_seq
-        return torch.arange(first, first + -(-n_tokens // self.B), dtype=torch.int32)
+        return torch.arange(first, first + -(-n_tokens // self.B), dtype=torch.int32,
+                            device="cpu")
 
     def feed(self, chunks: dict[int, list[int]], all_logits: bool = False) -> torch.Tensor:
         """Append chunks[seq] tokens to each named sequence in one step. Returns logits
         [n_tokens, vocab] of every token (all_logits) or of each chunk's last token."""
-        ids, pos, seqs, logit_idx = [], [], [], []
+        ids, seqs, logit_idx = [], [], []
         for seq, toks in chunks.items():
             start = len(ids)
             ctx = self.lengths[seq]
             ids += toks
-            pos += range(ctx, ctx + len(toks))
             seqs.append(SeqChunk(start, len(toks), ctx, self.table(seq, ctx + len(toks)), seq))
             logit_idx += range(start, start + len(toks)) if all_logits else [start + len(toks) - 1]
             self.lengths[seq] += len(toks)
-        batch = StepBatch(torch.tensor(ids), torch.tensor(pos), seqs, torch.tensor(logit_idx))
+        batch = StepBatch.build(seqs, ids, logit_idx, self.B, self.state.device)
         return self.model(batch, self.state)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-_DTYPES = ("float32", "bfloat16")
 LONG_PROMPT = 4096          # tokens from which the prefill shows a progress bar
 
 
@@ -26,19 +25,23 @@ def add_arguments(p) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=_DTYPES, default="float32")
+    p.add_argument("--device", default="auto",
+                   help="auto (default: CUDA when there is one), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (default: bfloat16 on CUDA, float32 "
+                   "on the CPU), bfloat16, float16 or float32")
     p.add_argument("--weights", choices=("keep", "expand"), default="keep",
                    help="keep a GGUF's quantized tensors in their formats (default) or "
                         "expand them to the dtype at load")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs for decode steps (default: graphs on CUDA)")
 
 
 def run(args) -> int:
-    import torch
-
     from ckptd.daemon.engine import local_engine
     from ckptd.model.default import default_model_path
     from ckptd.model.loader import load
+    from ckptd.model.placement import resolve
     from ckptd.model.sampling.sampler import SamplingParams
 
     # Check everything the user typed before the model is loaded.
@@ -47,8 +50,9 @@ def run(args) -> int:
                             seed=args.seed, stop=tuple(args.stop))
     if args.block_size <= 0:
         raise ValueError(f"--block-size must be positive, got {args.block_size}")
+    where = resolve(args.device, args.dtype)
     text_in = args.prompt if args.prompt is not None else _read(args.prompt_file)
-    model, tok = load(args.model or default_model_path(), dtype=getattr(torch, args.dtype),
+    model, tok = load(args.model or default_model_path(), where.dtype, where.device,
                       weights=args.weights)
     if args.raw:
         prompt = tok.encode(text_in, add_special_tokens=True)
@@ -63,7 +67,8 @@ def run(args) -> int:
     if total > limit:
         raise ValueError(f"prompt ({len(prompt)} tokens) + --max-tokens ({params.max_tokens}) "
                          f"exceeds the model's context of {limit} tokens")
-    engine = local_engine(model, tok, -(-total // args.block_size) + 1, args.block_size)
+    engine = local_engine(model, tok, -(-total // args.block_size) + 1, args.block_size,
+                          graphs=False if args.enforce_eager else None)
     text = ""
     with _PrefillBar(len(prompt)) as bar:
         for ev in engine.stream(prompt, params, on_prefill=bar.update):

@@ -23,7 +23,7 @@ from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers import pagein
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
-from ckptd.cache.tiers.host import HostTier
+from ckptd.cache.tiers.host import HostTier, owned_copy
 from ckptd.model.spec import StateSpec
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,9 @@ class Reader:
                                  f"{len(into_pages)}")
             outs = into_pages[:nb]
         elif nb:
-            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype)
+            # pinned where there is CUDA: the copy up to the device is then asynchronous
+            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype,
+                                pin_memory=torch.cuda.is_available())
             outs = list(pages)
         else:
             outs = []
@@ -243,7 +245,7 @@ class Reader:
         return False
 
     def _promote(self, items: list) -> None:
-        copies = [(k, m, {n: t.clone() for n, t in v.items()}) for k, m, v in items]
+        copies = [(k, m, {n: owned_copy(t) for n, t in v.items()}) for k, m, v in items]
         with self.catalog.lock:                      # deletes leave the index under it first
             for k, m, v in copies:
                 if self.catalog.index.get(k) is not None:

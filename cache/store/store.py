@@ -42,7 +42,7 @@ from ckptd.cache.store.remote_link import RemoteLink
 from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
-from ckptd.cache.tiers.host import HostTier, tensors_nbytes
+from ckptd.cache.tiers.host import HostTier, owned_copy, tensors_nbytes
 from ckptd.model.spec import StateSpec
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ class CacheStore:
             meta = EntryMeta(BLOCK, keys[i - 1] if i else root, (i + 1) * self.B,
                              tokens[i * self.B:(i + 1) * self.B], self.fp,
                              plain=ctx.plain(i, self.B))
-            new += self._put(keys[i], meta, {"kv": pages[j].detach().clone()})
+            new += self._put(keys[i], meta, {"kv": owned_copy(pages[j])})
         return new
 
     def put_snapshot(self, tokens, snapshot: Snapshot, salt: str | bytes | None = None,
@@ -267,7 +267,7 @@ class CacheStore:
         if not self.catalog.known(key):
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
                              plain=ctx.plain(d, self.B), role=role)
-            self._put(key, meta, {k: v.detach().clone() for k, v in tensors.items()})
+            self._put(key, meta, {k: owned_copy(v) for k, v in tensors.items()})
             if keep is not None:
                 self.thinner.thin(tokens, parents, keep, ctx)
         return key
@@ -395,3 +395,4 @@ def _ints(tokens) -> list[int]:
     """tokens as a list of ints. The daemon's lists pass as they are: converting a
     long prompt again costs ~1 ms per call (16K tokens), and it makes several calls."""
     return tokens if type(tokens) is list else list(map(int, tokens))
+

@@ -18,6 +18,14 @@ from ckptd.cache.entry import SNAPSHOT, EntryMeta
 Tensors = dict[str, torch.Tensor]
 
 
+def owned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy a value owns alone; pinned stays pinned (on a GPU, a restore's copy up to
+    the device is then asynchronous: model/transfers.py)."""
+    if not t.is_pinned():
+        return t.detach().clone()
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
 def tensors_nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 
 from ckptd.kernels.conv1d import naive
+from ckptd.kernels.varlen import host_cu
 
 
 def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
                          activation="silu"):
     """x [N, C]; weight [C, K]; cu_seqlens int [n + 1]; conv_pool [S, C, K-1] updated in
     place at state_indices int [n]. Returns y [N, C]."""
-    cu = [int(c) for c in (cu_seqlens.tolist() if torch.is_tensor(cu_seqlens) else cu_seqlens)]
+    cu = host_cu(cu_seqlens)
     if len(state_indices) != len(cu) - 1:
         raise ValueError(f"need one state index per sequence: {len(cu) - 1}, "
                          f"got {len(state_indices)}")

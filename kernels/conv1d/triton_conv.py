@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels.varlen import device_cu, host_cu
+
 
 @triton.jit
 def _silu(x, ACT: tl.constexpr):
@@ -140,7 +142,7 @@ def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
     y [N, C] in x's dtype."""
     C, KW = _check(x, weight, bias, conv_pool)
     act = _activation(activation)
-    cu = [int(c) for c in (cu_seqlens.tolist() if torch.is_tensor(cu_seqlens) else cu_seqlens)]
+    cu = host_cu(cu_seqlens)
     N = x.shape[0]
     if not cu or cu[0] != 0 or cu[-1] != N or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"cu_seqlens must rise from 0 to {N}, got {cu}")
@@ -156,7 +158,7 @@ def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
     max_len = max(b - a for a, b in zip(cu, cu[1:]))
     BT = min(64, max(16, triton.next_power_of_2(max(max_len, 1))))
     BC = min(128, triton.next_power_of_2(C))
-    cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
+    cu_t = device_cu(cu_seqlens, dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
     b = bias if bias is not None else weight
     grid = (n, max(1, triton.cdiv(max_len, BT)), triton.cdiv(C, BC))

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels.varlen import CHUNK, Varlen, chunk_bounds, device_cu, host_cu
+
 SUB = 16  # rows of one diagonal block solved by forward substitution
 
 
@@ -147,7 +149,7 @@ def check_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices) -> lis
         raise ValueError(f"state_pool must be float32, got {state_pool.dtype}")
     if state_pool.stride()[1:] != (K * V, V, 1):
         raise ValueError("state_pool must be contiguous inside a slot")
-    cu = [int(c) for c in (cu_seqlens.tolist() if torch.is_tensor(cu_seqlens) else cu_seqlens)]
+    cu = host_cu(cu_seqlens)
     if not cu or cu[0] != 0 or cu[-1] != N or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"cu_seqlens must rise from 0 to {N}, got {cu}")
     if len(state_indices) != len(cu) - 1:
@@ -164,7 +166,7 @@ def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, stat
     """Chunked prefill of several packed sequences.
 
     q, k [N, H, K] (L2-normalized); v [N, H, V]; g [N, H] log decay; beta [N, H];
-    cu_seqlens int [n + 1] (sequence i is tokens cu[i]:cu[i+1]); state_pool [S, H, K, V]
+    cu_seqlens int [n + 1] or a Varlen (sequence i is tokens cu[i]:cu[i+1]); state_pool [S, H, K, V]
     fp32 (slots contiguous inside); state_indices int [n]. Sequence i starts from
     state_pool[state_indices[i]] and leaves its final state there. Returns o [N, H, V]
     in v's dtype.
@@ -180,21 +182,23 @@ def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, stat
     o = torch.empty(N, H, V, dtype=v.dtype, device=dev)
     if N == 0:
         return o
-    bos = [s for a, b in zip(cu, cu[1:]) for s in range(a, b, chunk_size)]
-    eos = [min(s + chunk_size, b) for a, b in zip(cu, cu[1:]) for s in range(a, b, chunk_size)]
-    chunk_bos = torch.tensor(bos, dtype=torch.int32, device=dev)
-    chunk_eos = torch.tensor(eos, dtype=torch.int32, device=dev)
+    if isinstance(cu_seqlens, Varlen) and chunk_size == CHUNK:   # built with the step
+        chunk_bos, chunk_eos = cu_seqlens.chunk_bos, cu_seqlens.chunk_eos
+    else:
+        bos, eos = chunk_bounds(cu, chunk_size)
+        chunk_bos = torch.tensor(bos, dtype=torch.int32, device=dev)
+        chunk_eos = torch.tensor(eos, dtype=torch.int32, device=dev)
     w = torch.empty(N, H, K, dtype=torch.float32, device=dev)
     u = torch.empty(N, H, V, dtype=torch.float32, device=dev)
     gc = torch.empty(N, H, dtype=torch.float32, device=dev)
     BK = max(16, triton.next_power_of_2(K))
     BV_all = max(16, triton.next_power_of_2(V))
     prec = _precision(q, k, v)
-    _prepare_kernel[(len(bos), H)](k, v, g, beta, w, u, gc, chunk_bos, chunk_eos, H, K=K, V=V,
-                                   BT=chunk_size, BK=BK, BV=BV_all, SUB=SUB, PREC=prec,
-                                   num_warps=8 if max(BK, BV_all) >= 128 else 4)
+    _prepare_kernel[(chunk_bos.numel(), H)](
+        k, v, g, beta, w, u, gc, chunk_bos, chunk_eos, H, K=K, V=V, BT=chunk_size, BK=BK,
+        BV=BV_all, SUB=SUB, PREC=prec, num_warps=8 if max(BK, BV_all) >= 128 else 4)
     BV = min(BV_all, 64)
-    cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
+    cu_t = device_cu(cu_seqlens, dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
     grid = (len(cu) - 1, H, triton.cdiv(V, BV))
     _state_output_kernel[grid](q, k, w, u, gc, o, state_pool, idx, cu_t, scale, H,

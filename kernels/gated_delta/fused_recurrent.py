@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ckptd.kernels.gated_delta.chunk import check_varlen
+from ckptd.kernels.varlen import device_cu
 
 
 @triton.jit
@@ -94,7 +95,7 @@ def recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, 
         raise ValueError(f"heads_per_program must be a power of two, got {BH}")
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), 32 if dev.type == "cuda" else 64)  # GPU: more programs
-    cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
+    cu_t = device_cu(cu_seqlens, dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
     grid = (len(cu) - 1, triton.cdiv(H, BH), triton.cdiv(V, BV))
     _recurrent_kernel[grid](q, k, v, g, beta, o, state_pool, idx, cu_t, scale, H,

@@ -73,7 +73,9 @@ def _align(topk_ids: torch.Tensor, n_experts: int, BM: int):
     n_slots = flat.numel()
     n_blocks = triton.cdiv(n_slots, BM) + min(n_experts, n_slots)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=n_experts)
+    # not bincount: on CUDA it reads the ids' max back to the host (a sync per layer)
+    counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(
+        0, flat, torch.ones_like(flat))
     starts = torch.cumsum(counts, 0) - counts                     # first sorted pair of e
     padded = (counts + BM - 1) // BM * BM
     padded_ends = torch.cumsum(padded, 0)

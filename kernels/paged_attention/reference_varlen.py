@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 
 from ckptd.kernels.paged_attention import naive
+from ckptd.kernels.varlen import host_cu
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
                            max_q_len=None):
     """q [N, Hq, D] packed by cu_seqlens int [n + 1]; ctx_lens int [n]; page_tables int32
     [n, max_pages]. Returns o [N, Hq, D]. max_q_len is accepted and unused."""
-    cu = [int(c) for c in (cu_seqlens.tolist() if torch.is_tensor(cu_seqlens) else cu_seqlens)]
+    cu = host_cu(cu_seqlens)
     o = torch.empty_like(q)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
         ctx = int(ctx_lens[i])

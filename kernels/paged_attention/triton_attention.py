@@ -38,8 +38,9 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
         hq = i_kh * G + r % G                         # its query head
         d = tl.arange(0, BD)
         md = d < D
+        # products in the pool's dtype (bf16 tensor cores on a GPU), accumulated in fp32
         b_q = tl.load(q + (bos + tq)[:, None] * stride_qt + hq[:, None] * stride_qh + d[None, :],
-                      mask=mr[:, None] & md[None, :], other=0.).to(tl.float32) * scale
+                      mask=mr[:, None] & md[None, :], other=0.).to(pool.dtype.element_ty)
         q_pos = ctx + tq
         # keys past the last query of this block are masked for every row: stop there
         kv_end = ctx + tl.minimum(q_len, (i_r * BR + BR - 1) // G + 1)
@@ -56,9 +57,9 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
             page = tl.load(p_tab + n // B, mask=mn, other=0).to(tl.int64)
             p_k = base + page[:, None] * stride_p + (n % B)[:, None] * stride_b + d[None, :]
             m_kv = mn[:, None] & md[None, :]
-            b_k = tl.load(p_k, mask=m_kv, other=0.).to(tl.float32)             # [BN, BD]
-            b_v = tl.load(p_k + stride_kv, mask=m_kv, other=0.).to(tl.float32)
-            s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)              # [BR, BN]
+            b_k = tl.load(p_k, mask=m_kv, other=0.)                             # [BN, BD]
+            b_v = tl.load(p_k + stride_kv, mask=m_kv, other=0.)
+            s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale      # [BR, BN]
             s = tl.where((n[None, :] <= q_pos[:, None]) & mn[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # a row may see no key yet in a split of a long chunk: keep exp() off -inf - -inf
@@ -66,7 +67,7 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
             p = tl.exp(s - m_use[:, None])
             alpha = tl.exp(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, b_v, input_precision=PREC)
+            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PREC)
             m_i = m_new
         m_out = mr[:, None] & md[None, :]
         if SPLIT:

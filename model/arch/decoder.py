@@ -99,8 +99,8 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: StepBatch, state: DeviceState) -> torch.Tensor:
         ctx = StepContext.build(batch, state, self.config)
-        x = self.model.embed_tokens(batch.input_ids.to(self.device))
+        x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)
-        x = self.model.norm(x[batch.logits_index.to(self.device)])
+        x = self.model.norm(x[batch.logits_index])
         return (self.lm_head(x) if self.head is None else self.head(x)).float()

@@ -69,32 +69,14 @@ class GatedDeltaNet(nn.Module):
         beta = b.float().sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         weight = self.conv1d.weight[:, 0, :]                        # [conv_dim, K]
-        conv, ssm = ctx.state.conv, ctx.state.ssm
         r = self.rec_index
-        seqs = ctx.batch.seqs
-        out = torch.empty(N, self.hv, self.dv, dtype=x.dtype, device=x.device)
-        if ctx.batch.is_decode_only:
-            # all sequences advance one token: batch them, heads of all sequences side by side
-            idx = torch.tensor([s.q_start for s in seqs], device=x.device)
-            slots = torch.tensor([s.slot for s in seqs], device=x.device)
-            y, conv[slots, r] = ops.causal_conv1d_update(qkv[idx], conv[slots, r], weight)
-            q, k, v = self._split(y)                                # [n, h, d]
-            n = len(seqs)
-            o, s_new = ops.recurrent_gated_delta_rule(
-                q.reshape(1, n * self.hv, self.dk), k.reshape(1, n * self.hv, self.dk),
-                v.reshape(1, n * self.hv, self.dv), g[idx].reshape(1, -1), beta[idx].reshape(1, -1),
-                ssm[slots, r].reshape(n * self.hv, self.dk, self.dv))
-            ssm[slots, r] = s_new.view(n, self.hv, self.dk, self.dv)
-            out[idx] = o.view(n, self.hv, self.dv)
-        else:
-            for s in seqs:
-                sl = slice(s.q_start, s.q_start + s.q_len)
-                y, conv[s.slot, r] = ops.causal_conv1d(qkv[sl], weight, None, conv[s.slot, r])
-                q, k, v = self._split(y)
-                rule = ops.recurrent_gated_delta_rule if (s.q_len == 1 or _FORCE_RECURRENT) \
-                    else ops.chunk_gated_delta_rule
-                o, ssm[s.slot, r] = rule(q, k, v, g[sl], beta[sl], ssm[s.slot, r])
-                out[sl] = o
+        varlen = ctx.batch.varlen
+        # one call per layer for the whole step: every sequence's conv and delta-rule
+        # state is read from its slot and written back there, in place
+        y = ops.step_conv1d(qkv, weight, ctx.state.conv[:, r], varlen)
+        q, k, v = self._split(y)
+        out = ops.step_gated_delta(q, k, v, g, beta, ctx.state.ssm[:, r], varlen,
+                                   recurrent=_FORCE_RECURRENT)
         out = self.norm(out.reshape(N * self.hv, self.dv), z.reshape(N * self.hv, self.dv))
         out = out.reshape(N, self.value_dim)
         return self.out_proj(out) if self.out is None else self.out(out)

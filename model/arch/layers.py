@@ -21,24 +21,17 @@ from ckptd.model.state import DeviceState
 
 @dataclass
 class StepContext:
-    """Per-step values every layer needs, computed once per forward."""
+    """Per-step values every layer needs, computed once per forward on the model's
+    device (the batch's tensors are there already: model/batch.py)."""
     batch: StepBatch
     state: DeviceState
-    slots: torch.Tensor  # int64 [N]: flat KV slot (page * block_size + offset) of each token
     cos: torch.Tensor    # [N, rotary_dim]
     sin: torch.Tensor
 
     @classmethod
     def build(cls, batch: StepBatch, state: DeviceState, cfg: ModelConfig) -> StepContext:
-        B = state.spec.block_size
-        parts = []
-        for s in batch.seqs:
-            pos = torch.arange(s.ctx_len, s.ctx_len + s.q_len)
-            pages = s.page_table.long()[pos // B]
-            parts.append(pages * B + pos % B)
-        slots = torch.cat(parts).to(state.device) if parts else torch.empty(0, dtype=torch.long)
         cos, sin = ops.rotary_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
-        return cls(batch, state, slots, cos, sin)
+        return cls(batch, state, cos, sin)
 
 
 class RMSNorm(nn.Module):
@@ -187,29 +180,9 @@ class Attention(nn.Module):
         q = ops.apply_rotary(q, ctx.cos, ctx.sin)
         k = ops.apply_rotary(k, ctx.cos, ctx.sin)
         kv = ctx.state.kv
-        ops.write_kv(kv, self.attn_index, ctx.slots, k, v)
-        out = self._attend(q, kv, ctx.batch)
+        ops.write_kv(kv, self.attn_index, ctx.batch.kv_slots, k, v)
+        out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale)
         out = out.reshape(N, self.h * self.d)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out) if self.out is None else self.out(out)
-
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        seqs = batch.seqs
-        if batch.is_decode_only and len(seqs) > 1:
-            width = max(len(s.page_table) for s in seqs)
-            tables = torch.zeros(len(seqs), width, dtype=torch.int32)
-            for i, s in enumerate(seqs):
-                tables[i, :len(s.page_table)] = s.page_table
-            lens = torch.tensor([s.ctx_len + 1 for s in seqs], dtype=torch.int32)
-            order = torch.tensor([s.q_start for s in seqs])
-            out = torch.empty_like(q)
-            out[order] = ops.paged_decode_attention(q[order], kv, self.attn_index, tables, lens,
-                                                    self.scale)
-            return out
-        out = torch.empty_like(q)
-        for s in seqs:
-            sl = slice(s.q_start, s.q_start + s.q_len)
-            out[sl] = ops.paged_attention(q[sl], kv, self.attn_index, s.page_table, s.ctx_len,
-                                          self.scale)
-        return out

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-snapshots", type=int, default=16)
     p.add_argument("--dir", help="where the store goes (default: a temporary folder)")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--device", default="cpu", help="restore onto this device too (cuda: "
+                   "the copy up from pinned buffers is part of the restore's time)")
     args = p.parse_args(argv)
     if args.tokens < B or args.snapshot_budget <= 0 or args.max_snapshots < 2:
         print("big_state: --tokens >= 16, --snapshot-budget > 0, --max-snapshots >= 2",
@@ -106,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         plan = store.lookup(tokens)
         t0 = time.perf_counter()
         restored = store.load(plan)
+        if args.device != "cpu":
+            device = torch.device(args.device)
+            on_device = [t.to(device, non_blocking=True) for t in
+                         (restored.pages, *restored.snapshot.tensors().values())]
+            torch.cuda.synchronize(device)
+            row["pinned"] = restored.pages.is_pinned()
+            del on_device
         seconds = time.perf_counter() - t0
         assert restored.ok and restored.position == len(tokens), restored
         logical = restored.pages.numel() * 2 + sum(
@@ -116,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         plain = plain_file(Path(tmp) / "plain.bin", torch.empty(logical, dtype=torch.uint8),
                            cold=dropped)
         plain_s = plain.get("cold_read_s", plain["warm_read_s"])
-        row.update(restore_s=round(seconds, 2), restore_mb_s=round(logical / seconds / 1e6),
+        row.update(device=args.device, restore_s=round(seconds, 2),
+                   restore_mb_s=round(logical / seconds / 1e6),
                    plain_read_s=round(plain_s, 2), plain_read_mb_s=round(logical / plain_s / 1e6),
                    page_cache_dropped=dropped,
                    restore_vs_plain=round(plain_s / seconds, 2))

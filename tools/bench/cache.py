@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-MODELS = ("tiny-hybrid", "smollm2")
+MODELS = ("tiny-hybrid", "smollm2", "a3b")     # a3b: random weights (bench/shapes.py)
 LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 PHASES = ("cold", "device", "host", "disk")
 
@@ -70,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--step-tokens", type=int, default=2048, help="prefill chunk (tokens)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    p.add_argument("--layers", type=int, default=8,
+                   help="layers of the a3b-shaped model (the real one has 40)")
     p.add_argument("--store-dir", help="where the stores go (default: a temporary folder)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--keep-page-cache", action="store_true",
@@ -91,13 +95,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--interval must be a positive multiple of --block-size")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    from ckptd.model.placement import resolve
+    where = resolve(args.device, args.dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     root = Path(args.store_dir or tempfile.mkdtemp(prefix="ckptd-bench-cache-"))
     rows: list[Row] = []
     try:
         for name in models:
-            model, tok = _load(name, root)
+            model, tok = _load(name, root, where, args.layers)
             limit = model.config.max_position_embeddings - args.question
             _warm_up(model, min(min(lengths), limit), args)
             for n in lengths:
@@ -118,14 +124,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(name: str, root: Path):
+def _load(name: str, root: Path, where, layers: int):
+    """(model, tokenizer); a random-weight model has no tokenizer (random ids)."""
     from ckptd.model.loader import load
 
+    if name == "a3b":
+        from ckptd.tools.bench.shapes import a3b_config, random_model
+        return random_model(a3b_config(layers), where.dtype, where.device), None
     if name == "smollm2":
         from ckptd.model.default import default_model_path
-        return load(default_model_path())
+        return load(default_model_path(), where.dtype, where.device)
     from ckptd.tools.make_tiny import make_tiny
-    return load(make_tiny("qwen3_5_text", root / "tiny-hybrid-model"))
+    return load(make_tiny("qwen3_5_text", root / "tiny-hybrid-model"), where.dtype,
+                where.device)
 
 
 def _warm_up(model, n: int, args) -> None:
@@ -152,9 +163,13 @@ def _warm_up(model, n: int, args) -> None:
 
 
 def _tokens(tok, n: int) -> list[int]:
-    """n tokens of English text (repeated when the text runs out)."""
+    """n tokens of English text (repeated when the text runs out); random ids where the
+    model has no tokenizer."""
     from ckptd.tools.bench.store import english_text
 
+    if tok is None:
+        return torch.randint(3, 100_000, (n,), generator=torch.Generator().manual_seed(n),
+                             device="cpu").tolist()
     ids = tok.encode(english_text(8 * n))
     return (ids * -(-n // len(ids)))[:n]
 
@@ -224,7 +239,7 @@ def first_token(cache, runner, tokens: list[int], step: int):
         else:
             work = Work(seq, step)
             cache.admit([work])
-    int(logits.argmax())                                    # the first token (greedy)
+    int(logits.argmax())                  # the first token (greedy; logits are on the host)
     seconds = time.perf_counter() - t0
     cache.finish(seq, checkpoint=False)
     cache.settle()              # the prompt's checkpoint, stored outside the timing

@@ -24,6 +24,7 @@ import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
+from ckptd.model.placement import check_names
 from ckptd.tools.bench import report as bench_report
 from ckptd.tools.bench import scenarios as bench_scenarios
 from ckptd.tools.bench.client import Client, ServerError
@@ -53,6 +54,10 @@ def add_arguments(parser) -> None:
                        "--serve-arg=--snapshot-interval=256 (repeatable)")
     where.add_argument("--weights", choices=("keep", "expand"),
                        help="the started daemon's --weights (default: its own, keep)")
+    where.add_argument("--device", help="the started daemon's --device: auto, cpu, cuda or "
+                       "cuda:N (default: the daemon's, auto)")
+    where.add_argument("--dtype", help="the started daemon's --dtype: auto, bfloat16, float16 "
+                       "or float32 (default: the daemon's, auto)")
     where.add_argument("--api-key", help="the daemon's API key")
     where.add_argument("--peer", metavar="URL", help="also run every scenario against this "
                        "OpenAI-compatible server (llama.cpp, llama-cpp-python)")
@@ -85,9 +90,11 @@ def _check(args) -> tuple[list[str], list[int]]:
                          "not both")
     if args.peer_command is not None and "{port}" not in args.peer_command:
         raise ValueError("--peer-command must contain {port}, where the peer listens")
-    if args.url and (args.cache_dir or args.serve_arg or args.weights):
-        raise ValueError("--cache-dir, --serve-arg and --weights apply only to a daemon "
-                         "started with --model")
+    if args.url and (args.cache_dir or args.serve_arg or args.weights or args.device
+                     or args.dtype):
+        raise ValueError("--cache-dir, --serve-arg, --weights, --device and --dtype apply "
+                         "only to a daemon started with --model")
+    check_names(args.device or "auto", args.dtype or "auto")
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad or not scenarios:
@@ -140,8 +147,10 @@ def run(args) -> int:
         daemon = None
         if started:
             cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp) / "cache"
-            serve = args.serve_arg + ([f"--weights={args.weights}"] if args.weights else [])
-            daemon = ManagedDaemon(args.model, cache_dir, out / "daemon.log", serve)
+            extra = [f"--{k}={v}" for k, v in (("device", args.device), ("dtype", args.dtype),
+                                                ("weights", args.weights)) if v]
+            daemon = ManagedDaemon(args.model, cache_dir, out / "daemon.log",
+                                   [*args.serve_arg, *extra])
             log(f"starting {' '.join(daemon.command())}")
             client = daemon.start()
         else:

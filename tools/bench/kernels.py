@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-gbps", type=float, default=0.0,
                         help="the device's memory bandwidth (H100 SXM: 3350)")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--ctx", type=int, help="cached tokens per decoding sequence and "
+                        "before a prefill chunk (default 8192)")
     parser.add_argument("--out", help="also write the rows as JSON here")
 
 
@@ -258,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
     if not cuda:
         dt = torch.float32                                   # the interpreter's bf16 is wrong
     sizes = Sizes() if cuda else SMOKE
+    if args.ctx:
+        sizes = replace(sizes, ctx=args.ctx)
     iters = args.iters if cuda else 1
     rows = []
     print(f"{'op':<18} {'impl':<24} {'ms':>9} {'TFLOP/s':>8} {'GB/s':>8} {'% peak':>7}")

@@ -42,6 +42,11 @@ def _vocab(model: str) -> int:
     return len(tokens)
 
 
+# A cold 250K-token prompt streams nothing for many minutes on a CPU (the first token
+# ends the prefill): the client waits that long for both servers.
+_TIMEOUT = 4 * 3600.0
+
+
 def _row(server: str, phase: str, m: Measured) -> dict:
     return {"server": server, "phase": phase, "ttft_ms": round(m.ttft_ms, 1),
             "prompt_n": m.prompt_n, "computed_n": m.computed_n, "cache_n": m.cache_n}
@@ -51,6 +56,7 @@ def scenario(name: str, server, doc: list[int], questions: list[list[int]],
              answer: int) -> list[dict]:
     """Runs the workload on a started server (ManagedDaemon or ManagedPeer)."""
     client: Client = server.client
+    client.timeout = _TIMEOUT
     client.complete([1, 2, 3, 4], 2)                       # one-time costs land here
     rows = [_row(name, "cold", client.complete(doc + questions[0], answer))]
     for i, q in enumerate(questions[1:-1], 1):
@@ -58,6 +64,7 @@ def scenario(name: str, server, doc: list[int], questions: list[list[int]],
         print(f"{name}: {rows[-1]}", flush=True)
     server.kill()
     client = server.start()
+    client.timeout = _TIMEOUT
     rows.append(_row(name, "restart", client.complete(doc + questions[-1], answer)))
     print(f"{name}: {rows[0]}\n{name}: {rows[-1]}", flush=True)
     return rows
