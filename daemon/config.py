@@ -62,7 +62,7 @@ class ServeConfig:
     step_tokens: int = 256                 # tokens per model step (decodes + prefill chunk)
     max_body: int = 32 * 2**20             # bytes of one request body
     max_tokens: int | None = None          # tokens one request may generate; None: the context
-    request_timeout: float = 600.0         # seconds a request may take, queue included
+    request_timeout: float | None = None   # seconds a request may take, queue included
     drain_timeout: float = 10.0            # seconds SIGTERM waits for running requests
     api_key: str | None = None
     admin_key: str | None = None           # set: /cache/* needs this key (the API key won't do)
@@ -123,7 +123,8 @@ class ServeConfig:
         if self.step_tokens < self.parallel:
             raise ValueError(f"step_tokens ({self.step_tokens}) must be >= parallel "
                              f"({self.parallel}): every decoding sequence needs a token a step")
-        if self.request_timeout <= 0 or self.drain_timeout < 0:
+        if (self.request_timeout is not None and self.request_timeout <= 0) \
+                or self.drain_timeout < 0:
             raise ValueError("request_timeout must be positive and drain_timeout >= 0")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
@@ -210,7 +211,8 @@ SETTINGS: dict[str, tuple] = {
     "max_body": ("size", "largest request body (default 32MiB)"),
     "max_tokens": (_INT, "most tokens one request may generate (default: what the context "
                          "leaves)"),
-    "request_timeout": (float, "seconds one request may take (default 600)"),
+    "request_timeout": (float, "seconds one request may take, queue included (default: no "
+                               "limit: a cold 250K-token prompt takes many minutes on a CPU)"),
     "drain_timeout": (float, "seconds SIGTERM lets running requests finish (default 10)"),
     "api_key": (str, "require 'Authorization: Bearer KEY' on every endpoint but /health"),
     "admin_key": (str, "require 'Authorization: Bearer KEY' with this key on /cache/*; it "

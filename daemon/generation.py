@@ -42,7 +42,7 @@ class Result:
 
 class Generation:
     def __init__(self, engine: Engine, tokens: list[int], params: SamplingParams,
-                 salt: str | None, use_cache: bool, timeout_s: float,
+                 salt: str | None, use_cache: bool, timeout_s: float | None,
                  on_close: Callable[[], None] | None = None, progress: bool = False,
                  id_slot: int | None = None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -84,11 +84,13 @@ class Generation:
         set when this returns normally.
         The engine enforces the time limit; past it (and a grace period) the request
         is ended here too, so a client never waits on a request the worker lost."""
-        deadline = self.loop.time() + self.req.timeout_s + GRACE_S
+        limit = self.req.timeout_s
+        deadline = None if limit is None else self.loop.time() + limit + GRACE_S
         try:
             while True:
                 try:
-                    ev = await asyncio.wait_for(self.queue.get(), deadline - self.loop.time())
+                    wait = None if deadline is None else deadline - self.loop.time()
+                    ev = await asyncio.wait_for(self.queue.get(), wait)
                 except asyncio.TimeoutError:
                     ev = Finished(FinishReason.ERROR, self.req.stats, RequestTimeout(
                         f"no answer within the request's time limit ({self.req.timeout_s} s)"))

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from ckptd.daemon.config import ServeConfig
 from tests.daemon.daemon_proc import ROOT, Daemon, start
 
 KEY = "s3cret-key"
@@ -133,3 +134,20 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
     assert r.returncode == 2 and "snapshot_interval" in r.stderr, r.stderr
     r = _serve("--disk-budget", "lots", "--cache-dir", str(tmp_path))
     assert r.returncode == 2 and "--disk-budget" in r.stderr, r.stderr
+
+
+def test_a_request_past_its_time_limit_gets_504_and_the_daemon_goes_on(tiny_hybrid_dir,
+                                                                      tmp_path):
+    """No limit by default (a cold long prompt on a CPU takes many minutes); with
+    --request-timeout, a generation past it ends with a 504 naming the limit."""
+    d = start(tiny_hybrid_dir, tmp_path / "cache", "--request-timeout", "0.5")
+    try:
+        r = d.post("/completion", {"prompt": "hello", "n_predict": 100_000,
+                                   "ignore_eos": True}, timeout=60)
+        assert r.status == 504, r.text
+        assert "time limit (0.5 s)" in r.json["error"]["message"]
+        ok = d.post("/completion", {"prompt": "hello", "n_predict": 2})
+        assert ok.status == 200, ok.text
+    finally:
+        assert d.stop() == 0, d.output()
+    assert ServeConfig().request_timeout is None
