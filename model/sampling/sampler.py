@@ -1,8 +1,9 @@
 """Sampling parameters and one-token sampling from a logits row.
 
-Filters apply in the order llama.cpp and vLLM use: temperature, top-k, top-p,
-min-p. Each request has its own torch.Generator, so a seeded request draws the
-same tokens whatever else shares its batch.
+Filters (filters.py) apply in the order vLLM uses: temperature, then top-n-sigma,
+top-k, typical, top-p, min-p and XTC, unless a request names its own order
+(llama.cpp's `samplers`). Each request has its own torch.Generator, so a seeded
+request draws the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ckptd.model.sampling import filters
 from ckptd.model.sampling.grammar import Compiled
 from ckptd.model.sampling.penalties import Penalties
 
@@ -37,6 +39,15 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token, added to its logit; -inf: never)
     grammar: Compiled | None = None     # constrained decoding (model/sampling/grammar.py)
     post_sampling_probs: bool = False   # report probabilities after the filters, not logprobs
+    # llama.cpp's other filters (filters.py); each value here turns its filter off
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    min_keep: int = 0                   # the fewest tokens a cutting filter leaves
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    samplers: tuple[str, ...] | None = None     # the filters and their order; None: ckptd's
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -65,6 +76,20 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be > 0, got 0")
         if self.penalty_last_n is not None:
             _int("penalty_last_n", self.penalty_last_n, lo=-1)
+        _real("typical_p", self.typical_p, lo=0.0, hi=1.0)
+        _real("top_n_sigma", self.top_n_sigma, lo=-math.inf)
+        _int("min_keep", self.min_keep, lo=0)
+        _real("xtc_probability", self.xtc_probability, lo=0.0, hi=1.0)
+        _real("xtc_threshold", self.xtc_threshold, lo=0.0, hi=1.0)
+        _real("dynatemp_range", self.dynatemp_range, lo=0.0)
+        _real("dynatemp_exponent", self.dynatemp_exponent, lo=0.0)
+        if self.samplers is not None:
+            names = tuple(self.samplers)
+            object.__setattr__(self, "samplers", names)
+            unknown = [n for n in names if n not in filters.FILTERS and
+                       filters.sampler_name(n) != n]
+            if unknown:
+                raise ValueError(f"samplers: unknown sampler {unknown[0]!r}")
         bias = tuple((t, b) for t, b in self.logit_bias)
         object.__setattr__(self, "logit_bias", bias)
         for t, b in bias:
@@ -158,21 +183,7 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a non-greedy draw samples from: [vocab], sums to 1."""
-        p = self.params
-        scaled = logits.detach().float().cpu() / p.temperature
-        if p.top_k and p.top_k < scaled.numel():
-            kth = torch.topk(scaled, p.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = scaled.softmax(-1)
-        if p.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            # keep the smallest set of most likely tokens whose mass reaches top_p:
-            # a token goes when the mass before it already does (the first always stays)
-            drop = sorted_p.cumsum(-1) - sorted_p >= p.top_p
-            probs[order[drop]] = 0.0
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        return probs / probs.sum()
+        return filters.chain(logits, self.params, self.gen)
 
     def _draw(self, logits: torch.Tensor) -> int:
         # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race); it uses one
