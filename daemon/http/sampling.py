@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.model.sampling.filters import CHARS, sampler_name
 from ckptd.model.sampling.grammar import GBNF, Constraint, schema_constraint
 from ckptd.model.sampling.sampler import SamplingParams
 
@@ -46,6 +47,57 @@ class ParseContext:
     vocab_size: int
     defaults: ApiDefaults
     encode: object = None           # text -> token ids (logit bias given as text)
+    verbose: bool = False           # answers carry __verbose unless a request says no
+
+
+# llama-server sampling fields ckptd does not implement: accepted at the value that
+# turns them off (clients such as llama.cpp's web UI send every field with its default),
+# a 400 naming the field otherwise, never silently dropped. name -> (read, active, what)
+_REFUSED = {
+    "mirostat": ("int", lambda v: v != 0, "mirostat sampling"),
+    "dry_multiplier": ("float", lambda v: v > 0, "DRY (the repetition penalty)"),
+    "adaptive_target": ("float", lambda v: v >= 0, "adaptive-p sampling"),
+    "n_indent": ("int", lambda v: v > 0, "n_indent (stopping on indentation)"),
+    "t_max_predict_ms": ("int", lambda v: v > 0, "a time limit on generation"),
+    "t_max_prompt_ms": ("int", lambda v: v > 0, "a time limit on the prompt"),
+    "grammar_lazy": ("bool", lambda v: v, "lazy grammars (grammar_triggers)"),
+}
+
+
+def _refuse_active(f: Fields) -> None:
+    for name, (kind, active, what) in _REFUSED.items():
+        v = getattr(f, kind)(name)
+        if v is not None and active(v):
+            raise bad_request(f"{name}: {what} is not supported by this server (ckptd); "
+                              "leave it out or at its default", name, "not_supported")
+    lora = f.data.get("lora")
+    if lora:
+        raise bad_request("lora: LoRA adapters are not supported by this server (ckptd)",
+                          "lora", "not_supported")
+
+
+def samplers(f: Fields) -> tuple[str, ...] | None:
+    """llama.cpp's `samplers`: the filters to run, in order, as names or one letter each
+    ("kypmxt"); None when not given."""
+    v = f.data.get("samplers")
+    if v is None:
+        return None
+    if isinstance(v, str):
+        names = [CHARS.get(c) or c for c in v]
+    elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+        names = list(v)
+    else:
+        raise type_error("samplers", "a list of sampler names or a string of letters", v)
+    out = []
+    for n in names:
+        name = sampler_name(n)
+        if name is None:
+            raise bad_request(f"samplers: unknown sampler {n!r}", "samplers")
+        if name == "infill":
+            raise bad_request("samplers: the infill sampler is not supported by this server "
+                              "(ckptd)", "samplers", "not_supported")
+        out.append(name)
+    return tuple(out)
 
 
 def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) -> SamplingParams:
@@ -66,13 +118,26 @@ def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) ->
             "frequency_penalty": f.float("frequency_penalty", 0.0, -2.0, 2.0),
             "repetition_penalty": _positive(f, "repetition_penalty", d.repetition_penalty),
             "penalty_last_n": d.penalty_last_n}
+    _refuse_active(f)
+    order = samplers(f)
+    if order is not None and "penalties" not in order:      # llama.cpp: listed steps only
+        penalties = {"presence_penalty": 0.0, "frequency_penalty": 0.0,
+                     "repetition_penalty": 1.0, "penalty_last_n": penalties["penalty_last_n"]}
     return SamplingParams(
         max_tokens=0, temperature=f.float("temperature", d.temperature, 0.0, 100.0),
         top_k=f.int("top_k", d.top_k, 0), top_p=_top_p(f.float("top_p", d.top_p, 0.0, 1.0)),
         min_p=f.float("min_p", d.min_p, 0.0, 1.0), seed=seed, stop=f.stop(),
         ignore_eos=f.bool("ignore_eos"), logprobs=logprobs,
         logit_bias=logit_bias(f, ctx, allow_false=llama),
-        post_sampling_probs=f.bool("post_sampling_probs"), **penalties)
+        post_sampling_probs=f.bool("post_sampling_probs"),
+        typical_p=f.float("typical_p", 1.0, 0.0, 1.0),
+        top_n_sigma=f.float("top_n_sigma", -1.0, -1e9, 1e9),
+        min_keep=f.int("min_keep", 0, 0, 1 << 20),
+        xtc_probability=f.float("xtc_probability", 0.0, 0.0, 1.0),
+        xtc_threshold=f.float("xtc_threshold", 0.1, 0.0, 1.0),
+        dynatemp_range=f.float("dynatemp_range", 0.0, 0.0, 100.0),
+        dynatemp_exponent=f.float("dynatemp_exponent", 1.0, 0.0, 100.0),
+        samplers=order, **penalties)
 
 
 def _positive(f: Fields, name: str, default: float) -> float:
