@@ -16,6 +16,8 @@ from safetensors.torch import save_file
 
 ARCHES = ("qwen3_5_text", "llama")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
@@ -83,13 +85,14 @@ def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tokenizer(out: Path) -> None:
+def _tokenizer(out: Path, fim: bool = False) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, show_progress=False,
+    specials = SPECIALS + (FIM if fim else [])
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
@@ -100,13 +103,13 @@ def _tokenizer(out: Path) -> None:
     }, indent=1))
 
 
-def make_tiny(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, fim: bool = False) -> Path:
     if arch not in ARCHES:
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = _config(arch)
-    _tokenizer(out)
+    _tokenizer(out, fim)
     from tokenizers import Tokenizer
     cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -120,9 +123,10 @@ def add_arguments(p) -> None:
     p.add_argument("--arch", required=True, choices=ARCHES)
     p.add_argument("--out", required=True, help="folder to write")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
 
 
 def run(args) -> int:
-    out = make_tiny(args.arch, args.out, args.seed)
+    out = make_tiny(args.arch, args.out, args.seed, args.fim)
     print(f"wrote tiny {args.arch} model to {out}")
     return 0
