@@ -20,6 +20,7 @@ from ckptd.kernels.conv1d import naive as conv_ref
 from ckptd.kernels.conv1d import reference_varlen as conv_varlen_ref
 from ckptd.kernels.gated_delta import naive as gdn_ref
 from ckptd.kernels.gated_delta import reference_varlen as gdn_varlen_ref
+from ckptd.kernels.moe import naive as moe_ref
 from ckptd.kernels.norm import naive as norm_ref
 from ckptd.kernels.paged_attention import naive as attn_ref
 from ckptd.kernels.paged_attention import reference_varlen as attn_varlen_ref
@@ -49,7 +50,8 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 def _fast(module: str):
-    return importlib.import_module(f"kernels.{module}")
+    # the installed name: a bare `kernels.` resolves only when the repo root is on sys.path
+    return importlib.import_module(f"ckptd.kernels.{module}")
 
 
 # gated delta rule
@@ -225,3 +227,14 @@ def silu_and_mul(gate, up):
 
 
 rotary_cos_sin = rotary_ref.rotary_cos_sin
+
+
+# mixture of experts
+
+
+def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
+    """x [N, H]; topk_ids, topk_w [N, k]; w_gate_up [E, 2I, H]; w_down [E, H, I]. Returns
+    [N, H]: each token's routed experts' SwiGLU outputs, weighted and summed; grouped by
+    expert (kernels/moe/)."""
+    impl = _fast("moe.triton_moe") if use_triton(x) else moe_ref
+    return impl.moe_experts(x, topk_ids, topk_w, w_gate_up, w_down)

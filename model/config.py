@@ -8,8 +8,12 @@ import torch
 
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
-ARCHS = ("llama", "qwen3_5_text")
+ARCHS = ("llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+# multimodal checkpoints whose text model we serve: model_type -> the text_config's
+NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+SUPPORTED = ARCHS + tuple(NESTED)
 LAYER_KINDS = ("full_attention", "linear_attention")
+MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -36,6 +40,13 @@ class ModelConfig:
     linear_value_head_dim: int = 0
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
+    # sparse mixture of experts: each layer's MLP is "dense" or "moe" (default all dense)
+    mlp_types: tuple[str, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
@@ -43,9 +54,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
-            raise ValueError(f"unsupported architecture {self.arch!r} "
-                             f"(supported: {', '.join(ARCHS)})")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+            raise ValueError(unsupported(self.arch))
+        if not self.mlp_types:
+            object.__setattr__(self, "mlp_types", ("dense",) * self.num_layers)
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
@@ -68,24 +80,42 @@ class ModelConfig:
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise ValueError("config: linear_num_value_heads must be a multiple of "
                                  "linear_num_key_heads")
+        self._check_mlp()
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise ValueError(f"config: rotary dim {self.rotary_dim} must be even and <= head_dim")
         if self.dtype not in _DTYPES:
             raise ValueError(f"config: unsupported dtype {self.dtype!r}")
 
+    def _check_mlp(self) -> None:
+        if len(self.mlp_types) != self.num_layers:
+            raise ValueError(f"config: {len(self.mlp_types)} MLP kinds for {self.num_layers} "
+                             "layers")
+        bad = set(self.mlp_types) - set(MLP_KINDS)
+        if bad:
+            raise ValueError(f"config: unknown MLP kind(s) {sorted(bad)}")
+        if "dense" in self.mlp_types and self.intermediate_size <= 0:
+            raise ValueError(f"config: intermediate_size must be positive, "
+                             f"got {self.intermediate_size}")
+        if "moe" not in self.mlp_types:
+            return
+        if self.arch not in ("qwen3_5_moe_text", "qwen3_next"):
+            raise ValueError(f"config: {self.arch} has no mixture-of-experts layers")
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config: {name} must be positive for MoE layers, "
+                                 f"got {getattr(self, name)}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"config: num_experts_per_tok {self.num_experts_per_tok} exceeds "
+                             f"num_experts {self.num_experts}")
+        if self.shared_expert_intermediate_size < 0:
+            raise ValueError("config: shared_expert_intermediate_size must not be negative")
+
     @classmethod
     def from_hf(cls, d: dict) -> ModelConfig:
-        """Build from a Hugging Face config.json dict (llama, qwen3_5_text, or qwen3_5 with
-        a nested text_config)."""
-        if not isinstance(d, dict):
-            raise ValueError("config.json must hold a JSON object")
-        model_type = d.get("model_type")
-        if model_type == "qwen3_5" and isinstance(d.get("text_config"), dict):
-            d = {**d["text_config"], "model_type": "qwen3_5_text"}
-            model_type = "qwen3_5_text"
-        if model_type not in ARCHS:
-            raise ValueError(f"unsupported architecture: model_type {model_type!r} "
-                             f"(supported: {', '.join(ARCHS)})")
+        """Build from a Hugging Face config.json dict: llama, qwen3_5_text,
+        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config."""
+        d = text_config(d)
+        model_type = d["model_type"]
         try:
             hidden = int(d["hidden_size"])
             heads = int(d["num_attention_heads"])
@@ -93,7 +123,7 @@ class ModelConfig:
             rope = d.get("rope_parameters") or {}
             eos = d.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            if model_type == "qwen3_5_text":
+            if model_type != "llama":
                 types = d.get("layer_types") or [
                     "full_attention" if (i + 1) % int(d.get("full_attention_interval", 4)) == 0
                     else "linear_attention" for i in range(n_layers)]
@@ -106,7 +136,9 @@ class ModelConfig:
                 arch=model_type,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
-                intermediate_size=int(d["intermediate_size"]),
+                # Qwen3.5-MoE has no dense MLP, and no intermediate_size
+                intermediate_size=int(d["intermediate_size"] if model_type != "qwen3_5_moe_text"
+                                      else d.get("intermediate_size") or 0),
                 num_layers=n_layers,
                 num_heads=heads,
                 num_kv_heads=int(d.get("num_key_value_heads") or heads),
@@ -123,6 +155,7 @@ class ModelConfig:
                 linear_value_head_dim=int(d.get("linear_value_head_dim", 0)),
                 linear_num_key_heads=int(d.get("linear_num_key_heads", 0)),
                 linear_num_value_heads=int(d.get("linear_num_value_heads", 0)),
+                **_moe_fields(d, n_layers),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 dtype=dtype if dtype in _DTYPES else "float32",
@@ -134,6 +167,11 @@ class ModelConfig:
             if isinstance(e, ValueError) and str(e).startswith("config"):
                 raise
             raise ValueError(f"config.json has a value of the wrong type: {e}") from None
+
+    @property
+    def qwen(self) -> bool:
+        """The Qwen3.5 / Qwen3-Next family: zero-centred norms, gated attention."""
+        return self.arch != "llama"
 
     @property
     def rotary_dim(self) -> int:
@@ -163,3 +201,57 @@ class ModelConfig:
                                 self.linear_num_value_heads, self.linear_key_head_dim,
                                 self.linear_value_head_dim, conv_dtype=dtype)
         return StateSpec(block_size, attn, rec)
+
+
+def unsupported(model_type) -> str:
+    return (f"unsupported architecture {model_type!r} "
+            f"(supported: {', '.join(SUPPORTED)})")
+
+
+def text_config(d: dict) -> dict:
+    """The text model's config dict: d itself, or a multimodal checkpoint's text_config
+    with its model_type. ValueError naming an unsupported architecture; this reads only
+    config.json, so a folder is refused before any weight is read."""
+    if not isinstance(d, dict):
+        raise ValueError("config.json must hold a JSON object")
+    model_type = d.get("model_type")
+    if model_type in NESTED:
+        inner = d.get("text_config")
+        if not isinstance(inner, dict):
+            raise ValueError(f"config.json: model_type {model_type!r} needs a text_config object")
+        # the text config inherits what the outer config sets and it does not
+        extra = {k: d[k] for k in ("tie_word_embeddings",) if k in d and k not in inner}
+        return {**inner, **extra, "model_type": NESTED[model_type]}
+    if model_type not in ARCHS:
+        raise ValueError(unsupported(model_type))
+    return d
+
+
+def _moe_fields(d: dict, n_layers: int) -> dict:
+    """The MoE fields of a Qwen3.5-MoE / Qwen3-Next config (none for the dense archs).
+
+    Qwen3.5-MoE: every layer is sparse and the top-k weights are always renormalised
+    (transformers' Qwen3_5MoeTopKRouter has no switch). Qwen3-Next: layer i is sparse
+    unless listed in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step;
+    norm_topk_prob says whether to renormalise."""
+    model_type = d["model_type"]
+    if model_type not in ("qwen3_5_moe_text", "qwen3_next"):
+        return {}
+    experts = int(d.get("num_experts") or 0)
+    if model_type == "qwen3_5_moe_text":
+        kinds = ["moe"] * n_layers
+        norm = True
+    else:
+        step = int(d.get("decoder_sparse_step") or 1)
+        only = {int(i) for i in d.get("mlp_only_layers") or []}
+        kinds = ["moe" if i not in only and experts > 0 and (i + 1) % step == 0 else "dense"
+                 for i in range(n_layers)]
+        norm = bool(d.get("norm_topk_prob", True))
+    return {
+        "mlp_types": tuple(kinds),
+        "num_experts": experts,
+        "num_experts_per_tok": int(d.get("num_experts_per_tok") or 0),
+        "moe_intermediate_size": int(d.get("moe_intermediate_size") or 0),
+        "shared_expert_intermediate_size": int(d.get("shared_expert_intermediate_size") or 0),
+        "norm_topk_prob": norm,
+    }

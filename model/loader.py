@@ -1,25 +1,28 @@
 """Load a model from a Hugging Face folder (config.json + safetensors) or a GGUF file.
 
-The model is built on the meta device, then every parameter is assigned from the
-checkpoint after its name and shape are checked, so a bad checkpoint fails with
-the tensor's name instead of a half-initialised model.
+The architecture is checked first, from config.json or the GGUF header, so an
+unsupported model is refused before any weight is read. The model is then built on
+the meta device and every parameter is assigned from the checkpoint after its name
+and shape are checked, so a bad checkpoint fails with the tensor's name instead of a
+half-initialised model. Weights are memory-mapped and read one parameter at a time
+(model/weights.py, model/checkpoint.py): a tensor already in the model's dtype is
+used in place, and a load holds about one tensor besides the model.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.fingerprint import model_fingerprint
-
-# Prefixes real checkpoints put around the text model's tensors.
-_RENAMES = (("model.language_model.", "model."),)
-_SKIP = ("mtp.", "model.visual.", "visual.")
+from ckptd.model.weights import SafetensorsSource
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None,
@@ -27,8 +30,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once."""
     from ckptd.model.text.tokenizer import Tokenizer
     path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        from ckptd.model.gguf.load import open_gguf
+    if _is_gguf(path):
+        from ckptd.model.gguf.load import check_architecture, open_gguf
+        check_architecture(path)
         reader = open_gguf(path)
         return load_model(path, dtype, device, reader), Tokenizer.from_gguf(reader)
     model = load_model(path, dtype, device)
@@ -41,47 +45,87 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
-    if path.is_file() and path.suffix == ".gguf":
-        from ckptd.model.gguf.load import load_gguf
-        hf_config, tensors = load_gguf(path, gguf_reader)
+    dtype = dtype or torch.float32
+    if _is_gguf(path):
+        from ckptd.model.gguf.load import check_architecture, gguf_recipes
+        if gguf_reader is None:
+            check_architecture(path)        # before gguf's reader maps the file
+        hf_config, recipes, release = gguf_recipes(path, gguf_reader)
         files = [path]
+        cfg = ModelConfig.from_hf(hf_config)
     elif path.is_dir():
-        hf_config = _read_config(path)
+        cfg = ModelConfig.from_hf(_read_config(path))   # refuses before a weight is read
         files = _weight_files(path)
-        tensors = _read_safetensors(files)
+        source = SafetensorsSource(files)
+        recipes = {n: plain(lambda n=n: source.get(n)) for n in source.names()}
+        release = source.release
     else:
         raise ValueError(f"not a model folder or a .gguf file: {path}")
-    cfg = ModelConfig.from_hf(hf_config)
-    dtype = dtype or torch.float32
-    model = build(cfg, tensors, dtype, device)
+    model = build(cfg, recipes, dtype, device, release)
     model.fingerprint = model_fingerprint(cfg, files, dtype)
     return model
 
 
-def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-          device: str | torch.device = "cpu") -> CausalLM:
-    """Assign checkpoint tensors (HF names) to a model built on the meta device."""
+def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: torch.dtype,
+          device: str | torch.device = "cpu",
+          release: Callable[..., None] = lambda everything=False: None) -> CausalLM:
+    """Assign checkpoint tensors (HF names; tensors or recipes) to a model built on the
+    meta device. `release()` is called after each parameter (the source drops the
+    pages it read for it) and `release(everything=True)` once the model is built."""
+    device = torch.device(device)
     with torch.device("meta"):
         model = CausalLM(cfg)
-    tensors = _normalize(tensors)
-    if "lm_head.weight" not in tensors and cfg.tie_word_embeddings:
-        tensors["lm_head.weight"] = tensors.get("model.embed_tokens.weight")
-    expected = model.state_dict()
-    missing = [n for n in expected if tensors.get(n) is None]
+    with _one_thread():
+        return _assign(cfg, model, tensors, dtype, device, release)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Loading is copies and dtype conversions, bound by memory: a second OpenMP thread
+    adds nothing, and on a busy machine the two wait on each other (a MoE checkpoint
+    loaded ~4x slower on two threads; docs/BENCHMARKS.md)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype,
+            device: torch.device, release: Callable[..., None]) -> CausalLM:
+    recipes = adapt(cfg, {n: t if callable(t) else _given(t) for n, t in tensors.items()})
+    tied = cfg.tie_word_embeddings      # lm_head is the embedding, whatever is stored
+    expected = {n: m for n, m in model.state_dict().items()
+                if not (tied and n == "lm_head.weight")}
+    missing = [n for n in expected if n not in recipes]
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), first: {missing[0]}")
     state = {}
     for name, meta in expected.items():
-        t = tensors[name]
+        t = recipes.pop(name)(dtype, device)
+        release()
         if tuple(t.shape) != tuple(meta.shape):
             raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, "
                              f"expected {tuple(meta.shape)}")
-        state[name] = t.to(device=device, dtype=dtype)
+        state[name] = t
+    if tied:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, assign=True)
-    if cfg.tie_word_embeddings:
+    del state
+    if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse()
+    release(everything=True)
     return model.eval()
+
+
+def _given(t: torch.Tensor) -> Recipe:
+    return lambda dtype, device: t.to(device=device, dtype=dtype)
+
+
+def _is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
 
 
 def _read_config(folder: Path) -> dict:
@@ -97,7 +141,10 @@ def _read_config(folder: Path) -> dict:
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} is not a safetensors index: {e!r}") from None
         files = [folder / n for n in names]
         absent = [f for f in files if not f.exists()]
         if absent:
@@ -107,26 +154,3 @@ def _weight_files(folder: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {folder}")
     return files
-
-
-def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():
-                    out[name] = fh.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as e:
-            raise ValueError(f"cannot read {f} (truncated or not safetensors?): {e}") from None
-    return out
-
-
-def _normalize(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in tensors.items():
-        for old, new in _RENAMES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-        if not name.startswith(_SKIP):
-            out[name] = t
-    return out

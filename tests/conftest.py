@@ -24,6 +24,18 @@ def tiny_llama_dir(tmp_path_factory):
     return make_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory):
+    """Qwen3.5-MoE: Gated DeltaNet + gated attention + 8 experts, 2 per token."""
+    return make_tiny("qwen3_5_moe_text", tmp_path_factory.mktemp("tiny-moe"))
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(tiny_moe_dir):
+    from ckptd.model.loader import load_model
+    return load_model(tiny_moe_dir)
+
+
 @pytest.fixture(scope="session", params=["qwen3_5_text", "llama"])
 def tiny_dir(request, tiny_hybrid_dir, tiny_llama_dir):
     return tiny_hybrid_dir if request.param == "qwen3_5_text" else tiny_llama_dir

@@ -81,7 +81,9 @@ def convert(root: Path, jobs: list[Conversion], tokenizer_pre: str | None = None
         return
     args: list[str] = []
     for i, j in enumerate(jobs):
-        args += (["--next"] if i else []) + [str(j.model_dir), str(j.outfile), j.outtype,
+        # the converter runs in `root`: relative paths would point there
+        args += (["--next"] if i else []) + [str(Path(j.model_dir).resolve()),
+                                            str(Path(j.outfile).resolve()), j.outtype,
                                             *j.extra_args]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(

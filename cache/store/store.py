@@ -37,7 +37,7 @@ from ckptd.cache.store.index import DiskIndex
 from ckptd.cache.store.reader import Reader
 from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
-from ckptd.cache.tiers.disk import DiskTier
+from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from ckptd.model.spec import StateSpec
 
@@ -135,7 +135,10 @@ class CacheStore:
         if orphans:
             log.warning("cache: %d entries below a damaged index record dropped", len(orphans))
             if not self.readonly:
-                self.disk.delete_many(orphans)
+                try:
+                    self.disk.delete_many(orphans)
+                except DiskFull as e:     # out of the index: never planned, never served
+                    log.warning("cache: could not delete them from the file: %s", e)
         return index
 
     def has(self, key: bytes) -> bool:

@@ -1,7 +1,11 @@
-"""The decoder stack for both architectures: llama and the Qwen3.5 hybrid.
+"""The decoder stack for every architecture: llama and the Qwen3.5 / Qwen3-Next
+hybrids, dense or with a mixture of experts.
 
 Reads top to bottom: DecoderLayer -> Model -> CausalLM. A layer's mixer is
-paged attention (`full_attention`) or Gated DeltaNet (`linear_attention`).
+paged attention (`full_attention`) or Gated DeltaNet (`linear_attention`); its MLP
+is dense or a sparse mixture of experts (`moe`, arch/moe.py). Qwen3-Next's own
+projection layout is turned into Qwen3.5's by the loader (model/hf_names.py), so
+one module serves both.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from torch import nn
 
 from ckptd.model.arch.gdn import GatedDeltaNet
 from ckptd.model.arch.layers import MLP, Attention, Matmul, RMSNorm, StepContext, matmul_of
+from ckptd.model.arch.moe import SparseMoE
 from ckptd.model.batch import StepBatch
 from ckptd.model.config import ModelConfig
 from ckptd.model.spec import StateSpec
@@ -18,16 +23,16 @@ from ckptd.model.state import DeviceState
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, kind: str, index_of_kind: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, index_of_kind: int) -> None:
         super().__init__()
-        qwen = cfg.arch == "qwen3_5_text"
-        offset = 1.0 if qwen else 0.0
-        self.kind = kind
+        offset = 1.0 if cfg.qwen else 0.0
+        self.kind = kind = cfg.layer_types[layer]
         if kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, index_of_kind)
         else:
-            self.self_attn = Attention(cfg, index_of_kind, gated=qwen)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+            self.self_attn = Attention(cfg, index_of_kind, gated=cfg.qwen)
+        self.mlp = SparseMoE(cfg) if cfg.mlp_types[layer] == "moe" \
+            else MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
 
@@ -40,15 +45,17 @@ class DecoderLayer(nn.Module):
 class Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # given a weight, nn.Embedding skips its normal_() init, which on the meta device
+        # imports torch._dynamo: ~1.2 s and ~200 MB of RSS at every model load
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         counts = {"full_attention": 0, "linear_attention": 0}
         layers = []
-        for kind in cfg.layer_types:
-            layers.append(DecoderLayer(cfg, kind, counts[kind]))
+        for i, kind in enumerate(cfg.layer_types):
+            layers.append(DecoderLayer(cfg, i, counts[kind]))
             counts[kind] += 1
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
-                            1.0 if cfg.arch == "qwen3_5_text" else 0.0)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, 1.0 if cfg.qwen else 0.0)
 
 
 class CausalLM(nn.Module):

@@ -1,16 +1,18 @@
-"""Read a GGUF file: a Hugging Face style config, dequantized weights under Hugging
-Face names, and the tokenizer.
+"""Read a GGUF file: a Hugging Face style config, weights under Hugging Face names,
+and the tokenizer.
 
+    config, recipes, release = gguf_recipes("model.gguf")   # loaded on demand
     config, tensors = load_gguf("model.gguf")      # dict, {HF name: fp32 tensor}
     tokenizer = gguf_tokenizer("model.gguf")
 
-Architectures: `llama` (model_type "llama") and `qwen35`, llama.cpp's dense
-Qwen3.5 (model_type "qwen3_5_text", in model/gguf_qwen35.py). Every tensor is
-dequantized to fp32 with the `gguf` package. GGUF lists dimensions fastest
-first; the reader's numpy arrays are already in torch order, so only the
-transforms llama.cpp's converter (convert_hf_to_gguf.py) applied are undone:
-for llama, the row permutation of q/k that turns rotate-half rotary into
-llama.cpp's interleaved pairs.
+Architectures: `llama` (model_type "llama"), and llama.cpp's Qwen hybrids (qwen35.py):
+`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`. The file is
+memory-mapped; a tensor is read when the loader assigns it: F32 / F16 / BF16 data as
+a view of the mapping, block-quantized types dequantized to fp32 with the `gguf`
+package then. GGUF lists dimensions fastest first; the reader's numpy arrays are
+already in torch order, so only the transforms llama.cpp's converter
+(convert_hf_to_gguf.py) applied are undone: for llama, the row permutation of q/k
+that turns rotate-half rotary into llama.cpp's interleaved pairs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SUPPORTED = ("llama", "qwen35")
+from ckptd.model.checkpoint import Recipe, plain
+from ckptd.model.gguf.header import read_architecture
+from ckptd.model.weights import drop_pages, view
+
+SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next")
 
 # GGUF tensor names (blk.N.<part>.weight) -> HF names (model.layers.N.<module>.weight)
 _LLAMA_TOP = {
@@ -49,7 +55,8 @@ def open_gguf(path: str | Path):
         if f.read(4) != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file (bad magic)")
     try:
-        return gguf.GGUFReader(str(path))
+        # copy-on-write: tensors view the mapping writable, and nothing writes them
+        return gguf.GGUFReader(str(path), "c")
     except Exception as e:  # truncation surfaces as ValueError, IndexError, struct.error, ...
         raise ValueError(f"cannot read GGUF {path} (truncated or corrupt?): "
                          f"{type(e).__name__}: {e}") from None
@@ -67,29 +74,54 @@ def gguf_tokenizer(reader_or_path):
     return Tokenizer.from_gguf(reader_or_path)
 
 
-def load_gguf(path: str | Path, reader=None) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(Hugging Face style config dict, {HF tensor name: fp32 tensor}) from a GGUF.
+def check_architecture(path: str | Path) -> str:
+    """The GGUF's architecture, from its header alone; ValueError naming it and the
+    supported ones when it is not one of them."""
+    arch = read_architecture(path)
+    if arch not in SUPPORTED:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
+                         f"(supported: {', '.join(SUPPORTED)})")
+    return arch
 
+
+def gguf_recipes(path: str | Path, reader=None
+                 ) -> tuple[dict, dict[str, Recipe], Callable[..., None]]:
+    """(Hugging Face style config dict, {HF tensor name: recipe}, release) of a GGUF.
+
+    A recipe reads its tensor when called (model/checkpoint.py); `release()` drops the
+    file pages read since the last call, `release(everything=True)` all of them.
     `reader`: an already open GGUFReader of `path`, to read the file once when the
     tokenizer is wanted too. Tied embeddings: no lm_head.weight, tie_word_embeddings."""
     reader = reader or open_gguf(path)
     arch = field(reader, "general.architecture")
     tensors = GGUFTensors(reader, path)
     if arch == "llama":
-        return _load_llama(reader, tensors)
-    if arch == "qwen35":
-        from ckptd.model.gguf.qwen35 import load_qwen35
-        return load_qwen35(reader, tensors)
-    raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
-                     f"(supported: {', '.join(SUPPORTED)})")
+        cfg, recipes = _load_llama(reader, tensors)
+    elif arch in SUPPORTED:
+        from ckptd.model.gguf.qwen35 import load_qwen_hybrid
+        cfg, recipes = load_qwen_hybrid(reader, tensors, arch)
+    else:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
+                         f"(supported: {', '.join(SUPPORTED)})")
+    return cfg, recipes, tensors.release
+
+
+def load_gguf(path: str | Path, reader=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, {HF tensor name: fp32 tensor}), every tensor read now (tests and
+    tools; the loader reads them one at a time through gguf_recipes)."""
+    cfg, recipes, _ = gguf_recipes(path, reader)
+    cpu = torch.device("cpu")
+    return cfg, {name: r(torch.float32, cpu) for name, r in recipes.items()}
 
 
 class GGUFTensors:
-    """A GGUF's tensors by name, dequantized to fp32 torch tensors on request."""
+    """A GGUF's tensors by name: views of the mapped file, or dequantized to fp32."""
 
     def __init__(self, reader, path: str | Path | None = None) -> None:
         self.by_name = {t.name: t for t in reader.tensors}
         self.path = path
+        self._mm = getattr(reader.data, "_mmap", None)    # np.memmap's mapping
+        self._read = False
 
     def __contains__(self, name: str) -> bool:
         return name in self.by_name
@@ -97,20 +129,35 @@ class GGUFTensors:
     def names(self) -> list[str]:
         return list(self.by_name)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """torch order (GGUF lists dimensions fastest first)."""
+        return tuple(int(n) for n in reversed(self.by_name[name].shape.tolist()))
+
     def get(self, name: str) -> torch.Tensor:
         import gguf
 
         t = self.by_name.get(name)
         if t is None:
             raise ValueError(f"GGUF {self.path or ''} is missing tensor {name!r}")
+        want = self.shape(name)
+        self._read = True
+        kind = gguf.GGMLQuantizationType
+        dtypes = {kind.F32: torch.float32, kind.F16: torch.float16, kind.BF16: torch.bfloat16}
+        if t.tensor_type in dtypes and self._mm is not None:
+            return view(self._mm, dtypes[t.tensor_type], int(t.data_offset), want)
         try:
             a = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
             raise ValueError(f"GGUF tensor {name!r} has type {t.tensor_type.name}, which the "
                              "gguf package cannot dequantize") from None
-        want = tuple(int(n) for n in reversed(t.shape.tolist()))
-        a = np.array(a, dtype=np.float32).reshape(want)
-        return torch.from_numpy(a)
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(want))
+
+    def release(self, everything: bool = False) -> None:
+        """Drop the file's mapped pages (after a read, or always with everything): the
+        whole file, as model/weights.py does and for the same reason."""
+        if self._mm is not None and (everything or self._read):
+            drop_pages(self._mm, [(0, len(self._mm))])
+        self._read = False
 
 
 def scalar(v) -> float:
@@ -119,18 +166,19 @@ def scalar(v) -> float:
 
 
 def convert_tensors(tensors: GGUFTensors, n_layers: int, top: dict[str, str],
-                    block: Callable[[int, str], tuple[str, torch.Tensor] | None],
-                    skip: Callable[[str], bool] = lambda name: False) -> dict[str, torch.Tensor]:
-    """Every tensor under its HF name. `top` maps non-block names; `block(layer, part)`
-    converts blk.<layer>.<part> (part includes the .weight/.bias suffix), returning None
-    for parts it does not know; `skip(name)` drops tensors that are not needed."""
-    out: dict[str, torch.Tensor] = {}
+                    block: Callable[[int, str], list[tuple[str, Recipe]] | None],
+                    skip: Callable[[str], bool] = lambda name: False) -> dict[str, Recipe]:
+    """A recipe per HF name. `top` maps non-block names; `block(layer, part)` converts
+    blk.<layer>.<part> (part includes the .weight/.bias suffix) into (HF name, recipe)
+    pairs (none where another part's recipe reads this one too), or None for parts it
+    does not know; `skip(name)` drops tensors that are not needed."""
+    out: dict[str, Recipe] = {}
     for name in tensors.names():
         if skip(name):
             continue
         stem, _, suffix = name.rpartition(".")
         if stem in top:
-            out[f"{top[stem]}.{suffix}"] = tensors.get(name)
+            out[f"{top[stem]}.{suffix}"] = plain(lambda name=name: tensors.get(name))
             continue
         parts = name.split(".", 2)
         res = None
@@ -141,7 +189,7 @@ def convert_tensors(tensors: GGUFTensors, n_layers: int, top: dict[str, str],
             res = block(layer, parts[2])
         if res is None:
             raise ValueError(f"unexpected tensor {name!r} in GGUF {tensors.path or ''}")
-        out[res[0]] = res[1]
+        out.update(res)
     return out
 
 
@@ -152,7 +200,7 @@ def require(tensors: GGUFTensors, names: list[str]) -> None:
             raise ValueError(f"GGUF {tensors.path or ''} is missing tensor {name!r}")
 
 
-def _load_llama(reader, tensors: GGUFTensors) -> tuple[dict, dict[str, torch.Tensor]]:
+def _load_llama(reader, tensors: GGUFTensors) -> tuple[dict, dict[str, Recipe]]:
     cfg = _llama_config(reader, tensors)
     if "rope_freqs.weight" in tensors or field(reader, "llama.rope.scaling.type",
                                                "none") != "none":
@@ -169,10 +217,10 @@ def _load_llama(reader, tensors: GGUFTensors) -> tuple[dict, dict[str, torch.Ten
         stem, _, suffix = part.partition(".")
         if stem not in _LLAMA_BLOCK:
             return None
-        w = tensors.get(f"blk.{i}.{part}")
-        if stem in heads:
-            w = _unpermute(w, heads[stem])
-        return f"model.layers.{i}.{_LLAMA_BLOCK[stem]}.{suffix}", w
+        name = f"blk.{i}.{part}"
+        get = (lambda: _unpermute(tensors.get(name), heads[stem])) if stem in heads \
+            else (lambda: tensors.get(name))
+        return [(f"model.layers.{i}.{_LLAMA_BLOCK[stem]}.{suffix}", plain(get))]
 
     out = convert_tensors(tensors, n, _LLAMA_TOP, block)
     cfg["tie_word_embeddings"] = "lm_head.weight" not in out

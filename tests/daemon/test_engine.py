@@ -43,6 +43,12 @@ requests = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 30), st.integers
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(reqs=requests)
 def test_cached_equals_uncached_random_sharing(tiny_dir, tiny_model, tmp_path_factory, reqs):
+    random_sharing(tiny_dir, tiny_model, tmp_path_factory, reqs)
+
+
+def random_sharing(tiny_dir, tiny_model, tmp_path_factory, reqs):
+    """Requests sharing random prefixes, run uncached, then cached (RAM), again (RAM
+    hits), and after a restart (disk only): the same tokens every time."""
     tok = _tok(tiny_dir)
     prompts = [prefix_pool[p][:cut + 1] + [400 + s] * s for p, cut, s in reqs]
     want = run(make_engine(tiny_model, None, tok), prompts, use_cache=False)

@@ -43,7 +43,16 @@ def _nan_filled(make):
 
 
 def test_model_on_triton_kernels_equals_references(tiny_dir, monkeypatch):
-    model = load_model(tiny_dir, device=DEVICE)
+    _compare(tiny_dir, monkeypatch)
+
+
+def test_moe_model_on_triton_kernels_equals_references(tiny_moe_dir, monkeypatch):
+    """With the grouped-GEMM expert kernel, where a step's few tokens leave experts idle."""
+    _compare(tiny_moe_dir, monkeypatch)
+
+
+def _compare(model_dir, monkeypatch):
+    model = load_model(model_dir, device=DEVICE)
     monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))
     monkeypatch.setattr(torch, "empty_like", _nan_filled(torch.empty_like))
     monkeypatch.setenv("CKPTD_KERNELS", "torch")

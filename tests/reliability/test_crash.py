@@ -11,6 +11,8 @@ import random
 import threading
 import time
 
+import pytest
+
 from tests.daemon.daemon_proc import start
 from tests.reliability.conftest import ARGS, ENV, greedy, kill9, stats, wait_written
 
@@ -71,18 +73,21 @@ def test_sigkill_at_random_moments_serves_only_verified_state(tiny_hybrid_dir, t
     assert checked >= 4 * min(CYCLES, 3) and hits > 0
 
 
-def test_kill9_after_long_context_then_restart_restores_it(tiny_hybrid_dir, tmp_path):
+@pytest.mark.parametrize("model", ["tiny_hybrid_dir", "tiny_moe_dir"])
+def test_kill9_after_long_context_then_restart_restores_it(model, request, tmp_path):
+    """The dense hybrid and the MoE one (the cache needs nothing new for experts)."""
+    model_dir = request.getfixturevalue(model)
     rng = random.Random(6)
     prompt = [rng.randrange(3, 500) for _ in range(1500)]
     args = (*ARGS, "--max-context", "2048", "--snapshot-interval", "256")
-    d = start(tiny_hybrid_dir, tmp_path / "cache", *args, env=ENV)
+    d = start(model_dir, tmp_path / "cache", *args, env=ENV)
     try:
         first, cached = greedy(d, prompt, n=8)
         assert cached == 0
         wait_written(d)                   # committed: the kill may take the queue only
     finally:
         kill9(d)
-    d = start(tiny_hybrid_dir, tmp_path / "cache", *args, env=ENV)
+    d = start(model_dir, tmp_path / "cache", *args, env=ENV)
     try:
         r = d.post("/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
                                    "ignore_eos": True, "return_tokens": True})
@@ -90,5 +95,7 @@ def test_kill9_after_long_context_then_restart_restores_it(tiny_hybrid_dir, tmp_
         assert r.json["tokens_cached"] >= 0.95 * len(prompt), r.json["timings"]
         assert r.json["timings"]["cache_tier"] == "disk"
         assert r.json["tokens"] == first
+        # and the uncached answer of this same process: the restored state is exact
+        assert greedy(d, prompt, n=8, cache=False)[0] == first
     finally:
         assert d.stop() == 0, d.output()

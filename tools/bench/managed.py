@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ckptd.tools.bench.client import Client
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]          # the checkout: tools/bench/../..
 
 
 def free_port() -> int:
@@ -147,11 +147,13 @@ class ManagedPeer:
             proc.wait()
 
     def kill(self) -> None:
-        """SIGKILL to its process group."""
+        """SIGKILL to its process group; the next start takes a new port (the old one
+        may still be held a while)."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        self._new_port()
 
     def restart(self) -> Client:
         """Stop, then start on a new port: llama-cpp-python's server restarted on the

@@ -1,0 +1,82 @@
+"""A sparse mixture of experts' expert half, plain torch: each token's top-k experts,
+computed grouped by expert.
+
+    x          [N, H]        the tokens
+    topk_ids   [N, k] int    the experts each token is routed to
+    topk_w     [N, k]        their weights (already softmaxed / renormalised)
+    w_gate_up  [E, 2I, H]    per expert: gate_proj rows then up_proj rows
+    w_down     [E, H, I]
+    returns    [N, H]        sum_j topk_w[n, j] * down(silu(gate(x_n)) * up(x_n)) of expert
+                             topk_ids[n, j]
+
+`moe_experts` sorts the N*k (token, expert) pairs by expert and runs one matmul pair per
+expert that received any token: the work is N*k rows, whatever E is. `moe_per_token` is
+the definition written out: a loop over tokens and their k experts (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_GROUPED_MM = hasattr(F, "grouped_mm")          # torch >= 2.10
+_GROUPED_MM_ROWS = 4096                         # (token, expert) pairs: 512 tokens at top-8
+
+
+def _check(x, topk_ids, topk_w, w_gate_up, w_down) -> None:
+    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"x must be [N, H] and topk_ids [N, k], got {tuple(x.shape)}, "
+                         f"{tuple(topk_ids.shape)}")
+    if topk_w.shape != topk_ids.shape:
+        raise ValueError(f"topk_w {tuple(topk_w.shape)} must match topk_ids "
+                         f"{tuple(topk_ids.shape)}")
+    E, two_i, H = w_gate_up.shape
+    if H != x.shape[1] or two_i % 2 or tuple(w_down.shape) != (E, H, two_i // 2):
+        raise ValueError(f"w_gate_up {tuple(w_gate_up.shape)} / w_down {tuple(w_down.shape)} "
+                         f"do not fit x [N, {x.shape[1]}]")
+
+
+def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
+    """Grouped by expert: tokens sorted by expert, one matmul pair per active expert."""
+    _check(x, topk_ids, topk_w, w_gate_up, w_down)
+    N, k = topk_ids.shape
+    out = torch.zeros_like(x)
+    if N == 0:
+        return out
+    flat = topk_ids.reshape(-1)
+    # stable: a token's pairs keep their order within an expert's group
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0])
+    token = order // k
+    weight = topk_w.reshape(-1)[order, None].to(x.dtype)
+    if _GROUPED_MM and x.device.type == "cpu" and order.numel() <= _GROUPED_MM_ROWS:
+        # One call for all groups (empty ones cost nothing) instead of two per active
+        # expert: at decode sizes the per-call cost of torch's threads dominates a loop of
+        # F.linear (docs/BENCHMARKS.md). Long prefill chunks take the loop, which works
+        # on one expert's rows at a time instead of gathering all N*k rows at once.
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        gate, up = F.grouped_mm(x[token], w_gate_up.transpose(-2, -1),
+                                offs=offs).chunk(2, dim=-1)
+        y = F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+        return out.index_add_(0, token, y.mul_(weight))
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            rows = token[start:start + n]
+            gate, up = F.linear(x[rows], w_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, w_down[e])
+            out.index_add_(0, rows, y.mul_(weight[start:start + n]))
+            start += n
+    return out
+
+
+def moe_per_token(x, topk_ids, topk_w, w_gate_up, w_down):
+    """The same sum, token by token and expert by expert (N*k matrix-vector pairs)."""
+    _check(x, topk_ids, topk_w, w_gate_up, w_down)
+    out = torch.zeros_like(x)
+    for n in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[n, j])
+            gate, up = F.linear(x[n], w_gate_up[e]).chunk(2, dim=-1)
+            out[n] += topk_w[n, j].to(x.dtype) * F.linear(F.silu(gate) * up, w_down[e])
+    return out
