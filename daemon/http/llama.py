@@ -41,12 +41,13 @@ def generation_settings(svc: Service, p: SamplingParams, prefill_only: bool = Fa
             "typical_p": p.typical_p, "top_n_sigma": p.top_n_sigma, "min_keep": p.min_keep,
             "xtc_probability": p.xtc_probability, "xtc_threshold": p.xtc_threshold,
             "dynatemp_range": p.dynatemp_range, "dynatemp_exponent": p.dynatemp_exponent,
-            "samplers": list(p.samplers or DEFAULT_SAMPLERS), **OFF,
+            "samplers": list(p.samplers or DEFAULT_SAMPLERS), "mirostat": p.mirostat,
+            "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta, **OFF,
             "n_ctx": svc.max_context, "model": svc.model_id}
 
 
 # what ckptd leaves out (daemon/http/sampling.py refuses them on), at their off values
-OFF = {"mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "dry_multiplier": 0.0,
+OFF = {"dry_multiplier": 0.0,
        "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
        "dry_sequence_breakers": ["\n", ":", "\"", "*"], "adaptive_target": -1.0,
        "adaptive_decay": 0.9}

@@ -54,7 +54,6 @@ class ParseContext:
 # turns them off (clients such as llama.cpp's web UI send every field with its default),
 # a 400 naming the field otherwise, never silently dropped. name -> (read, active, what)
 _REFUSED = {
-    "mirostat": ("int", lambda v: v != 0, "mirostat sampling"),
     "dry_multiplier": ("float", lambda v: v > 0, "DRY (the repetition penalty)"),
     "adaptive_target": ("float", lambda v: v >= 0, "adaptive-p sampling"),
     "n_indent": ("int", lambda v: v > 0, "n_indent (stopping on indentation)"),
@@ -137,7 +136,9 @@ def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) ->
         xtc_threshold=f.float("xtc_threshold", 0.1, 0.0, 1.0),
         dynatemp_range=f.float("dynatemp_range", 0.0, 0.0, 100.0),
         dynatemp_exponent=f.float("dynatemp_exponent", 1.0, 0.0, 100.0),
-        samplers=order, **penalties)
+        samplers=order, mirostat=f.int("mirostat", 0, 0, 2),
+        mirostat_tau=f.float("mirostat_tau", 5.0, 0.0, 1e6),
+        mirostat_eta=f.float("mirostat_eta", 0.1, 0.0, 1e6), **penalties)
 
 
 def _positive(f: Fields, name: str, default: float) -> float:

@@ -2,7 +2,8 @@
 
 Filters (filters.py) apply in the order vLLM uses: temperature, then top-n-sigma,
 top-k, typical, top-p, min-p and XTC, unless a request names its own order
-(llama.cpp's `samplers`). Each request has its own torch.Generator, so a seeded
+(llama.cpp's `samplers`); with mirostat on, temperature then mirostat alone
+(mirostat.py). Each request has its own torch.Generator, so a seeded
 request draws the same tokens whatever else shares its batch.
 """
 
@@ -15,6 +16,7 @@ import torch
 
 from ckptd.model.sampling import filters
 from ckptd.model.sampling.grammar import Compiled
+from ckptd.model.sampling.mirostat import Mirostat
 from ckptd.model.sampling.penalties import Penalties
 
 MAX_LOGPROBS = 20
@@ -48,6 +50,9 @@ class SamplingParams:
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
     samplers: tuple[str, ...] | None = None     # the filters and their order; None: ckptd's
+    mirostat: int = 0                   # 1 or 2: temperature then mirostat (mirostat.py) only
+    mirostat_tau: float = 5.0           # the target surprise, in bits
+    mirostat_eta: float = 0.1           # how fast mu follows the surprise seen
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -83,6 +88,9 @@ class SamplingParams:
         _real("xtc_threshold", self.xtc_threshold, lo=0.0, hi=1.0)
         _real("dynatemp_range", self.dynatemp_range, lo=0.0)
         _real("dynatemp_exponent", self.dynatemp_exponent, lo=0.0)
+        _int("mirostat", self.mirostat, lo=0, hi=2)
+        _real("mirostat_tau", self.mirostat_tau, lo=0.0)
+        _real("mirostat_eta", self.mirostat_eta, lo=0.0)
         if self.samplers is not None:
             names = tuple(self.samplers)
             object.__setattr__(self, "samplers", names)
@@ -133,6 +141,9 @@ class Sampler:
         self.params = params
         self.penalties = Penalties(params, prompt)
         self.matcher = None if params.grammar is None else params.grammar.matcher()
+        self.mirostat = None if not params.mirostat else \
+            Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta)
+        self.drawn: torch.Tensor | None = None    # the distribution of the last draw
         self.gen = torch.Generator()
         if params.seed is not None:
             self.gen.manual_seed(params.seed)
@@ -170,11 +181,11 @@ class Sampler:
     def _post(self, adjusted: torch.Tensor, token: int) -> Sampled:
         """The chosen token's probability and the top ones of the distribution it was drawn
         from (after bias, penalties, grammar, temperature and filters), none at 0."""
-        if self.params.greedy:
+        if self.params.greedy or self.drawn is None:
             probs = torch.zeros_like(adjusted)
             probs[token] = 1.0
-        else:
-            probs = self.probs(adjusted)
+        else:                 # the draw's own (XTC's coin and mirostat's mu were spent)
+            probs = self.drawn
         top = []
         if self.params.logprobs:
             vals, ids = probs.topk(min(self.params.logprobs, probs.numel()))
@@ -183,6 +194,9 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a non-greedy draw samples from: [vocab], sums to 1."""
+        if self.mirostat is not None:
+            x = filters.temperature(logits.detach().float().cpu(), self.params, self.gen)
+            return self.mirostat.probs(x)
         return filters.chain(logits, self.params, self.gen)
 
     def _draw(self, logits: torch.Tensor) -> int:
@@ -190,4 +204,8 @@ class Sampler:
         # random number per vocab entry, so a seeded stream does not depend on p's zeros.
         probs = self.probs(logits)
         race = torch.empty_like(probs).exponential_(generator=self.gen)
-        return int((probs / race).argmax())
+        token = int((probs / race).argmax())
+        if self.mirostat is not None:
+            self.mirostat.observe(float(probs[token]))
+        self.drawn = probs
+        return token

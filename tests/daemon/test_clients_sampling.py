@@ -28,6 +28,13 @@ def test_implemented_filters_run_and_are_reported(daemon):
     assert gs["typical_p"] == 0.7 and gs["top_n_sigma"] == 2.0 and gs["min_keep"] == 2
     assert gs["samplers"] == ["top_k", "typ_p", "top_p", "temperature", "xtc"]
     assert gs["mirostat"] == 0 and gs["dry_multiplier"] == 0.0        # off, as reported
+    miro = {"prompt": PROMPT, "n_predict": 4, "seed": 3, "temperature": 0.9, "mirostat": 2,
+            "mirostat_tau": 3.0, "mirostat_eta": 0.2, "ignore_eos": True}
+    m = daemon.post("/completion", miro)
+    assert m.status == 200, m.text
+    gs = m.json["generation_settings"]
+    assert (gs["mirostat"], gs["mirostat_tau"], gs["mirostat_eta"]) == (2, 3.0, 0.2)
+    assert daemon.post("/completion", miro).json["content"] == m.json["content"]
     again = daemon.post("/completion", body).json
     assert again["content"] == r.json["content"]                       # seeded: repeatable
     named = daemon.post("/v1/chat/completions", {
@@ -36,7 +43,7 @@ def test_implemented_filters_run_and_are_reported(daemon):
     assert named.status == 200, named.text
 
 
-@pytest.mark.parametrize("field,value", [("mirostat", 2), ("dry_multiplier", 0.8),
+@pytest.mark.parametrize("field,value", [("mirostat", 3), ("dry_multiplier", 0.8),
                                          ("adaptive_target", 0.5), ("n_indent", 4),
                                          ("t_max_predict_ms", 100), ("grammar_lazy", True),
                                          ("lora", [{"id": 0, "scale": 1.0}]),
