@@ -238,9 +238,10 @@ def _response_format(v: object) -> tuple[str, Constraint] | None:
     if kind == "text":
         return None
     if kind == "json_object":
+        # JSON mode gives an object (OpenAI's documentation; llama-server's reading too)
         schema = rf.data.get("schema")
-        return ("response_format", _schema(True if schema is None else schema,
-                                           "response_format.schema"))
+        return ("response_format", _schema({"type": "object"} if schema in (None, {})
+                                           else schema, "response_format.schema"))
     if kind == "json_schema":
         js = Fields(rf.data.get("json_schema"), "response_format.json_schema")
         schema = js.data.get("schema")
