@@ -25,6 +25,7 @@ from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
 from ckptd.daemon.runtime import Runtime
 from ckptd.model.default import default_model_path
+from ckptd.model.sampling.dry import DEFAULT_BREAKERS, BreakerTable
 from ckptd.model.sampling.grammar import GrammarError, Grammars
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text import templates
@@ -71,10 +72,14 @@ class Service:
         elif cfg.chat_template is not None:
             rt.tokenizer.chat_template = templates.resolve(cfg.chat_template)
         self.grammars = Grammars(rt.tokenizer, rt.vocab_size)
+        # every token's text, read once here (off the event loop) for DRY's breakers
+        tok = rt.tokenizer
+        breakers = BreakerTable([tok.decode([i]) for i in range(tok.vocab_size)], tok.encode)
+        breakers(DEFAULT_BREAKERS)
         self.parse_openai = ParseContext(rt.vocab_size, OPENAI.with_server(cfg),
-                                         rt.tokenizer.encode, cfg.verbose)
+                                         tok.encode, cfg.verbose, breakers)
         self.parse_llama = ParseContext(rt.vocab_size, LLAMA.with_server(cfg),
-                                        rt.tokenizer.encode, cfg.verbose)
+                                        tok.encode, cfg.verbose, breakers)
         self.rt = rt
         if start:
             self.rt.engine.start()

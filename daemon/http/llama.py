@@ -42,15 +42,21 @@ def generation_settings(svc: Service, p: SamplingParams, prefill_only: bool = Fa
             "xtc_probability": p.xtc_probability, "xtc_threshold": p.xtc_threshold,
             "dynatemp_range": p.dynatemp_range, "dynatemp_exponent": p.dynatemp_exponent,
             "samplers": list(p.samplers or DEFAULT_SAMPLERS), "mirostat": p.mirostat,
-            "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta, **OFF,
+            "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta, **_dry(p), **OFF,
             "n_ctx": svc.max_context, "model": svc.model_id}
 
 
 # what ckptd leaves out (daemon/http/sampling.py refuses them on), at their off values
-OFF = {"dry_multiplier": 0.0,
-       "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
-       "dry_sequence_breakers": ["\n", ":", "\"", "*"], "adaptive_target": -1.0,
-       "adaptive_decay": 0.9}
+OFF = {"adaptive_target": -1.0, "adaptive_decay": 0.9}
+
+
+def _dry(p: SamplingParams) -> dict:
+    d = p.dry
+    if d is None:
+        return {"dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+                "dry_penalty_last_n": -1}
+    return {"dry_multiplier": d.multiplier, "dry_base": d.base,
+            "dry_allowed_length": d.allowed_length, "dry_penalty_last_n": d.penalty_last_n}
 
 
 def stop_type(svc: Service, p: SamplingParams, generated: list[int], text: str,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.model.sampling.dry import DEFAULT_BREAKERS, DryParams
 from ckptd.model.sampling.filters import CHARS, sampler_name
 from ckptd.model.sampling.grammar import GBNF, Constraint, schema_constraint
 from ckptd.model.sampling.sampler import SamplingParams
@@ -41,6 +42,9 @@ OPENAI = ApiDefaults(1.0, 0, 1.0, 0.0)
 LLAMA = ApiDefaults(0.8, 40, 0.95, 0.05, 1.0, 64)
 
 
+MAX_BREAKERS = 64
+
+
 @dataclass(frozen=True)
 class ParseContext:
     """What parsing a generation request needs to know of the server."""
@@ -48,13 +52,13 @@ class ParseContext:
     defaults: ApiDefaults
     encode: object = None           # text -> token ids (logit bias given as text)
     verbose: bool = False           # answers carry __verbose unless a request says no
+    breakers: object = None         # DRY's breaker strings -> tokens (dry.BreakerTable)
 
 
 # llama-server sampling fields ckptd does not implement: accepted at the value that
 # turns them off (clients such as llama.cpp's web UI send every field with its default),
 # a 400 naming the field otherwise, never silently dropped. name -> (read, active, what)
 _REFUSED = {
-    "dry_multiplier": ("float", lambda v: v > 0, "DRY (the repetition penalty)"),
     "adaptive_target": ("float", lambda v: v >= 0, "adaptive-p sampling"),
     "n_indent": ("int", lambda v: v > 0, "n_indent (stopping on indentation)"),
     "t_max_predict_ms": ("int", lambda v: v > 0, "a time limit on generation"),
@@ -73,6 +77,31 @@ def _refuse_active(f: Fields) -> None:
     if lora:
         raise bad_request("lora: LoRA adapters are not supported by this server (ckptd)",
                           "lora", "not_supported")
+
+
+def dry(f: Fields, ctx: ParseContext) -> DryParams | None:
+    """llama.cpp's DRY fields (model/sampling/dry.py); None when it is off."""
+    mult = f.float("dry_multiplier", 0.0, 0.0, 1e6)
+    base = f.float("dry_base", 1.75, 0.0, 1e6)
+    allowed = f.int("dry_allowed_length", 2, 0, 1 << 20)
+    last_n = f.int("dry_penalty_last_n", -1, -1, 1 << 30)
+    raw = f.data.get("dry_sequence_breakers")
+    if raw is None:
+        strings = DEFAULT_BREAKERS
+    elif isinstance(raw, list) and raw and all(isinstance(s, str) for s in raw):
+        if len(raw) > MAX_BREAKERS:
+            raise bad_request(f"dry_sequence_breakers holds at most {MAX_BREAKERS} strings",
+                              "dry_sequence_breakers")
+        strings = tuple(raw)
+    else:
+        raise type_error("dry_sequence_breakers", "a non-empty list of strings", raw)
+    p = DryParams(mult, base, allowed, last_n, ())
+    if not p.active:
+        return None
+    if ctx.breakers is None:
+        raise bad_request("dry_multiplier: DRY needs the model's vocabulary, which this "
+                          "parser was not given", "dry_multiplier", "not_supported")
+    return DryParams(mult, base, allowed, last_n, ctx.breakers(strings))
 
 
 def samplers(f: Fields) -> tuple[str, ...] | None:
@@ -136,7 +165,7 @@ def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) ->
         xtc_threshold=f.float("xtc_threshold", 0.1, 0.0, 1.0),
         dynatemp_range=f.float("dynatemp_range", 0.0, 0.0, 100.0),
         dynatemp_exponent=f.float("dynatemp_exponent", 1.0, 0.0, 100.0),
-        samplers=order, mirostat=f.int("mirostat", 0, 0, 2),
+        samplers=order, dry=dry(f, ctx), mirostat=f.int("mirostat", 0, 0, 2),
         mirostat_tau=f.float("mirostat_tau", 5.0, 0.0, 1e6),
         mirostat_eta=f.float("mirostat_eta", 0.1, 0.0, 1e6), **penalties)
 

@@ -22,9 +22,9 @@ import torch
 # request's `samplers` list replaces it, and names what runs: a filter left out of the
 # list does not run, as in llama.cpp.
 DEFAULT = ("temperature", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc")
-# llama.cpp's names (and its one-letter forms); "penalties", "dry" and "adaptive_p" are
-# steps ckptd runs elsewhere or not at all, so they are accepted in a list and skipped
-# here (sampling.py refuses an active dry or adaptive_p).
+# llama.cpp's names (and its one-letter forms); "penalties" and "dry" run before this
+# chain (sampler.py: a list without them turns them off), "adaptive_p" not at all
+# (sampling.py refuses it on), so they are accepted in a list and skipped here.
 _CANONICAL = ("top_k", "top_p", "min_p", "typ_p", "top_n_sigma", "xtc", "temperature",
               "penalties", "dry", "adaptive_p", "infill")
 CHARS = {"k": "top_k", "p": "top_p", "m": "min_p", "y": "typ_p", "s": "top_n_sigma",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ckptd.model.sampling import filters
+from ckptd.model.sampling.dry import Dry, DryParams
 from ckptd.model.sampling.grammar import Compiled
 from ckptd.model.sampling.mirostat import Mirostat
 from ckptd.model.sampling.penalties import Penalties
@@ -53,6 +54,7 @@ class SamplingParams:
     mirostat: int = 0                   # 1 or 2: temperature then mirostat (mirostat.py) only
     mirostat_tau: float = 5.0           # the target surprise, in bits
     mirostat_eta: float = 0.1           # how fast mu follows the surprise seen
+    dry: DryParams | None = None        # DRY (dry.py), after the penalties; None: off
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -140,6 +142,10 @@ class Sampler:
     def __init__(self, params: SamplingParams, prompt: list[int] = ()) -> None:
         self.params = params
         self.penalties = Penalties(params, prompt)
+        # a request's own `samplers` list runs DRY only when it names it (llama.cpp)
+        use_dry = params.dry is not None and params.dry.active and \
+            (params.samplers is None or "dry" in params.samplers)
+        self.dry = Dry(params.dry, prompt) if use_dry else None
         self.matcher = None if params.grammar is None else params.grammar.matcher()
         self.mirostat = None if not params.mirostat else \
             Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta)
@@ -157,10 +163,14 @@ class Sampler:
         p = self.params
         logits = logits.detach().float().cpu()
         adjusted = self.penalties.adjust(logits)
+        if self.dry is not None:
+            adjusted = self.dry.adjust(adjusted)
         if self.matcher is not None:
             adjusted = self.matcher.mask(adjusted)
         token = int(adjusted.argmax()) if p.greedy else self._draw(adjusted)
         self.penalties.seen(token)
+        if self.dry is not None:
+            self.dry.seen(token)
         if self.matcher is not None:
             self.matcher.accept(token)
         if p.logprobs is None:

@@ -35,15 +35,26 @@ def test_implemented_filters_run_and_are_reported(daemon):
     gs = m.json["generation_settings"]
     assert (gs["mirostat"], gs["mirostat_tau"], gs["mirostat_eta"]) == (2, 3.0, 0.2)
     assert daemon.post("/completion", miro).json["content"] == m.json["content"]
-    again = daemon.post("/completion", body).json
-    assert again["content"] == r.json["content"]                       # seeded: repeatable
-    named = daemon.post("/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-        "samplers": ["top-k", "Temperature"], "typical_p": 0.5})
-    assert named.status == 200, named.text
 
 
-@pytest.mark.parametrize("field,value", [("mirostat", 3), ("dry_multiplier", 0.8),
+def test_dry_penalises_the_token_that_extends_a_repeat(daemon):
+    """A prompt that cycles 300 301 302, and a bias that makes 300 (the cycle's next
+    token) the greedy choice: DRY takes it away, and reports its settings; a request's
+    `samplers` without "dry" runs none."""
+    greedy = {"prompt": [300, 301, 302] * 10, "n_predict": 1, "temperature": 0,
+              "return_tokens": True, "logit_bias": [[300, 30.0]]}
+    assert daemon.post("/completion", greedy).json["tokens"] == [300]
+    dry = {**greedy, "dry_multiplier": 0.8, "dry_sequence_breakers": ["\u2603"]}
+    got = daemon.post("/completion", dry)
+    assert got.status == 200, got.text
+    gs = got.json["generation_settings"]
+    assert (gs["dry_multiplier"], gs["dry_base"], gs["dry_allowed_length"]) == (0.8, 1.75, 2)
+    assert got.json["tokens"] != [300]
+    off = daemon.post("/completion", {**dry, "samplers": ["top_k", "temperature"]}).json
+    assert off["tokens"] == [300]
+
+
+@pytest.mark.parametrize("field,value", [("mirostat", 3), ("dry_sequence_breakers", []),
                                          ("adaptive_target", 0.5), ("n_indent", 4),
                                          ("t_max_predict_ms", 100), ("grammar_lazy", True),
                                          ("lora", [{"id": 0, "scale": 1.0}]),
