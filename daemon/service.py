@@ -8,6 +8,7 @@ text, chat messages and named contexts into tokens the same way.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -155,6 +156,8 @@ class Service:
                      "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
         if chat.tools:
             variables["tools"] = chat.tools
+        # what llama.cpp gives templates that list tools as text (FireFunction's)
+        variables["functions"] = json.dumps(chat.tools, indent=2) if chat.tools else ""
         variables.update(chat.kwargs)
         try:
             return self.tokenizer.apply_chat_template(messages, add, **variables) + tail

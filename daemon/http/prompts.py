@@ -58,8 +58,9 @@ def _one(v: object, vocab_size: int, name: str) -> Prompt:
 def _no_media(what: str, where: str):
     # a field of the request, not a route: a 400 (llama-server's answer to media its
     # model can't take), with the code saying it is not supported
-    return bad_request(f"multimodal input ({what}) is not supported by this server (ckptd)",
-                       where, "not_supported")
+    kind = "image input" if "image" in what else "multimodal input"
+    return bad_request(f"{kind} is not supported by this server (ckptd): {what}", where,
+                       "not_supported")
 
 
 def messages(v: object, name: str = "messages", allow_empty: bool = False) -> list[dict]:
@@ -130,7 +131,7 @@ def content_text(c: object, where: str, sep: str = "\n") -> str:
         for p in c:
             if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio", "file",
                                                          "input_image", "image"):
-                raise _no_media(f"{p.get('type')} parts", where)
+                raise _no_media(f"{p['type']} parts", where)
             if not isinstance(p, dict) or p.get("type") != "text" or \
                     not isinstance(p.get("text"), str):
                 raise bad_request(f"{where}: only text parts are supported", where)

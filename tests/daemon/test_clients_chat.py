@@ -6,6 +6,7 @@ middle on a model with FIM tokens; several names, tags and addresses."""
 from __future__ import annotations
 
 import datetime
+import json
 import socket
 
 import pytest
@@ -23,6 +24,7 @@ TEMPLATE = (
     "| join(',') }}</tools>{% endif %}"
     "<date>{{ date_string }}|{{ datetime }}</date>"
     "{% if flavour is defined %}<flavour>{{ flavour }}</flavour>{% endif %}"
+    "<functions>{{ functions }}</functions>"
     "{% if add_generation_prompt %}<assistant>"
     "{% if not enable_thinking %}<think></think>{% endif %}{% endif %}")
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "weather",
@@ -54,6 +56,10 @@ def test_template_variables_as_llama_server_gives_them(chat):
     assert f"<date>{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}</date>" in p
     assert "<tools>" not in _prompt(chat, tools=[])
     assert "<tools>get_weather</tools>" in _prompt(chat, tools=[TOOL])
+    # FireFunction's templates read the tools as JSON text, "" without them
+    assert "<functions></functions>" in _prompt(chat)
+    listed = _prompt(chat, tools=[TOOL]).split("<functions>")[1].split("</functions>")[0]
+    assert json.loads(listed) == [TOOL]
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     assert _prompt(chat, **off).endswith("<assistant><think></think>")
     assert _prompt(chat, reasoning_effort="none").endswith("<think></think>")
