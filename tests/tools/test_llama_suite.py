@@ -35,7 +35,7 @@ def test_adapter_maps_llama_server_flags():
         translate(["--embedding"], {})
 
 
-def test_suite_environment_is_its_own():
+def test_suite_environment_is_its_own(tmp_path):
     """The caller's CKPTD_* settings (an API key above all) never reach the suite's
     daemons, and the suite's servers get a free port, not llama-server's 8080 (where
     another server would answer /health, open without a key, and then 401 every test)."""
@@ -44,7 +44,7 @@ def test_suite_environment_is_its_own():
     daemon = environment(base)
     assert "CKPTD_API_KEY" not in daemon and "CKPTD_PORT" not in daemon
     assert daemon["CKPTD_CHECK_INVARIANTS"] == "1" and daemon["PATH"] == "/bin"
-    suite = llama_suite.environment(llama_suite.ROOT, None, base)
+    suite = llama_suite.environment(tmp_path, None, base)
     assert "PYTEST_CURRENT_TEST" not in suite and int(suite["PORT"]) != 8080
     with socket.socket() as s:              # the port is free
         s.bind(("127.0.0.1", int(suite["PORT"])))
