@@ -20,6 +20,7 @@ from ckptd.model.placement import DTYPE_NAMES, check_names
 
 LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+REASONING = ("auto", "on", "off")
 MAX_STEP_TOKENS = 65536        # one step's activations grow with its token count
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -73,7 +74,8 @@ class ServeConfig:
     enforce_eager: bool = False            # no CUDA graphs for decode steps
     weights: str = "keep"                  # a GGUF's formats kept in memory, or "expand"
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
-    alias: str | None = None               # the model id clients see; None: the file's name
+    alias: str | None = None               # the model's names, comma-separated; None: the file's
+    tags: str | None = None                # labels /v1/models lists, comma-separated
     strict_model_name: bool = False        # a request naming another model gets 404
     # Server-wide sampling defaults (llama-server's flags); None: each API's own default.
     seed: int | None = None
@@ -85,12 +87,14 @@ class ServeConfig:
     repeat_last_n: int | None = None
     chat_template: str | None = None       # a built-in name or jinja source
     chat_template_file: Path | None = None
+    reasoning: str = "auto"                # on, off, auto: the template's enable_thinking
     metrics: bool = True                   # False: /metrics answers 501
     slots: bool = True                     # False: /slots answers 501
     slot_save_path: Path | None = None     # where /slots/{id}?action=save|restore keep files
     cors_origins: str | None = None        # "*", "localhost" or a comma-separated list
     cors_credentials: bool = False         # preflights allow credentials (cookies)
     remote: str | None = None              # s3://bucket/prefix: the shared remote tier
+    verbose: bool = False                  # answers carry llama-server's __verbose
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -142,8 +146,13 @@ class ServeConfig:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
         self._check_sampling()
         self._check_remote()
-        if self.alias is not None and not self.alias.strip():
-            raise ValueError("alias must not be empty")
+        if self.alias is not None and not self.aliases:
+            raise ValueError("alias must name the model")
+        if self.reasoning not in REASONING:
+            raise ValueError(f"reasoning must be one of {', '.join(REASONING)}, "
+                             f"got {self.reasoning!r}")
+        if not self.hosts:
+            raise ValueError("host must name an address")
         if self.chat_template is not None and self.chat_template_file is not None:
             raise ValueError("give chat_template or chat_template_file, not both")
         if self.chat_template_file is not None and not Path(self.chat_template_file).is_file():
@@ -174,20 +183,38 @@ class ServeConfig:
                 raise ValueError("--remote needs boto3: pip install 'ckptd[s3]'")
 
     @property
+    def hosts(self) -> list[str]:
+        """The addresses to listen on: --host takes a comma-separated list."""
+        return [h.strip() for h in self.host.split(",") if h.strip()]
+
+    @property
+    def aliases(self) -> list[str]:
+        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+
+    @property
+    def tag_list(self) -> list[str]:
+        return sorted({t.strip() for t in (self.tags or "").split(",") if t.strip()})
+
+    @property
     def loopback(self) -> bool:
-        if self.host in LOOPBACK:
-            return True
-        try:                               # 127.0.0.0/8 and ::1, however they are written
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        """Every address listened on is a loopback one."""
+        return all(_loopback(h) for h in self.hosts)
+
+
+def _loopback(host: str) -> bool:
+    if host in LOOPBACK:
+        return True
+    try:                                   # 127.0.0.0/8 and ::1, however they are written
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # setting -> (converter, help); the flag is --name-with-dashes, the variable CKPTD_NAME
 _INT = int
 SETTINGS: dict[str, tuple] = {
     "model": (str, "HF folder or .gguf file (default: the embedded SmolLM2-135M)"),
-    "host": (str, "address to bind (default 127.0.0.1)"),
+    "host": (str, "address to bind, or a comma-separated list (default 127.0.0.1)"),
     "port": (_INT, "port to bind (default 8080; 0 picks a free one)"),
     "cache_dir": (Path, "cache folder (default $XDG_DATA_HOME/ckptd)"),
     "disk_budget": ("size", "disk tier budget, e.g. 20GB"),
@@ -229,7 +256,9 @@ SETTINGS: dict[str, tuple] = {
                      "the dtype at load"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
-    "alias": (str, "the model id /v1/models reports (default: the model file's name)"),
+    "alias": (str, "the model's name, or comma-separated names (/v1/models reports the "
+                   "first in sorted order as its id; default: the model file's name)"),
+    "tags": (str, "comma-separated labels /v1/models reports for the model"),
     "strict_model_name": ("flag", "answer 404 to a request naming another model (default: "
                                   "any name is served by the one model)"),
     "seed": (_INT, "default seed of a request that gives none (default: random; -1: random)"),
@@ -243,6 +272,9 @@ SETTINGS: dict[str, tuple] = {
                            "mistral, gemma, phi3, zephyr, command-r, vicuna, deepseek) or "
                            "jinja source (default: the model's)"),
     "chat_template_file": (Path, "read the chat template (jinja) from this file"),
+    "reasoning": (str, "thinking in chat templates that have it: on, off (the template's "
+                       "enable_thinking false, or an empty thought block), auto (default: "
+                       "the template's own default)"),
     "metrics": ("bool", "serve /metrics (default on; --no-metrics: 501)"),
     "slots": ("bool", "serve /slots (default on; --no-slots: 501)"),
     "slot_save_path": (Path, "folder for /slots/{id}?action=save|restore files (default: "
@@ -253,6 +285,8 @@ SETTINGS: dict[str, tuple] = {
     "remote": (str, "s3://BUCKET[/PREFIX]: share cached state with other daemons through "
                     "an S3-compatible store (endpoint and keys from AWS_ENDPOINT_URL, "
                     "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
+    "verbose": ("flag", "answers carry llama-server's __verbose object (the prompt text, "
+                        "settings, timings); a request's \"verbose\" field asks for it too"),
 }
 
 
@@ -310,6 +344,26 @@ def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
     known = {f.name for f in fields(ServeConfig)}
     assert set(values) <= known
     return ServeConfig(**values)
+
+
+@dataclass(frozen=True)
+class Vertex:
+    """Vertex AI's custom-container settings (AIP_* variables; daemon/http/vertex.py)."""
+
+    enabled: bool = False
+    predict_route: str = "/predict"
+    health_route: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Vertex:
+        if env.get("AIP_MODE") != "PREDICTION":
+            return cls()
+        port = env.get("AIP_HTTP_PORT")
+        if port is not None and not port.isdigit():
+            raise ValueError(f"AIP_HTTP_PORT must be a port number, got {port!r}")
+        return cls(True, env.get("AIP_PREDICT_ROUTE") or "/predict",
+                   env.get("AIP_HEALTH_ROUTE") or None, int(port) if port else None)
 
 
 def prepare_cache_dir(path: Path):

@@ -48,7 +48,7 @@ class ConsoleProgress:
         with bars:
             while True:
                 live_ids = set()
-                for live in list(scheduler.running):
+                for live in scheduler.snapshot():
                     seq = live.seq
                     todo = len(live.req.tokens) - live.req.stats.cache_n
                     if live.t_decode or todo < LONG_PREFILL:

@@ -36,6 +36,7 @@ from ckptd.daemon.request import (
     RequestTimeout,
 )
 from ckptd.daemon.scheduler import Batch, Scheduler
+from ckptd.daemon.slots import Slots
 from ckptd.model.runner import Runner
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
@@ -61,8 +62,7 @@ class Engine:
         self.observations: list[tuple[str, float]] = []  # (histogram, seconds), for metrics
         self.heap = Heap()                                # collects while idle (daemon/heap.py)
         self.progress = PrefillLog()                      # INFO lines for long prefills
-        # slot -> (tokens, salt) of the last sequence that ran there: what /slots saves
-        self.last_in_slot: dict[int, tuple[list[int], str | None]] = {}
+        self.slots = Slots()            # the last sequence of each slot: what /slots saves
         self.worker: threading.Thread | None = None      # the thread in run()
         self.done = threading.Event()                    # set when run() returns
 
@@ -177,7 +177,10 @@ class Engine:
 
     def _sample(self, live: Live, logits: torch.Tensor) -> None:
         ev: TokenEvent = live.dec.accept(logits)
-        live.req.stats.predicted_n += 1
+        st = live.req.stats
+        st.predicted_n += 1
+        if live.t_decode:             # so far: what timings_per_token streams report
+            st.predicted_ms = (time.perf_counter() - live.t_decode) * 1000
         self.counters["generated_tokens"] += 1
         live.req.emit(ev)
         if ev.finish_reason:
@@ -211,7 +214,7 @@ class Engine:
         self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
         if reason != FinishReason.ERROR and live.seq.num_computed:
             seq = live.seq
-            self.last_in_slot[live.slot] = (seq.tokens[:seq.num_computed], seq.salt)
+            self.slots.remember(live.slot, seq.tokens[:seq.num_computed], seq.salt)
         if reason == FinishReason.CANCELLED:
             self.counters["cancelled"] += 1
         elif reason == FinishReason.ERROR:

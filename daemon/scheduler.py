@@ -80,6 +80,11 @@ class Scheduler:
         with self.cond:
             self.stopping = False
 
+    def snapshot(self) -> list[Live]:
+        """The running sequences, copied under the lock (for other threads)."""
+        with self.cond:
+            return list(self.running)
+
     @property
     def load(self) -> dict:
         with self.cond:
@@ -108,14 +113,17 @@ class Scheduler:
             budget -= share
         return batch
 
+    # `running` changes only on the engine's thread, under the lock so that snapshot()
+    # reads it whole from others
     def requeue(self, live: Live) -> None:
         """A new sequence admission had no room for: back to the front of the queue."""
-        self.running.remove(live)
         with self.cond:
+            self.running.remove(live)
             self.waiting.appendleft(live.req)
 
     def remove(self, live: Live) -> None:
-        self.running.remove(live)
+        with self.cond:
+            self.running.remove(live)
 
     def take_cancelled(self) -> list[Request]:
         """Queued requests cancelled by stop(), taken off the queue."""
@@ -130,8 +138,10 @@ class Scheduler:
             if req is None:
                 return
             # the sequence's tokens grow as it generates: the request keeps its prompt
-            self.running.append(Live(req, Sequence(list(req.tokens), req.salt,
-                                                   req.use_cache), self._free_slot(req)))
+            live = Live(req, Sequence(list(req.tokens), req.salt, req.use_cache),
+                        self._free_slot(req))
+            with self.cond:
+                self.running.append(live)
 
     def _free_slot(self, req: Request) -> int:
         """The slot index the request asked for when it is free, else the lowest free."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -37,6 +39,10 @@ def run(args) -> int:
         # `--device cuda` without CUDA: one line before the port opens (imports torch)
         from ckptd.model.placement import resolve
         resolve(cfg.device, cfg.dtype)
+    aip = config.Vertex.from_env(os.environ)
+    if aip.enabled and aip.port is not None and aip.port != cfg.port:
+        # Vertex AI sends its traffic to AIP_HTTP_PORT, whatever the flags say
+        cfg = replace(cfg, port=aip.port)
     lock = config.prepare_cache_dir(cfg.cache_dir)
     _setup_logging(cfg.log_format)
     try:
@@ -120,12 +126,13 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
     runner = web.AppRunner(build_app(svc), handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)
     await runner.setup()
-    try:
-        await web.TCPSite(runner, cfg.host, cfg.port).start()
-    except OSError as e:
-        log.error("cannot listen on %s:%d: %s", cfg.host, cfg.port, e)
-        await runner.cleanup()
-        return 1
+    for host in cfg.hosts:
+        try:
+            await web.TCPSite(runner, host.strip("[]"), cfg.port).start()
+        except OSError as e:
+            log.error("cannot listen on %s:%d: %s", host, cfg.port, e)
+            await runner.cleanup()
+            return 1
     for host, port in [a[:2] for a in runner.addresses]:
         log.info("listening on http://%s:%d", host, port)
     if not cfg.loopback and cfg.api_key is None:

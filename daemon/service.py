@@ -8,8 +8,10 @@ text, chat messages and named contexts into tokens the same way.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 from jinja2.exceptions import TemplateError
@@ -17,12 +19,14 @@ from jinja2.exceptions import TemplateError
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.contexts import Context, ContextRegistry
 from ckptd.daemon.generation import Generation
+from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import ApiError, bad_request, context_exceeded
 from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
 from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
 from ckptd.daemon.runtime import Runtime
 from ckptd.model.default import default_model_path
+from ckptd.model.sampling.dry import DEFAULT_BREAKERS, BreakerTable
 from ckptd.model.sampling.grammar import GrammarError, Grammars
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text import templates
@@ -30,6 +34,8 @@ from ckptd.model.text import templates
 VERSION = "0.1.0"
 
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
+# between the other files of an /infill request when the vocabulary has no file separator
+_SNIPPET = "\n\n--- snippet ---\n\n"
 
 
 def model_name(path: str | Path) -> str:
@@ -43,7 +49,9 @@ class Service:
         self.state = LOADING
         self.error: str | None = None
         self.path = Path(cfg.model) if cfg.model else default_model_path()
-        self.model_id = cfg.alias or model_name(self.path)
+        # llama-server's id of a model with several names: the first in sorted order
+        self.aliases = cfg.aliases or [model_name(self.path)]
+        self.model_id = self.aliases[0]
         self.grammars: Grammars | None = None
         self.parse_openai: ParseContext | None = None
         self.parse_llama: ParseContext | None = None
@@ -65,10 +73,14 @@ class Service:
         elif cfg.chat_template is not None:
             rt.tokenizer.chat_template = templates.resolve(cfg.chat_template)
         self.grammars = Grammars(rt.tokenizer, rt.vocab_size)
+        # every token's text, read once here (off the event loop) for DRY's breakers
+        tok = rt.tokenizer
+        breakers = BreakerTable([tok.decode([i]) for i in range(tok.vocab_size)], tok.encode)
+        breakers(DEFAULT_BREAKERS)
         self.parse_openai = ParseContext(rt.vocab_size, OPENAI.with_server(cfg),
-                                         rt.tokenizer.encode)
+                                         tok.encode, cfg.verbose, breakers)
         self.parse_llama = ParseContext(rt.vocab_size, LLAMA.with_server(cfg),
-                                        rt.tokenizer.encode)
+                                        tok.encode, cfg.verbose, breakers)
         self.rt = rt
         if start:
             self.rt.engine.start()
@@ -104,7 +116,7 @@ class Service:
     def check_model(self, name: str | None) -> None:
         """One model is served: any name reaches it (OpenAI client code sends a fixed
         one), unless --strict-model-name."""
-        if self.cfg.strict_model_name and name is not None and name != self.model_id:
+        if self.cfg.strict_model_name and name is not None and name not in self.aliases:
             raise ApiError(404, f"model {name!r} is not served here (this server serves "
                                 f"{self.model_id!r})", "model", "model_not_found")
 
@@ -129,13 +141,26 @@ class Service:
             raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
         return ctx
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text; a last assistant message is an answer to continue (prefill),
-        as llama-server does: the rest rendered, then its text."""
-        if messages[-1]["role"] == "assistant" and len(messages) > 1:
-            return self.render_chat(messages[:-1], True) + messages[-1]["content"]
+    def render_chat(self, chat: ChatPrompt) -> str:
+        """The prompt text. The template sees what llama-server gives it: bos_token,
+        eos_token, enable_thinking (--reasoning, or the request's), today's date as
+        `datetime` and `date_string`, the tools, and chat_template_kwargs. A last
+        assistant message is an answer to continue: the rest rendered, then its text."""
+        messages, add, tail = chat.messages, chat.add_generation_prompt, ""
+        if chat.prefill is not None:
+            add, tail = True, chat.prefill
+        now = datetime.now()
+        thinking = chat.enable_thinking
+        variables = {"enable_thinking": self.cfg.reasoning != "off" if thinking is None
+                     else thinking,
+                     "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+        if chat.tools:
+            variables["tools"] = chat.tools
+        # what llama.cpp gives templates that list tools as text (FireFunction's)
+        variables["functions"] = json.dumps(chat.tools, indent=2) if chat.tools else ""
+        variables.update(chat.kwargs)
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, add, **variables) + tail
         except TemplateError as e:
             raise bad_request(f"the chat template rejected the messages: {e}",
                               "messages") from None
@@ -149,7 +174,8 @@ class Service:
         if ctx.text is not None:
             ids = self.tokenizer.encode(ctx.text)
         else:
-            ids = self.tokenizer.encode(self.render_chat(ctx.messages, False))
+            ids = self.tokenizer.encode(self.render_chat(ChatPrompt(ctx.messages,
+                                                                    add_generation_prompt=False)))
         self._ctx_tokens[ctx.name] = (source, ids)
         return ids
 
@@ -163,16 +189,25 @@ class Service:
         return out
 
     def infill_tokens(self, fill, gap: str | list) -> list[int]:
-        """Fill-in-the-middle, prefix-suffix-middle order: other files (each after the
-        file separator, when the vocabulary has one), then <prefix> code before the gap
-        <suffix> code after it <middle> and the gap's start (the prompt)."""
-        pre, suf, mid = self.tokenizer.fim
-        sep, enc = self.tokenizer.file_sep, self.tokenizer.encode
+        """Fill-in-the-middle in llama-server's repo-level layout (arXiv 2409.12186):
+        [repo]myproject, each other file as [file_sep]name + its text (a plain snippet
+        separator without that token), [file_sep]filename, then
+        [prefix]code before the gap + the prompt (the gap's start)[suffix]code after[middle].
+        Unlike llama-server, the prefix and suffix are not cut to a batch's size: a prefill
+        of any length runs in chunks."""
+        tok = self.tokenizer
+        pre, suf, mid = tok.fim
+        sep, repo, enc = tok.file_sep, tok.fim_repo, tok.encode
         out: list[int] = []
+        if repo is not None:
+            out += [repo] + enc("myproject\n")
         for name, text in fill.extra:
-            out += ([sep] if sep is not None else []) + enc(f"{name}\n{text}" if name else text)
-        out += [pre] + enc(fill.prefix) + [suf] + enc(fill.suffix) + [mid]
-        return out + (self.prompt_tokens(gap) if gap else [])
+            out += [sep] + enc((name or "tmp") + "\n") if sep is not None else enc(_SNIPPET)
+            out += enc(text)
+        if sep is not None:
+            out += [sep] + enc("filename\n")
+        gap_ids = self.prompt_tokens(gap) if gap else []
+        return out + [pre] + enc(fill.prefix) + gap_ids + [suf] + enc(fill.suffix) + [mid]
 
     def completion_tokens(self, prompt: str | list,
                           cache: CacheOptions) -> tuple[list[int], str | None]:
@@ -183,20 +218,19 @@ class Service:
         ctx = self.context(cache.context, cache.salt)
         return self.context_tokens(ctx) + ids, cache.salt or ctx.salt
 
-    def chat_tokens(self, messages: list[dict], cache: CacheOptions,
-                    add_generation_prompt: bool = True) -> tuple[list[int], str | None]:
+    def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions) -> tuple[list[int], str | None]:
         if cache.context is None:
-            return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt)), \
-                cache.salt
+            return self.tokenizer.encode(self.render_chat(chat)), cache.salt
         ctx = self.context(cache.context, cache.salt)
         if ctx.messages is not None:
             # Render the whole conversation and keep what follows the context's own
             # rendering, so the suffix reads as the template would have it.
-            head = self.render_chat(ctx.messages, False)
-            full = self.render_chat(ctx.messages + messages)
-            suffix = full[len(head):] if full.startswith(head) else self.render_chat(messages)
+            head = self.render_chat(chat.with_messages(ctx.messages, False))
+            full = self.render_chat(chat.with_messages(ctx.messages + chat.messages,
+                                                       chat.add_generation_prompt, chat.prefill))
+            suffix = full[len(head):] if full.startswith(head) else self.render_chat(chat)
         else:
-            suffix = self.render_chat(messages)
+            suffix = self.render_chat(chat)
         return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
 
     def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,

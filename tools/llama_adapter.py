@@ -13,6 +13,8 @@ import os
 import sys
 import tempfile
 
+from ckptd.daemon.config import SETTINGS
+
 # llama-server flag -> (ckptd flag or None to drop it, takes a value)
 _MAP = {
     "--port": ("--port", True), "--host": ("--host", True), "--temp": ("--temp", True),
@@ -26,10 +28,12 @@ _MAP = {
     "--model": (None, True), "--hf-repo": (None, True), "--hf-file": (None, True),
     "--ubatch-size": (None, True), "--n-gpu-layers": (None, True), "-ctk": (None, True),
     "-ctv": (None, True), "-fa": (None, True), "--cache-ram": (None, True),
-    "--tags": (None, True), "--reasoning-format": (None, True),
+    "--tags": ("--tags", True), "--reasoning": ("--reasoning", True),
+    "--reasoning-format": (None, True),
     "--offline": (None, False), "--cont-batching": (None, False), "--kv-unified": (None, False),
     "--swa-full": (None, False), "--jinja": (None, False), "--no-jinja": (None, False),
-    "--no-ui": (None, False), "--verbose": (None, False), "--no-cache-idle-slots": (None, False),
+    "--no-ui": (None, False), "--verbose": ("--verbose", False),
+    "--no-cache-idle-slots": (None, False),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
@@ -37,6 +41,7 @@ UNSUPPORTED = {
     "--model-draft": "speculative decoding", "--spec-type": "speculative decoding",
     "--mmproj-url": "multimodal input", "--media-path": "multimodal input",
     "--models-dir": "router mode", "--models-max": "router mode",
+    "--no-models-autoload": "router mode",
     "--models-preset": "router mode", "--tools": "tool/MCP proxying",
     "--mcp-servers-config": "tool/MCP proxying", "--mcp-servers-json": "tool/MCP proxying",
     "--ui-mcp-proxy": "tool/MCP proxying", "--sleep-idle-seconds": "sleeping",
@@ -46,11 +51,11 @@ UNSUPPORTED = {
 
 def translate(argv: list[str], env: dict[str, str]) -> list[str]:
     """ckptd serve's arguments for llama-server's `argv`; ValueError for what ckptd
-    leaves out."""
+    leaves out. Without a model flag llama-server starts its router; the suite uses
+    that preset for tests of other things (CORS), so ckptd serves its model then too."""
     out: list[str] = []
     ctx = slots = None
     metrics = cors = False
-    model_given = False
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -64,8 +69,6 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         if a == "--metrics":
             metrics, i = True, i + 1
             continue
-        if a in ("--model", "--hf-repo", "--model-url"):
-            model_given = True
         if a not in _MAP:
             raise ValueError(f"{a}: not a llama-server flag this adapter knows")
         flag, takes = _MAP[a]
@@ -74,8 +77,6 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         if flag is not None:
             out += [flag, argv[i + 1]] if takes else [flag]
         i += 2 if takes else 1
-    if not model_given and "CKPTD_SUITE_MODEL" not in env:
-        raise ValueError("router mode (no model) is not supported by ckptd")
     slots = slots or 1
     out += ["--parallel", str(slots), "--step-tokens", str(max(_value(out, "--step-tokens", 256),
                                                              slots))]
@@ -90,6 +91,14 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
     return out
 
 
+def environment(env: dict[str, str]) -> dict[str, str]:
+    """The daemon's environment: without CKPTD_* settings (a caller's CKPTD_API_KEY or
+    CKPTD_PORT would serve another daemon than the flags describe); other variables,
+    CKPTD_CHECK_INVARIANTS among them, pass."""
+    settings = {"CKPTD_" + name.upper() for name in SETTINGS}
+    return {k: v for k, v in env.items() if k not in settings}
+
+
 def _value(args: list[str], flag: str, default: int) -> int:
     return int(args[args.index(flag) + 1]) if flag in args else default
 
@@ -101,8 +110,8 @@ def main() -> int:
         print(f"llama-adapter: {e}", file=sys.stderr)
         return 2
     cache = tempfile.mkdtemp(prefix="ckptd-suite-")     # each start begins uncached
-    os.execv(sys.executable, [sys.executable, "-m", "ckptd.tools.cli", "serve",
-                              "--cache-dir", cache, *args])
+    os.execve(sys.executable, [sys.executable, "-m", "ckptd.tools.cli", "serve",
+                               "--cache-dir", cache, *args], environment(dict(os.environ)))
     return 1
 
 

@@ -1,18 +1,22 @@
 """Run llama.cpp's own HTTP-server test suite against ckptd.
 
-    python -m ckptd.tools.llama_suite [--model M] [-k EXPR] [pytest args...]
+    python -m ckptd.tools.llama_suite [--model M] [pytest args...]
 
 Fetches the suite from the llama-cpp-python sdist on PyPI (the one
-tools/fetch_llamacpp.py downloads: vendor/llama.cpp/tools/server/tests) into
-third_party/llama-server-tests/, turns off its model downloads, and runs it with
-LLAMA_SERVER_BIN_PATH naming a wrapper around tools/llama_adapter.py. Tests listed
-in tools/llama_suite_exclude.txt are deselected; each line there gives its reason.
+tools/fetch_llamacpp.py downloads) into third_party/llama-server-suite/, keeping the
+sdist's layout around it (tools/server/tests beside models/templates, the chat
+templates its tests read by relative path), turns off its model downloads, and runs
+it with LLAMA_SERVER_BIN_PATH naming a wrapper around tools/llama_adapter.py. Tests
+listed in tools/llama_suite_exclude.txt are left out (tools/llama_suite_plugin.py);
+each line there gives its reason. The run ends with a line of figures:
+"ckptd: P of N passed (x%) ...".
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -20,10 +24,15 @@ import tarfile
 from pathlib import Path
 
 from ckptd.tools.fetch_llamacpp import _download
+from ckptd.tools.llama_suite_plugin import DEFAULT as EXCLUDE
+from ckptd.tools.llama_suite_plugin import EXCLUDE_ENV
+from ckptd.tools.llama_suite_plugin import exclusions as _exclusions
 
 ROOT = Path(__file__).resolve().parents[1]
-EXCLUDE = Path(__file__).with_name("llama_suite_exclude.txt")
-_PREFIX = "vendor/llama.cpp/tools/server/tests/"
+PLUGIN = "ckptd.tools.llama_suite_plugin"
+_VENDOR = "vendor/llama.cpp/"
+_KEEP = ("tools/server/tests/", "models/templates/")
+TESTS = "tools/server/tests"
 # utils.py imports `wget` for downloads; the suite runs offline against ckptd's model
 _NO_WGET = '"""Downloads are off: the suite runs against ckptd\'s own model."""\n\n\n' \
            'def download(url, out=None):\n' \
@@ -31,41 +40,35 @@ _NO_WGET = '"""Downloads are off: the suite runs against ckptd\'s own model."""\
 
 
 def fetch(dest: Path) -> Path:
-    """The suite's folder (extracted once), with downloads turned off."""
-    out = dest / "llama-server-tests"
-    if (out / "utils.py").is_file():
-        return out
+    """The suite's tests folder (extracted once), with downloads turned off."""
+    root = dest / "llama-server-suite"
+    tests = root / TESTS
+    if (tests / "utils.py").is_file():
+        return tests
     sdist = _download(dest / "cache")
-    tmp = out.with_name(out.name + ".partial")
+    tmp = root.with_name(root.name + ".partial")
     with tarfile.open(sdist) as tar:
         members = []
         for m in tar.getmembers():
             rel = m.name.split("/", 1)[1] if "/" in m.name else ""
-            if m.isfile() and rel.startswith(_PREFIX):
-                m.name = rel[len(_PREFIX):]
+            if not (m.isfile() and rel.startswith(_VENDOR)):
+                continue
+            rel = rel[len(_VENDOR):]
+            if rel.startswith(_KEEP):
+                m.name = rel
                 members.append(m)
         tar.extractall(tmp, members=members, filter="data")
-    conftest = tmp / "conftest.py"
+    conftest = tmp / TESTS / "conftest.py"
     text = conftest.read_text()
     conftest.write_text(text.replace("        ServerPreset.load_all()",
                                      "        pass  # ckptd: no model downloads"))
-    (tmp / "wget.py").write_text(_NO_WGET)
-    tmp.rename(out)
-    return out
+    (tmp / TESTS / "wget.py").write_text(_NO_WGET)
+    tmp.rename(root)
+    return tests
 
 
 def exclusions(path: Path = EXCLUDE) -> dict[str, str]:
-    """test id -> reason, from the checked-in list ("unit/x.py::test_y  # reason")."""
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        test, _, reason = line.partition("#")
-        if not reason.strip():
-            raise ValueError(f"{path}: {test.strip()} has no reason")
-        out[test.strip()] = reason.strip()
-    return out
+    return _exclusions(path)
 
 
 def wrapper(folder: Path) -> Path:
@@ -76,20 +79,35 @@ def wrapper(folder: Path) -> Path:
     return path
 
 
-def command(suite: Path, extra: list[str]) -> list[str]:
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"]
-    for test in exclusions():
-        args += ["--deselect", test]
-    return args + (extra or ["unit"])
+def command(extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", PLUGIN, "-q",
+            "-rfE", *(extra or ["unit"])]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(suite: Path, model: str | None, base: dict[str, str]) -> dict[str, str]:
+    """The suite's environment: its servers on a free port (the suite's default, 8080,
+    may be another server's, whose answers would then be taken for ckptd's), ckptd's
+    model, and nothing of the caller's pytest run."""
+    env = {k: v for k, v in base.items() if not k.startswith(("PYTEST_", "LLAMA_"))}
+    env.update(LLAMA_SERVER_BIN_PATH=str(wrapper(suite)), PORT=str(free_port()),
+               PYTHONPATH=os.pathsep.join(p for p in (str(suite), base.get("PYTHONPATH"))
+                                          if p))
+    env[EXCLUDE_ENV] = str(EXCLUDE)
+    if model:
+        env["CKPTD_SUITE_MODEL"] = str(Path(model).resolve())
+    return env
 
 
 def run(extra: list[str], model: str | None, dest: Path) -> int:
     suite = fetch(dest)
-    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(wrapper(suite)),
-           "PYTHONPATH": os.pathsep.join([str(suite), os.environ.get("PYTHONPATH", "")])}
-    if model:
-        env["CKPTD_SUITE_MODEL"] = str(Path(model).resolve())
-    return subprocess.call(command(suite, extra), cwd=suite, env=env)
+    return subprocess.call(command(extra), cwd=suite,
+                           env=environment(suite, model, dict(os.environ)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ from safetensors.torch import save_file
 
 ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
@@ -141,13 +143,14 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tokenizer(out: Path) -> None:
+def _tokenizer(out: Path, fim: bool = False) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, show_progress=False,
+    specials = SPECIALS + (FIM if fim else [])
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
@@ -159,16 +162,16 @@ def _tokenizer(out: Path) -> None:
 
 
 def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | None = None,
-              sizes: dict | None = None) -> Path:
-    """Write the folder; with `gguf`, also convert it (F32) with llama.cpp's converter.
-    sizes: config keys to change (tools/quant_fixture.py widens rows to the 256 values
-    of a K-quant block)."""
+              sizes: dict | None = None, fim: bool = False) -> Path:
+    """Write the folder; with `gguf`, also convert it (F32) with llama.cpp's converter;
+    with `fim`, the vocabulary gets fill-in-the-middle tokens. sizes: config keys to
+    change (tools/quant_fixture.py widens rows to the 256 values of a K-quant block)."""
     if arch not in ARCHES:
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {**_config(arch), **(sizes or {})}
-    _tokenizer(out)
+    _tokenizer(out, fim)
     from tokenizers import Tokenizer
     cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -202,9 +205,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gguf", metavar="FILE",
                    help="also write an F32 GGUF of it with llama.cpp's converter")
+    p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
 
 
 def run(args) -> int:
-    out = make_tiny(args.arch, args.out, args.seed, args.gguf)
+    out = make_tiny(args.arch, args.out, args.seed, args.gguf, args.fim)
     print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
     return 0

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from aiohttp import web
 
-from ckptd.daemon.http import admin, contexts, llama, openai, slots
+from ckptd.daemon.config import Vertex
+from ckptd.daemon.http import (
+    admin,
+    anthropic,
+    contexts,
+    llama,
+    openai,
+    responses,
+    slots,
+    vertex,
+)
 from ckptd.daemon.http.common import SERVICE
 from ckptd.daemon.http.errors import not_supported
 from ckptd.daemon.http.middleware import api_key, cors, cors_headers, errors, observe
@@ -18,7 +31,7 @@ def _unsupported(what: str):
     return handler
 
 
-def build_app(svc: Service) -> web.Application:
+def build_app(svc: Service, env: Mapping[str, str] = os.environ) -> web.Application:
     app = web.Application(client_max_size=svc.cfg.max_body,
                           middlewares=[observe, errors, cors, api_key])
     app[SERVICE] = svc
@@ -30,6 +43,12 @@ def build_app(svc: Service) -> web.Application:
         r.add_post(path, openai.chat_completions)
     for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
         r.add_post(path, openai.chat_input_tokens)
+    for path in ("/v1/responses", "/responses"):
+        r.add_post(path, responses.responses)
+    for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+        r.add_post(path, responses.input_tokens)
+    r.add_post("/v1/messages", anthropic.messages)
+    r.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
     for path in ("/v1/models", "/models"):
         r.add_get(path, openai.models, allow_head=False)
     for path in ("/completion", "/completions"):       # llama.cpp's own format
@@ -57,4 +76,5 @@ def build_app(svc: Service) -> web.Application:
     r.add_post("/cache/clear", admin.cache_clear)
     for (method, path), what in UNSUPPORTED.items():
         r.add_route(method, path, _unsupported(what))
+    vertex.register(app, Vertex.from_env(env), admin.health)
     return app

@@ -14,6 +14,8 @@ from ckptd.daemon.http.errors import ApiError, bad_request
 from ckptd.daemon.service import Service
 
 SERVICE: web.AppKey[Service] = web.AppKey("service", Service)
+# A body parsed already, carried by a request made inside the daemon (vertex.py)
+BODY = "ckptd.body"
 T = TypeVar("T")
 
 
@@ -33,6 +35,8 @@ def _no_constant(name: str):
 
 async def read_json(request: web.Request) -> object:
     """The body as JSON: 413 when too big, 400 for invalid UTF-8 or malformed JSON."""
+    if BODY in request:
+        return request[BODY]
     limit = request.app[SERVICE].cfg.max_body
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body is {request.content_length} bytes; the limit is "

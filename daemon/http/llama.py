@@ -8,8 +8,7 @@ from aiohttp import web
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready
 from ckptd.daemon.http.errors import ApiError
-from ckptd.daemon.http.openai import prompt_progress
-from ckptd.daemon.http.respond import run
+from ckptd.daemon.http.respond import prompt_progress, run
 from ckptd.daemon.http.schemas import (
     ChatRequest,
     DetokenizeRequest,
@@ -20,6 +19,7 @@ from ckptd.daemon.http.schemas import (
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
+from ckptd.model.sampling.filters import DEFAULT as DEFAULT_SAMPLERS
 from ckptd.model.sampling.sampler import SamplingParams
 
 
@@ -38,16 +38,51 @@ def generation_settings(svc: Service, p: SamplingParams, prefill_only: bool = Fa
             "grammar": p.grammar.constraint.source if p.grammar else "",
             "logit_bias": [{"token": t, "bias": None if b == float("-inf") else b}
                            for t, b in bias.items()],
+            "typical_p": p.typical_p, "top_n_sigma": p.top_n_sigma, "min_keep": p.min_keep,
+            "xtc_probability": p.xtc_probability, "xtc_threshold": p.xtc_threshold,
+            "dynatemp_range": p.dynatemp_range, "dynatemp_exponent": p.dynatemp_exponent,
+            "samplers": list(p.samplers or DEFAULT_SAMPLERS), "mirostat": p.mirostat,
+            "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta, **_dry(p), **OFF,
             "n_ctx": svc.max_context, "model": svc.model_id}
+
+
+# what ckptd leaves out (daemon/http/sampling.py refuses them on), at their off values
+OFF = {"adaptive_target": -1.0, "adaptive_decay": 0.9}
+
+
+def _dry(p: SamplingParams) -> dict:
+    d = p.dry
+    if d is None:
+        return {"dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+                "dry_penalty_last_n": -1}
+    return {"dry_multiplier": d.multiplier, "dry_base": d.base,
+            "dry_allowed_length": d.allowed_length, "dry_penalty_last_n": d.penalty_last_n}
+
+
+def stop_type(svc: Service, p: SamplingParams, generated: list[int], text: str,
+              fin: Finished) -> tuple[str, str]:
+    """llama-server's stop_type (limit, eos, word, none) and the stop string matched:
+    the text held back from the answer starts with it."""
+    if fin.reason == "length":
+        return "limit", ""
+    last = generated[-1] if generated else None
+    if last in set(svc.tokenizer.eos_ids) | set(p.stop_token_ids) and not p.ignore_eos:
+        return "eos", ""
+    tail = svc.tokenizer.decode(generated, True)[len(text):]
+    word = next((s for s in p.stop if s in tail), "")
+    return ("word", word) if word else ("none", "")
 
 
 class LlamaFormat:
     done_marker = False          # llama.cpp ends its streams without `data: [DONE]`
+    timings = None               # live stats, with timings_per_token (respond.run)
 
-    def __init__(self, svc: Service, req: LlamaCompletionRequest, texts: list[str],
-                 jobs: list[tuple[list[int], SamplingParams]]) -> None:
-        self.svc, self.req, self.texts, self.jobs = svc, req, texts, jobs
-        self.prefill_only = req.gen.max_tokens == 0
+    def __init__(self, svc: Service, texts: list[str],
+                 jobs: list[tuple[list[int], SamplingParams]], prefill_only: bool,
+                 return_tokens: bool = False, response_fields: tuple[str, ...] = ()) -> None:
+        self.svc, self.texts, self.jobs = svc, texts, jobs
+        self.prefill_only = prefill_only
+        self.return_tokens, self.response_fields = return_tokens, response_fields
         self.generated: list[list[int]] = [[] for _ in jobs]
         self.text = ["" for _ in jobs]
 
@@ -85,19 +120,15 @@ class LlamaFormat:
         probs = self._probs(ev)
         if probs is not None:
             out["completion_probabilities"] = probs
+        if self.timings is not None:
+            out["timings"] = self.timings[i].timings()
         return out
 
+    def error(self, err: ApiError) -> dict:
+        return err.body()
+
     def _stop_type(self, i: int, fin: Finished) -> tuple[str, str]:
-        p = self.jobs[i][1]
-        if fin.reason == "length":
-            return "limit", ""
-        last = self.generated[i][-1] if self.generated[i] else None
-        eos = set(self.svc.tokenizer.eos_ids) | set(p.stop_token_ids)
-        if last in eos and not p.ignore_eos:
-            return "eos", ""
-        tail = self.svc.tokenizer.decode(self.generated[i], True)[len(self.text[i]):]
-        word = next((s for s in p.stop if s in tail), "")
-        return ("word", word) if word else ("none", "")
+        return stop_type(self.svc, self.jobs[i][1], self.generated[i], self.text[i], fin)
 
     def closing(self, i: int, fin: Finished) -> dict:
         stop_type, word = self._stop_type(i, fin)
@@ -123,16 +154,24 @@ class LlamaFormat:
                 self.chunk(i, ev)
                 probs += self._probs(ev) or []
         out = {**self.closing(i, res.finished), "content": self.text[i],
-               "tokens": self.generated[i] if self.req.return_tokens else []}
+               "tokens": self.generated[i] if self.return_tokens else []}
         if probs:
             out["completion_probabilities"] = probs
-        if self.req.response_fields:
-            out = {f: _path(out, f) for f in self.req.response_fields}
+        if self.response_fields:
+            out = {f: _path(out, f) for f in self.response_fields}
         return out
 
     def body(self, results: list[Result]) -> dict | list:
         out = [self._one(i, r) for i, r in enumerate(results)]
         return out[0] if len(out) == 1 else out
+
+
+def verbose(svc: Service, job: tuple[list[int], SamplingParams], res: Result,
+            prefill_only: bool) -> dict:
+    """llama-server's __verbose: the answer in /completion's form, with the prompt text
+    the model read (special tokens written out)."""
+    text = svc.tokenizer.decode(job[0])
+    return LlamaFormat(svc, [text], [job], prefill_only, True)._one(0, res)
 
 
 def _path(obj: dict, path: str):
@@ -145,7 +184,8 @@ def _path(obj: dict, path: str):
 async def _complete(request: web.Request, svc: Service, req: LlamaCompletionRequest,
                     prompts: list[list[int]], texts: list[str], salt) -> web.StreamResponse:
     return await run(request, svc, prompts, salt, req.gen,
-                     lambda jobs: LlamaFormat(svc, req, texts, jobs))
+                     lambda jobs: LlamaFormat(svc, texts, jobs, req.gen.max_tokens == 0,
+                                              req.return_tokens, req.response_fields))
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
@@ -164,13 +204,12 @@ async def infill(request: web.Request) -> web.StreamResponse:
     gap (and other files before it), then the prompt as the gap's start."""
     svc = ready(request)
     data = await read_json(request)
-    fill = InfillRequest.parse(data)
-    req = LlamaCompletionRequest.parse(data, svc.parse_llama, prompt_required=False)
-    fim = svc.tokenizer.fim
-    if fim is None:
+    if svc.tokenizer.fim is None:
         raise ApiError(400, "this model's vocabulary has no fill-in-the-middle tokens "
                             "(<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>): /infill needs "
                             "them", None, "infill_not_supported")
+    fill = InfillRequest.parse(data)
+    req = LlamaCompletionRequest.parse(data, svc.parse_llama, prompt_required=False)
     gap = req.prompts[0]
     tokens = await blocking(svc.infill_tokens, fill, gap)
     return await _complete(request, svc, req, [tokens], [gap if isinstance(gap, str) else ""],
@@ -197,7 +236,7 @@ async def apply_template(request: web.Request) -> web.Response:
     """The prompt text a chat request renders to, without generating."""
     svc = ready(request)
     req = ChatRequest.parse(await read_json(request), svc.parse_openai)
-    text = await blocking(svc.render_chat, req.messages, req.add_generation_prompt)
+    text = await blocking(svc.render_chat, req.chat)
     return json_response({"prompt": text})
 
 

@@ -15,7 +15,9 @@ from aiohttp import web
 
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready, service
-from ckptd.daemon.http.respond import run
+from ckptd.daemon.http.errors import ApiError
+from ckptd.daemon.http.llama import verbose
+from ckptd.daemon.http.respond import prompt_progress, run
 from ckptd.daemon.http.schemas import ChatRequest, CompletionRequest
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
@@ -42,13 +44,15 @@ class _Base:
     """What both OpenAI formats share: ids, usage, timings, a prefill-only request."""
 
     done_marker = True
+    timings = None              # live stats, with timings_per_token (respond.run)
     prefix = "cmpl"
     object_name = ""            # of a whole answer
     chunk_object = ""           # of a stream chunk
 
     def __init__(self, svc: Service, jobs: list[tuple[list[int], SamplingParams]],
-                 prefill_only: bool) -> None:
+                 prefill_only: bool, verbose: bool = False) -> None:
         self.svc, self.jobs, self.prefill_only = svc, jobs, prefill_only
+        self.verbose = verbose
         self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
 
@@ -67,6 +71,15 @@ class _Base:
         return {**self.head(self.chunk_object), "choices": [],
                 "prompt_progress": prompt_progress(ev)}
 
+    def error(self, err: ApiError) -> dict:
+        return err.body()
+
+    def timed(self, i: int, out: dict) -> dict:
+        """A chunk with the generation's timings so far, when the request asked."""
+        if self.timings is not None:
+            out["timings"] = self.timings[i].timings()
+        return out
+
     def usage(self, fins: list[Finished]) -> dict:
         return {**self.head(self.chunk_object), "choices": [],
                 "usage": usage(fins, self.jobs, self.prefill_only),
@@ -74,21 +87,19 @@ class _Base:
 
     def _whole(self, results: list[Result], choices: list[dict]) -> dict:
         fins = [r.finished for r in results]
-        return {**self.head(self.object_name), "choices": choices,
-                "usage": usage(fins, self.jobs, self.prefill_only),
-                "timings": fins[0].stats.timings()}
-
-
-def prompt_progress(ev: Progress) -> dict:
-    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed,
-            "time_ms": round(ev.time_ms, 3)}
+        out = {**self.head(self.object_name), "choices": choices,
+               "usage": usage(fins, self.jobs, self.prefill_only),
+               "timings": fins[0].stats.timings()}
+        if self.verbose:
+            out["__verbose"] = verbose(self.svc, self.jobs[0], results[0], self.prefill_only)
+        return out
 
 
 class CompletionFormat(_Base):
     object_name = chunk_object = "text_completion"
 
-    def __init__(self, svc: Service, jobs, prefill_only: bool) -> None:
-        super().__init__(svc, jobs, prefill_only)
+    def __init__(self, svc: Service, jobs, prefill_only: bool, verbose: bool = False) -> None:
+        super().__init__(svc, jobs, prefill_only, verbose)
         self.offsets = [0] * len(jobs)
 
     def _logprobs(self, i: int, evs: list[TokenEvent]) -> dict | None:
@@ -110,9 +121,9 @@ class CompletionFormat(_Base):
     def chunk(self, i: int, ev: TokenEvent) -> dict | None:
         if self.prefill_only:
             return None
-        return {**self.head(self.chunk_object), "choices": [
+        return self.timed(i, {**self.head(self.chunk_object), "choices": [
             {"text": ev.text, "index": i, "logprobs": self._logprobs(i, [ev]),
-             "finish_reason": None}]}
+             "finish_reason": None}]})
 
     def closing(self, i: int, fin: Finished) -> dict:
         return {**self.head(self.chunk_object), "choices": [
@@ -155,7 +166,7 @@ class ChatFormat(_Base):
     def chunk(self, i: int, ev: TokenEvent) -> dict | None:
         if self.prefill_only or (not ev.text and ev.sampled.logprob is None):
             return None
-        return self._chunk(i, {"content": ev.text}, self._logprobs([ev]))
+        return self.timed(i, self._chunk(i, {"content": ev.text}, self._logprobs([ev])))
 
     def closing(self, i: int, fin: Finished) -> dict:
         return {**self._chunk(i, {}, None, self.finish_reason(fin)),
@@ -182,7 +193,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         tokens, salt = await blocking(svc.completion_tokens, p, g.cache)
         prompts.append(tokens)
     return await run(request, svc, prompts, salt, g,
-                     lambda jobs: CompletionFormat(svc, jobs, g.max_tokens == 0))
+                     lambda jobs: CompletionFormat(svc, jobs, g.max_tokens == 0, g.verbose))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -190,10 +201,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = ChatRequest.parse(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
     g = req.gen
-    tokens, salt = await blocking(svc.chat_tokens, req.messages, g.cache,
-                                  req.add_generation_prompt)
+    tokens, salt = await blocking(svc.chat_tokens, req.chat, g.cache)
     resp = await run(request, svc, [tokens], salt, g,
-                     lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0), "messages")
+                     lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0, g.verbose), "messages")
     return resp
 
 
@@ -201,15 +211,14 @@ async def chat_input_tokens(request: web.Request) -> web.Response:
     """How many tokens a chat request's prompt is, without generating."""
     svc = ready(request)
     req = ChatRequest.parse(await read_json(request), svc.parse_openai)
-    tokens, _ = await blocking(svc.chat_tokens, req.messages, req.gen.cache,
-                               req.add_generation_prompt)
+    tokens, _ = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
     return json_response({"input_tokens": len(tokens)})
 
 
 async def models(request: web.Request) -> web.Response:
     svc = service(request)
     entry = {"id": svc.model_id, "object": "model", "created": int(svc.started),
-             "owned_by": "ckptd", "aliases": [svc.model_id]}
+             "owned_by": "ckptd", "aliases": svc.aliases, "tags": svc.cfg.tag_list}
     if svc.rt is not None:
         model = svc.rt.model
         cfg = model.config

@@ -118,6 +118,17 @@ def document(model_id: str) -> dict:
     infill = _body({"input_prefix": {"type": "string"}, "input_suffix": {"type": "string"},
                     "input_extra": {"type": "array", "items": {"type": "object"}},
                     "prompt": {"type": "string"}, "n_predict": {"type": "integer"}})
+    responses = _body({"model": {"type": "string"}, "input": {
+                           "oneOf": [{"type": "string"}, {"type": "array",
+                                                           "items": {"type": "object"}}]},
+                       "instructions": {"type": "string"},
+                       "max_output_tokens": {"type": "integer", "minimum": 0},
+                       **_SAMPLING, **_STREAM_OPTIONS}, ("input",))
+    messages = _body({"model": {"type": "string"}, "messages": _MESSAGES,
+                      "system": {"type": "string"},
+                      "max_tokens": {"type": "integer", "minimum": 0},
+                      "stop_sequences": {"type": "array", "items": {"type": "string"}},
+                      **_SAMPLING, **_STREAM_OPTIONS}, ("messages",))
     slot_file = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {"filename": {"type": "string"}}}}}}
     context = _body({"name": {"type": "string"}, "text": {"type": "string"},
@@ -140,6 +151,15 @@ def document(model_id: str) -> dict:
                                      stream=True, errors=("400", "404", "413", "501", "504"))},
         "/infill": {"post": _op("Fill in the middle (models with FIM tokens)", infill,
                                 stream=True, errors=("400", "413", "504"))},
+        "/v1/responses": {"post": _op("OpenAI's Responses API (not stored)", responses,
+                                      stream=True, errors=("400", "413", "504"))},
+        "/responses": {"post": _op("As /v1/responses", responses, stream=True,
+                                   errors=("400", "413", "504"))},
+        "/v1/responses/input_tokens": {"post": _op("Tokens of a Responses prompt", responses)},
+        "/responses/input_tokens": {"post": _op("Tokens of a Responses prompt", responses)},
+        "/v1/messages": {"post": _op("Anthropic's Messages API", messages, stream=True,
+                                     errors=("400", "413", "504"))},
+        "/v1/messages/count_tokens": {"post": _op("Tokens of a Messages prompt", messages)},
         "/apply-template": {"post": _op("The prompt a chat request renders to", chat)},
         "/props": {"get": _op("Server settings (llama-server's /props)", errors=())},
         "/slots": {"get": _op("The slots and what they run", errors=("501",))},

@@ -7,6 +7,8 @@ is a batch: one generation each. Multimodal data is refused with a 501.
 
 from __future__ import annotations
 
+import json
+
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import check_tokens
 
@@ -56,16 +58,20 @@ def _one(v: object, vocab_size: int, name: str) -> Prompt:
 def _no_media(what: str, where: str):
     # a field of the request, not a route: a 400 (llama-server's answer to media its
     # model can't take), with the code saying it is not supported
-    return bad_request(f"multimodal input ({what}) is not supported by this server (ckptd)",
-                       where, "not_supported")
+    kind = "image input" if "image" in what else "multimodal input"
+    return bad_request(f"{kind} is not supported by this server (ckptd): {what}", where,
+                       "not_supported")
 
 
-def messages(v: object, name: str = "messages") -> list[dict]:
-    """[{role, content}] with content flattened to text (text parts of a list joined)."""
+def messages(v: object, name: str = "messages", allow_empty: bool = False) -> list[dict]:
+    """[{role, content, ...}]: content flattened to text (text parts joined by a newline,
+    as llama-server gives them to a template that takes strings), and an assistant's
+    tool_calls (arguments as objects, what templates render), a tool result's
+    tool_call_id and name, reasoning_content kept for templates that show them."""
     if not isinstance(v, list):
         raise bad_request(f"{name} must be a list of messages", name,
                           "missing_field" if v is None else "invalid_type")
-    if not v:
+    if not v and not allow_empty:
         raise bad_request(f"{name} must not be empty", name)
     out = []
     for i, m in enumerate(v):
@@ -75,14 +81,47 @@ def messages(v: object, name: str = "messages") -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
-        out.append({"role": role, "content": _content(m.get("content"), f"{where}.content")})
+        msg = {"role": "system" if role == "developer" else role,
+               "content": content_text(m.get("content"), f"{where}.content")}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        for key in ("tool_call_id", "name", "reasoning_content"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}",
+                                      "invalid_type")
+                msg[key] = m[key]
+        out.append(msg)
     if len(out) > 1 and out[-1]["role"] == out[-2]["role"] == "assistant":
         raise bad_request(f"{name}: only the last message may be an assistant's answer to "
                           "continue, not two in a row", name)
     return out
 
 
-def _content(c: object, where: str) -> str:
+def _tool_calls(v: object, where: str) -> list[dict]:
+    if not isinstance(v, list):
+        raise bad_request(f"{where} must be a list", where, "invalid_type")
+    out = []
+    for i, call in enumerate(v):
+        at = f"{where}[{i}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{at} must be {{type: function, function: {{name, arguments}}}}",
+                              at, "invalid_type")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise bad_request(f"{at}.function.arguments is not valid JSON",
+                                  f"{at}.function.arguments") from None
+        out.append({"id": str(call.get("id") or f"call_{i}"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def content_text(c: object, where: str, sep: str = "\n") -> str:
+    """A message's content as text: a string, or its text parts joined by `sep`."""
     if c is None:
         return ""
     if isinstance(c, str):
@@ -92,10 +131,10 @@ def _content(c: object, where: str) -> str:
         for p in c:
             if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio", "file",
                                                          "input_image", "image"):
-                raise _no_media(f"{p.get('type')} parts", where)
+                raise _no_media(f"{p['type']} parts", where)
             if not isinstance(p, dict) or p.get("type") != "text" or \
                     not isinstance(p.get("text"), str):
                 raise bad_request(f"{where}: only text parts are supported", where)
             parts.append(p["text"])
-        return "".join(parts)
+        return sep.join(parts)
     raise bad_request(f"{where} must be a string or a list of text parts", where, "invalid_type")

@@ -18,22 +18,31 @@ from aiohttp import web
 
 from ckptd.daemon.generation import Generation, Result, failure
 from ckptd.daemon.http.common import blocking, json_response
+from ckptd.daemon.http.errors import ApiError
 from ckptd.daemon.http.schemas import Generate
-from ckptd.daemon.http.sse import ClientGone, EventStream
-from ckptd.daemon.request import Finished, Progress
+from ckptd.daemon.http.sse import ClientGone, EventStream, Named
+from ckptd.daemon.request import Finished, Progress, Stats
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
 
 
 class ReplyFormat(Protocol):
+    """Each stream hook returns what to send: one event, several, or None."""
     done_marker: bool                              # end streams with `data: [DONE]`
+    timings: list[Stats] | None                    # set with timings_per_token: live stats
 
     def opening(self, i: int) -> dict | None: ...  # first chunk of generation i
     def chunk(self, i: int, ev: TokenEvent) -> dict | None: ...
     def progress(self, i: int, ev: Progress) -> dict | None: ...
     def closing(self, i: int, fin: Finished) -> dict | None: ...
     def usage(self, fins: list[Finished]) -> dict | None: ...   # the include_usage chunk
+    def error(self, err: ApiError) -> dict | Named: ...         # a failure mid-stream
     def body(self, results: list[Result]) -> dict | list: ...   # the whole answer
+
+
+def prompt_progress(ev: Progress) -> dict:
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed,
+            "time_ms": round(ev.time_ms, 3)}
 
 
 async def run(request: web.Request, svc: Service, prompts: list[list[int]], salt: str | None,
@@ -48,7 +57,9 @@ async def run(request: web.Request, svc: Service, prompts: list[list[int]], salt
         jobs += [(tokens, replace(p, seed=(p.seed + j) % 2**32) if j else p)
                  for j in range(g.n)]
     gens = svc.generations(jobs, salt, g)
-    return await answer(request, gens, make_format(jobs), g.stream, g.include_usage)
+    fmt = make_format(jobs)
+    fmt.timings = [gen.req.stats for gen in gens] if g.timings_per_token else None
+    return await answer(request, gens, fmt, g.stream, g.include_usage)
 
 
 async def answer(request: web.Request, gens: list[Generation], fmt: ReplyFormat, stream: bool,
@@ -77,15 +88,13 @@ async def _stream(sse: EventStream, gens: list[Generation], fmt: ReplyFormat,
                   include_usage: bool) -> None:
     await sse.start()
     for i in range(len(gens)):
-        first = fmt.opening(i)
-        if first is not None:
-            await sse.send(first)
+        await _send(sse, fmt.opening(i))
     fins: list[Finished] = []
     async for i, ev in _merged(gens):
         if isinstance(ev, Finished):
             err = failure(ev)
             if err is not None:
-                await sse.send(err.body())
+                await _send(sse, fmt.error(err))
                 break
             fins.append(ev)
             out = fmt.closing(i, ev)
@@ -93,15 +102,17 @@ async def _stream(sse: EventStream, gens: list[Generation], fmt: ReplyFormat,
             out = fmt.progress(i, ev)
         else:
             out = fmt.chunk(i, ev)
-        if out is not None:
-            await sse.send(out)
+        await _send(sse, out)
     else:
         if include_usage:
-            last = fmt.usage(fins)
-            if last is not None:
-                await sse.send(last)
+            await _send(sse, fmt.usage(fins))
     if fmt.done_marker:
         await sse.done()
+
+
+async def _send(sse: EventStream, out: dict | Named | list | None) -> None:
+    for item in out if isinstance(out, list) else [] if out is None else [out]:
+        await sse.send(item)
 
 
 async def _merged(gens: list[Generation]) -> AsyncIterator[tuple[int, object]]:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.model.sampling.dry import DEFAULT_BREAKERS, DryParams
+from ckptd.model.sampling.filters import CHARS, sampler_name
 from ckptd.model.sampling.grammar import GBNF, Constraint, schema_constraint
 from ckptd.model.sampling.sampler import SamplingParams
 
@@ -40,12 +42,90 @@ OPENAI = ApiDefaults(1.0, 0, 1.0, 0.0)
 LLAMA = ApiDefaults(0.8, 40, 0.95, 0.05, 1.0, 64)
 
 
+MAX_BREAKERS = 64
+
+
 @dataclass(frozen=True)
 class ParseContext:
     """What parsing a generation request needs to know of the server."""
     vocab_size: int
     defaults: ApiDefaults
     encode: object = None           # text -> token ids (logit bias given as text)
+    verbose: bool = False           # answers carry __verbose unless a request says no
+    breakers: object = None         # DRY's breaker strings -> tokens (dry.BreakerTable)
+
+
+# llama-server sampling fields ckptd does not implement: accepted at the value that
+# turns them off (clients such as llama.cpp's web UI send every field with its default),
+# a 400 naming the field otherwise, never silently dropped. name -> (read, active, what)
+_REFUSED = {
+    "adaptive_target": ("float", lambda v: v >= 0, "adaptive-p sampling"),
+    "n_indent": ("int", lambda v: v > 0, "n_indent (stopping on indentation)"),
+    "t_max_predict_ms": ("int", lambda v: v > 0, "a time limit on generation"),
+    "t_max_prompt_ms": ("int", lambda v: v > 0, "a time limit on the prompt"),
+    "grammar_lazy": ("bool", lambda v: v, "lazy grammars (grammar_triggers)"),
+}
+
+
+def _refuse_active(f: Fields) -> None:
+    for name, (kind, active, what) in _REFUSED.items():
+        v = getattr(f, kind)(name)
+        if v is not None and active(v):
+            raise bad_request(f"{name}: {what} is not supported by this server (ckptd); "
+                              "leave it out or at its default", name, "not_supported")
+    lora = f.data.get("lora")
+    if lora:
+        raise bad_request("lora: LoRA adapters are not supported by this server (ckptd)",
+                          "lora", "not_supported")
+
+
+def dry(f: Fields, ctx: ParseContext) -> DryParams | None:
+    """llama.cpp's DRY fields (model/sampling/dry.py); None when it is off."""
+    mult = f.float("dry_multiplier", 0.0, 0.0, 1e6)
+    base = f.float("dry_base", 1.75, 0.0, 1e6)
+    allowed = f.int("dry_allowed_length", 2, 0, 1 << 20)
+    last_n = f.int("dry_penalty_last_n", -1, -1, 1 << 30)
+    raw = f.data.get("dry_sequence_breakers")
+    if raw is None:
+        strings = DEFAULT_BREAKERS
+    elif isinstance(raw, list) and raw and all(isinstance(s, str) for s in raw):
+        if len(raw) > MAX_BREAKERS:
+            raise bad_request(f"dry_sequence_breakers holds at most {MAX_BREAKERS} strings",
+                              "dry_sequence_breakers")
+        strings = tuple(raw)
+    else:
+        raise type_error("dry_sequence_breakers", "a non-empty list of strings", raw)
+    p = DryParams(mult, base, allowed, last_n, ())
+    if not p.active:
+        return None
+    if ctx.breakers is None:
+        raise bad_request("dry_multiplier: DRY needs the model's vocabulary, which this "
+                          "parser was not given", "dry_multiplier", "not_supported")
+    return DryParams(mult, base, allowed, last_n, ctx.breakers(strings))
+
+
+def samplers(f: Fields) -> tuple[str, ...] | None:
+    """llama.cpp's `samplers`: the filters to run, in order, as names or one letter each
+    ("kypmxt"); None when not given."""
+    v = f.data.get("samplers")
+    if v is None:
+        return None
+    if isinstance(v, str):
+        names = [CHARS.get(c) or c for c in v]
+    elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+        names = list(v)
+    else:
+        raise type_error("samplers", "a list of sampler names or a string of letters", v)
+    out = []
+    for n in names:
+        name = sampler_name(n)
+        if name is None:
+            raise bad_request(f"samplers: unknown sampler {n!r}", "samplers")
+        if name == "infill":
+            raise bad_request("samplers: the infill sampler is not supported by this server "
+                              "(ckptd)", "samplers", "not_supported")
+        out.append(name)
+    return tuple(out)
 
 
 def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) -> SamplingParams:
@@ -66,13 +146,28 @@ def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) ->
             "frequency_penalty": f.float("frequency_penalty", 0.0, -2.0, 2.0),
             "repetition_penalty": _positive(f, "repetition_penalty", d.repetition_penalty),
             "penalty_last_n": d.penalty_last_n}
+    _refuse_active(f)
+    order = samplers(f)
+    if order is not None and "penalties" not in order:      # llama.cpp: listed steps only
+        penalties = {"presence_penalty": 0.0, "frequency_penalty": 0.0,
+                     "repetition_penalty": 1.0, "penalty_last_n": penalties["penalty_last_n"]}
     return SamplingParams(
         max_tokens=0, temperature=f.float("temperature", d.temperature, 0.0, 100.0),
         top_k=f.int("top_k", d.top_k, 0), top_p=_top_p(f.float("top_p", d.top_p, 0.0, 1.0)),
         min_p=f.float("min_p", d.min_p, 0.0, 1.0), seed=seed, stop=f.stop(),
         ignore_eos=f.bool("ignore_eos"), logprobs=logprobs,
         logit_bias=logit_bias(f, ctx, allow_false=llama),
-        post_sampling_probs=f.bool("post_sampling_probs"), **penalties)
+        post_sampling_probs=f.bool("post_sampling_probs"),
+        typical_p=f.float("typical_p", 1.0, 0.0, 1.0),
+        top_n_sigma=f.float("top_n_sigma", -1.0, -1e9, 1e9),
+        min_keep=f.int("min_keep", 0, 0, 1 << 20),
+        xtc_probability=f.float("xtc_probability", 0.0, 0.0, 1.0),
+        xtc_threshold=f.float("xtc_threshold", 0.1, 0.0, 1.0),
+        dynatemp_range=f.float("dynatemp_range", 0.0, 0.0, 100.0),
+        dynatemp_exponent=f.float("dynatemp_exponent", 1.0, 0.0, 100.0),
+        samplers=order, dry=dry(f, ctx), mirostat=f.int("mirostat", 0, 0, 2),
+        mirostat_tau=f.float("mirostat_tau", 5.0, 0.0, 1e6),
+        mirostat_eta=f.float("mirostat_eta", 0.1, 0.0, 1e6), **penalties)
 
 
 def _positive(f: Fields, name: str, default: float) -> float:
@@ -172,9 +267,10 @@ def _response_format(v: object) -> tuple[str, Constraint] | None:
     if kind == "text":
         return None
     if kind == "json_object":
+        # JSON mode gives an object (OpenAI's documentation; llama-server's reading too)
         schema = rf.data.get("schema")
-        return ("response_format", _schema(True if schema is None else schema,
-                                           "response_format.schema"))
+        return ("response_format", _schema({"type": "object"} if schema in (None, {})
+                                           else schema, "response_format.schema"))
     if kind == "json_schema":
         js = Fields(rf.data.get("json_schema"), "response_format.json_schema")
         schema = js.data.get("schema")

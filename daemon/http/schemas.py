@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckptd.daemon.http import prompts
+from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields
 from ckptd.daemon.http.sampling import ParseContext, constraint, sampling
@@ -59,6 +60,8 @@ class Generate:
     include_usage: bool = False
     return_progress: bool = False
     id_slot: int | None = None
+    verbose: bool = False            # llama-server's __verbose: the prompt text and more
+    timings_per_token: bool = False  # every streamed chunk carries the timings so far
 
 
 def _generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: int | None,
@@ -66,7 +69,8 @@ def _generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: in
     slot = f.int("id_slot")
     return Generate(max_tokens, sampling(f, ctx, logprobs, llama), _cache_options(f, cache_field),
                     constraint(f), f.bool("stream"), n, _include_usage(f),
-                    f.bool("return_progress"), None if slot is None or slot < 0 else slot)
+                    f.bool("return_progress"), None if slot is None or slot < 0 else slot,
+                    f.bool("verbose", ctx.verbose), f.bool("timings_per_token"))
 
 
 @dataclass(frozen=True)
@@ -94,13 +98,11 @@ class ChatRequest:
     """POST /v1/chat/completions (and /chat/completions/input_tokens, /apply-template)."""
 
     model: str | None
-    messages: list[dict]
+    chat: ChatPrompt
     gen: Generate
-    add_generation_prompt: bool = True
-    verbose: bool = False
 
     @classmethod
-    def parse(cls, data: object, ctx: ParseContext) -> ChatRequest:
+    def parse(cls, data: object, ctx: ParseContext, allow_empty: bool = False) -> ChatRequest:
         f = Fields(data)
         n = _n(f)
         max_tokens = f.int("max_completion_tokens", None, 0)
@@ -108,17 +110,8 @@ class ChatRequest:
             max_tokens = f.int("max_tokens", None, 0)
         top = f.int("top_logprobs", None, 0, 20)
         logprobs = (top or 0) if f.bool("logprobs") else None
-        msgs = prompts.messages(f.data.get("messages"))
-        add = f.bool("add_generation_prompt", True)
-        if f.bool("continue_final_message"):
-            if "add_generation_prompt" in f.data and add:
-                raise bad_request("continue_final_message and add_generation_prompt can not "
-                                  "both be true", "continue_final_message")
-            if msgs[-1]["role"] != "assistant":
-                raise bad_request("continue_final_message needs an assistant message last",
-                                  "continue_final_message")
-        return cls(f.str("model"), msgs, _generate(f, ctx, max_tokens, logprobs, False, n),
-                   add, f.bool("verbose"))
+        return cls(f.str("model"), ChatPrompt.parse(f, allow_empty),
+                   _generate(f, ctx, max_tokens, logprobs, False, n))
 
 
 @dataclass(frozen=True)
@@ -129,7 +122,6 @@ class LlamaCompletionRequest:
     gen: Generate
     return_tokens: bool = False
     response_fields: tuple[str, ...] = ()
-    timings_per_token: bool = False
 
     @classmethod
     def parse(cls, data: object, ctx: ParseContext, prompt_required: bool = True
@@ -146,7 +138,7 @@ class LlamaCompletionRequest:
         ps = prompts.prompts(raw, ctx.vocab_size) if prompt_required or raw else [""]
         return cls(ps, _generate(f, ctx, None if n_predict == -1 else n_predict,
                                  n_probs or None, True, 1, "cache_prompt"),
-                   f.bool("return_tokens"), tuple(fields or ()), f.bool("timings_per_token"))
+                   f.bool("return_tokens"), tuple(fields or ()))
 
 
 @dataclass(frozen=True)
@@ -171,10 +163,11 @@ class InfillRequest:
             text = ef.data.get("text")
             name = ef.data.get("filename", "")
             if not isinstance(text, str) or not isinstance(name, str):
-                raise bad_request(f"{where} needs a string text and filename", where,
-                                  "invalid_type")
+                raise bad_request(f"{where} needs a string text (and a string filename, when "
+                                  "given)", where, "invalid_type")
             chunks.append((name, text))
-        return cls(f.str("input_prefix", ""), f.str("input_suffix", ""), chunks)
+        return cls(f.str("input_prefix", required=True), f.str("input_suffix", required=True),
+                   chunks)
 
 
 @dataclass(frozen=True)

@@ -32,22 +32,10 @@ async def list_slots(request: web.Request) -> web.Response:
     if not svc.cfg.slots:
         raise not_supported("the /slots endpoint (this server runs with --no-slots)")
     engine = svc.rt.engine
-    running = {live.slot: live for live in list(engine.scheduler.running)}
-    out = []
-    for i in range(svc.cfg.parallel):
-        live = running.get(i)
-        last = engine.last_in_slot.get(i)
-        slot = {"id": i, "n_ctx": svc.max_context, "is_processing": live is not None,
-                "id_task": -1 if live is None else id(live.req) % 2**31,
-                "n_cached": len(last[0]) if last else 0}
-        if live is not None:
-            dec = live.dec
-            slot["next_token"] = [{"n_decoded": 0 if dec is None else dec.n,
-                                   "n_remain": live.req.params.max_tokens -
-                                   (0 if dec is None else dec.n)}]
-        else:
-            slot["next_token"] = [{"n_decoded": 0, "n_remain": -1}]
-        out.append(slot)
+    out = [{"id": v.id, "n_ctx": svc.max_context, "is_processing": v.processing,
+            "id_task": v.task, "n_cached": v.n_cached,
+            "next_token": [{"n_decoded": v.n_decoded, "n_remain": v.n_remain}]}
+           for v in engine.slots.view(engine.scheduler.snapshot(), svc.cfg.parallel)]
     return web.json_response(out)
 
 
@@ -74,14 +62,14 @@ async def action(request: web.Request) -> web.Response:
         raise bad_request(f"action must be one of {', '.join(ACTIONS)}", "action")
     engine = svc.rt.engine
     if act == "erase":
-        last = engine.last_in_slot.pop(slot, None)
+        last = engine.slots.forget(slot)
         return json_response({"id_slot": slot, "n_erased": len(last[0]) if last else 0})
     if svc.cfg.slot_save_path is None:
         raise not_supported("slot save and restore without --slot-save-path")
     path = _file(svc, Fields(await read_json(request)).data.get("filename"))
     t0 = time.perf_counter()
     if act == "save":
-        last = engine.last_in_slot.get(slot)
+        last = engine.slots.last(slot)
         if last is None:
             raise ApiError(409, f"slot {slot} holds no sequence to save", "id_slot",
                            "slot_empty")
@@ -98,7 +86,7 @@ async def action(request: web.Request) -> web.Response:
         tokens, salt = await blocking(slotfile.restore, svc.rt.store, path)
     except slotfile.SlotStateError as e:
         raise bad_request(str(e), "filename", "invalid_slot_file") from None
-    engine.last_in_slot[slot] = (tokens, salt)
+    engine.slots.remember(slot, tokens, salt)
     return json_response({"id_slot": slot, "filename": path.name, "n_restored": len(tokens),
                           "n_read": path.stat().st_size,
                           "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}})

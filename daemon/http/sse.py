@@ -7,12 +7,20 @@ into a cancelled generation (its pages are freed at once).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from aiohttp import web
 
 
 class ClientGone(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Named:
+    """An event with a name (OpenAI's Responses API, Anthropic's Messages API)."""
+    event: str
+    data: dict
 
 
 class EventStream:
@@ -30,10 +38,13 @@ class EventStream:
             self.started = True
             await self.resp.prepare(self.request)
 
-    async def send(self, obj: dict | str) -> None:
+    async def send(self, obj: dict | str | Named) -> None:
+        head = ""
+        if isinstance(obj, Named):
+            head, obj = f"event: {obj.event}\n", obj.data
         data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False,
                                                            separators=(",", ":"))
-        await self._write(f"data: {data}\n\n".encode())
+        await self._write(f"{head}data: {data}\n\n".encode())
 
     async def done(self) -> None:
         """OpenAI's end-of-stream marker."""

@@ -138,7 +138,9 @@ def schema_constraint(schema: object) -> Constraint:
 
 def _modern(schema: object) -> object:
     """Draft-7 tuple `items: [...]` as draft 2020-12's `prefixItems` (what the compiler
-    reads), everywhere in the schema; the rest as is."""
+    reads), everywhere in the schema, and an object schema naming no properties as any
+    object (llama.cpp's reading; the compiler's strict mode would allow only `{}`); the
+    rest as is."""
     if isinstance(schema, list):
         return [_modern(s) for s in schema]
     if not isinstance(schema, dict):
@@ -148,6 +150,9 @@ def _modern(schema: object) -> object:
         out["prefixItems"] = out.pop("items")
         if "additionalItems" in out:
             out["items"] = out.pop("additionalItems")
+    if out.get("type") == "object" and "properties" not in out and \
+            "additionalProperties" not in out:
+        out["additionalProperties"] = True
     return out
 
 

@@ -1,8 +1,10 @@
 """Sampling parameters and one-token sampling from a logits row.
 
-Filters apply in the order llama.cpp and vLLM use: temperature, top-k, top-p,
-min-p. Each request has its own torch.Generator, so a seeded request draws the
-same tokens whatever else shares its batch.
+Filters (filters.py) apply in the order vLLM uses: temperature, then top-n-sigma,
+top-k, typical, top-p, min-p and XTC, unless a request names its own order
+(llama.cpp's `samplers`); with mirostat on, temperature then mirostat alone
+(mirostat.py). Each request has its own torch.Generator, so a seeded
+request draws the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ckptd.model.sampling import filters
+from ckptd.model.sampling.dry import Dry, DryParams
 from ckptd.model.sampling.grammar import Compiled
+from ckptd.model.sampling.mirostat import Mirostat
 from ckptd.model.sampling.penalties import Penalties
 
 MAX_LOGPROBS = 20
@@ -37,6 +42,19 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token, added to its logit; -inf: never)
     grammar: Compiled | None = None     # constrained decoding (model/sampling/grammar.py)
     post_sampling_probs: bool = False   # report probabilities after the filters, not logprobs
+    # llama.cpp's other filters (filters.py); each value here turns its filter off
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    min_keep: int = 0                   # the fewest tokens a cutting filter leaves
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    samplers: tuple[str, ...] | None = None     # the filters and their order; None: ckptd's
+    mirostat: int = 0                   # 1 or 2: temperature then mirostat (mirostat.py) only
+    mirostat_tau: float = 5.0           # the target surprise, in bits
+    mirostat_eta: float = 0.1           # how fast mu follows the surprise seen
+    dry: DryParams | None = None        # DRY (dry.py), after the penalties; None: off
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -65,6 +83,23 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be > 0, got 0")
         if self.penalty_last_n is not None:
             _int("penalty_last_n", self.penalty_last_n, lo=-1)
+        _real("typical_p", self.typical_p, lo=0.0, hi=1.0)
+        _real("top_n_sigma", self.top_n_sigma, lo=-math.inf)
+        _int("min_keep", self.min_keep, lo=0)
+        _real("xtc_probability", self.xtc_probability, lo=0.0, hi=1.0)
+        _real("xtc_threshold", self.xtc_threshold, lo=0.0, hi=1.0)
+        _real("dynatemp_range", self.dynatemp_range, lo=0.0)
+        _real("dynatemp_exponent", self.dynatemp_exponent, lo=0.0)
+        _int("mirostat", self.mirostat, lo=0, hi=2)
+        _real("mirostat_tau", self.mirostat_tau, lo=0.0)
+        _real("mirostat_eta", self.mirostat_eta, lo=0.0)
+        if self.samplers is not None:
+            names = tuple(self.samplers)
+            object.__setattr__(self, "samplers", names)
+            unknown = [n for n in names if n not in filters.FILTERS and
+                       filters.sampler_name(n) != n]
+            if unknown:
+                raise ValueError(f"samplers: unknown sampler {unknown[0]!r}")
         bias = tuple((t, b) for t, b in self.logit_bias)
         object.__setattr__(self, "logit_bias", bias)
         for t, b in bias:
@@ -107,7 +142,14 @@ class Sampler:
     def __init__(self, params: SamplingParams, prompt: list[int] = ()) -> None:
         self.params = params
         self.penalties = Penalties(params, prompt)
+        # a request's own `samplers` list runs DRY only when it names it (llama.cpp)
+        use_dry = params.dry is not None and params.dry.active and \
+            (params.samplers is None or "dry" in params.samplers)
+        self.dry = Dry(params.dry, prompt) if use_dry else None
         self.matcher = None if params.grammar is None else params.grammar.matcher()
+        self.mirostat = None if not params.mirostat else \
+            Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta)
+        self.drawn: torch.Tensor | None = None    # the distribution of the last draw
         self.gen = torch.Generator()
         if params.seed is not None:
             self.gen.manual_seed(params.seed)
@@ -121,10 +163,14 @@ class Sampler:
         p = self.params
         logits = logits.detach().float().cpu()
         adjusted = self.penalties.adjust(logits)
+        if self.dry is not None:
+            adjusted = self.dry.adjust(adjusted)
         if self.matcher is not None:
             adjusted = self.matcher.mask(adjusted)
         token = int(adjusted.argmax()) if p.greedy else self._draw(adjusted)
         self.penalties.seen(token)
+        if self.dry is not None:
+            self.dry.seen(token)
         if self.matcher is not None:
             self.matcher.accept(token)
         if p.logprobs is None:
@@ -145,11 +191,11 @@ class Sampler:
     def _post(self, adjusted: torch.Tensor, token: int) -> Sampled:
         """The chosen token's probability and the top ones of the distribution it was drawn
         from (after bias, penalties, grammar, temperature and filters), none at 0."""
-        if self.params.greedy:
+        if self.params.greedy or self.drawn is None:
             probs = torch.zeros_like(adjusted)
             probs[token] = 1.0
-        else:
-            probs = self.probs(adjusted)
+        else:                 # the draw's own (XTC's coin and mirostat's mu were spent)
+            probs = self.drawn
         top = []
         if self.params.logprobs:
             vals, ids = probs.topk(min(self.params.logprobs, probs.numel()))
@@ -158,25 +204,18 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a non-greedy draw samples from: [vocab], sums to 1."""
-        p = self.params
-        scaled = logits.detach().float().cpu() / p.temperature
-        if p.top_k and p.top_k < scaled.numel():
-            kth = torch.topk(scaled, p.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = scaled.softmax(-1)
-        if p.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            # keep the smallest set of most likely tokens whose mass reaches top_p:
-            # a token goes when the mass before it already does (the first always stays)
-            drop = sorted_p.cumsum(-1) - sorted_p >= p.top_p
-            probs[order[drop]] = 0.0
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        return probs / probs.sum()
+        if self.mirostat is not None:
+            x = filters.temperature(logits.detach().float().cpu(), self.params, self.gen)
+            return self.mirostat.probs(x)
+        return filters.chain(logits, self.params, self.gen)
 
     def _draw(self, logits: torch.Tensor) -> int:
         # argmax(p / E) with E ~ Exp(1) draws from p (the exponential race); it uses one
         # random number per vocab entry, so a seeded stream does not depend on p's zeros.
         probs = self.probs(logits)
         race = torch.empty_like(probs).exponential_(generator=self.gen)
-        return int((probs / race).argmax())
+        token = int((probs / race).argmax())
+        if self.mirostat is not None:
+            self.mirostat.observe(float(probs[token]))
+        self.drawn = probs
+        return token

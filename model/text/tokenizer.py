@@ -23,6 +23,7 @@ _FIM = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
         ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
          "<\uff5cfim\u2581end\uff5c>"))
 _FILE_SEP = ("<|file_sep|>", "<file_sep>")
+_FIM_REPO = ("<|repo_name|>", "<reponame>")
 # End-of-turn tokens of chat models whose config names only the base eos.
 _TURN_ENDS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
@@ -95,6 +96,11 @@ class Tokenizer:
     @property
     def file_sep(self) -> int | None:
         return next((i for i in map(self.tok.token_to_id, _FILE_SEP) if i is not None), None)
+
+    @property
+    def fim_repo(self) -> int | None:
+        """The repository-name token of repo-level fill-in-the-middle, when there is one."""
+        return next((i for i in map(self.tok.token_to_id, _FIM_REPO) if i is not None), None)
 
     @property
     def bos_token(self) -> str | None:

@@ -37,8 +37,10 @@ class Response:
         """The `data:` payloads of an event stream, JSON-decoded except [DONE]."""
         out = []
         for frame in self.text.split("\n\n"):
-            if frame.startswith("data: "):
-                data = frame[len("data: "):]
+            # a frame may name its event first ("event: ...\ndata: ...")
+            data = next((line[len("data: "):] for line in frame.split("\n")
+                         if line.startswith("data: ")), None)
+            if data is not None:
                 out.append(data if data == "[DONE]" else json.loads(data))
         return out
 

@@ -85,6 +85,11 @@ def test_json_schema_holds_over_20_sampled_requests(served):
         assert r.status == 200, r.text
         out = json.loads(r.json["content"])
         assert set(out) == {"n"} and type(out["n"]) is int, r.json["content"]
+    for seed in range(5):           # JSON mode is an object (OpenAI), never an array
+        r = served.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 4, "seed": seed,
+            "temperature": 1, "response_format": {"type": "json_object"}})
+        assert r.json["choices"][0]["message"]["content"].startswith("{"), r.text
 
 
 def test_n_choices_and_batch_prompts(served):

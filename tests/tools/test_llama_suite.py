@@ -3,10 +3,21 @@ the adapter `python -m ckptd.tools.llama_suite` uses (the whole run: docs/COMPAT
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from ckptd.tools import llama_suite
-from ckptd.tools.llama_adapter import translate
+from ckptd.tools.llama_adapter import environment, translate
+
+# API-level tests that hold on any model: one or two per area
+SUBSET = ["unit/test_basic.py::test_server_models",
+          "unit/test_tokenize.py::test_tokenize_detokenize",
+          "unit/test_security.py::test_correct_api_key_anthropic_header",
+          "unit/test_security.py::test_openai_library_correct_api_key",
+          "unit/test_chat_completion.py::test_completion_with_grammar",
+          "unit/test_metrics.py::test_metrics_disabled",
+          "unit/test_compat_anthropic.py::test_anthropic_messages_basic"]
 
 
 def test_exclusions_each_give_a_reason():
@@ -22,3 +33,31 @@ def test_adapter_maps_llama_server_flags():
     assert args[args.index("--cors-origins") + 1] == "*"
     with pytest.raises(ValueError, match="embeddings"):
         translate(["--embedding"], {})
+
+
+def test_suite_environment_is_its_own(tmp_path):
+    """The caller's CKPTD_* settings (an API key above all) never reach the suite's
+    daemons, and the suite's servers get a free port, not llama-server's 8080 (where
+    another server would answer /health, open without a key, and then 401 every test)."""
+    base = {"CKPTD_API_KEY": "leaked", "CKPTD_PORT": "1", "CKPTD_CHECK_INVARIANTS": "1",
+            "PYTEST_CURRENT_TEST": "x", "PATH": "/bin"}
+    daemon = environment(base)
+    assert "CKPTD_API_KEY" not in daemon and "CKPTD_PORT" not in daemon
+    assert daemon["CKPTD_CHECK_INVARIANTS"] == "1" and daemon["PATH"] == "/bin"
+    suite = llama_suite.environment(tmp_path, None, base)
+    assert "PYTEST_CURRENT_TEST" not in suite and int(suite["PORT"]) != 8080
+    with socket.socket() as s:              # the port is free
+        s.bind(("127.0.0.1", int(suite["PORT"])))
+
+
+@pytest.mark.slow
+def test_suite_subset_passes(tiny_llama_dir):
+    """A few of llama.cpp's own tests per area, through the tool (the whole run:
+    docs/COMPATIBILITY.md)."""
+    try:
+        llama_suite.fetch(llama_suite.ROOT / "third_party")
+    except RuntimeError as e:                  # no network and no sdist: nothing to run
+        pytest.skip(str(e))
+    code = llama_suite.run([*SUBSET, "-p", "no:randomly"], str(tiny_llama_dir),
+                           llama_suite.ROOT / "third_party")
+    assert code == 0
