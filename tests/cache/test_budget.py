@@ -3,6 +3,8 @@ and a full LMDB map or a full write queue is survived and counted."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ckptd.cache import codec
@@ -134,6 +136,12 @@ def test_a_batch_over_the_budget_keeps_its_newest_prompt(open_store, tmp_path):
     s = open_store(spec, disk_budget=one * 3 // 2, host_budget=0, batch=64)
     held = s.disk.env.begin(write=True)
     try:
+        # The writer takes a first, unrelated entry and waits for the lock with it; what
+        # comes after queues up behind it and is then taken as one batch.
+        fill(s, spec, [99])
+        deadline = time.monotonic() + 30
+        while s.writer.queue and time.monotonic() < deadline:
+            time.sleep(0.01)
         for p in prompts:
             fill(s, spec, p)
     finally:
