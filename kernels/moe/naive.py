@@ -39,17 +39,10 @@ def _check(x, topk_ids, topk_w, w_gate_up, w_down) -> None:
 def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
     """Grouped by expert: tokens sorted by expert, one matmul pair per active expert."""
     _check(x, topk_ids, topk_w, w_gate_up, w_down)
-    N, k = topk_ids.shape
-    out = torch.zeros_like(x)
-    if N == 0:
-        return out
-    flat = topk_ids.reshape(-1)
-    # stable: a token's pairs keep their order within an expert's group
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w_gate_up.shape[0])
-    token = order // k
-    weight = topk_w.reshape(-1)[order, None].to(x.dtype)
-    if _GROUPED_MM and x.device.type == "cpu" and order.numel() <= _GROUPED_MM_ROWS:
+    if topk_ids.shape[0] == 0:
+        return torch.zeros_like(x)
+    counts, token, weight = pairs_by_expert(topk_ids, topk_w, w_gate_up.shape[0], x.dtype)
+    if _GROUPED_MM and x.device.type == "cpu" and token.numel() <= _GROUPED_MM_ROWS:
         # One call for all groups (empty ones cost nothing) instead of two per active
         # expert: at decode sizes the per-call cost of torch's threads dominates a loop of
         # F.linear (docs/BENCHMARKS.md). Long prefill chunks take the loop, which works
@@ -58,14 +51,33 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
         gate, up = F.grouped_mm(x[token], w_gate_up.transpose(-2, -1),
                                 offs=offs).chunk(2, dim=-1)
         y = F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
-        return out.index_add_(0, token, y.mul_(weight))
+        return torch.zeros_like(x).index_add_(0, token, y.mul_(weight))
+
+    def mlp(e: int, xe: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(xe, w_gate_up[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w_down[e])
+    return each_active_expert(x, counts, token, weight, mlp)
+
+
+def pairs_by_expert(topk_ids, topk_w, num_experts: int, dtype):
+    """The N*k token-expert pairs sorted by expert: (pairs per expert [E], the token of
+    each pair, its routing weight [N*k, 1] in dtype)."""
+    flat = topk_ids.reshape(-1)
+    # stable: a token's pairs keep their order within an expert's group
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    return counts, order // topk_ids.shape[1], topk_w.reshape(-1)[order, None].to(dtype)
+
+
+def each_active_expert(x, counts, token, weight, mlp):
+    """sum over each token's experts of weight * mlp(e, its rows of x), one mlp call per
+    expert some token chose, on that expert's rows only."""
+    out = torch.zeros_like(x)
     start = 0
     for e, n in enumerate(counts.tolist()):
         if n:
             rows = token[start:start + n]
-            gate, up = F.linear(x[rows], w_gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, w_down[e])
-            out.index_add_(0, rows, y.mul_(weight[start:start + n]))
+            out.index_add_(0, rows, mlp(e, x[rows]).mul_(weight[start:start + n]))
             start += n
     return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ckptd.kernels.moe.naive import each_active_expert, pairs_by_expert
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
 
 _U8 = torch.uint8
@@ -119,22 +120,10 @@ def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: Q
     Grouped by expert as kernels/moe/naive.py: only the experts some token chose are
     read, one at a time, each multiplied by `mm` (this module's matmul, or the
     dispatcher's faster one)."""
-    N, k = topk_ids.shape
-    out = torch.zeros_like(x)
-    if N == 0:
-        return out
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=gate.shape[0])
-    token = order // k
-    weight = topk_w.reshape(-1)[order, None].to(x.dtype)
-    start = 0
-    for e, n in enumerate(counts.tolist()):
-        if n:
-            rows = token[start:start + n]
-            xe = x[rows]
-            h = F.silu(mm(xe, gate.expert(e))) * mm(xe, up.expert(e))
-            y = mm(h, down.expert(e))
-            out.index_add_(0, rows, y.mul_(weight[start:start + n]))
-            start += n
-    return out
+    if topk_ids.shape[0] == 0:
+        return torch.zeros_like(x)
+    counts, token, weight = pairs_by_expert(topk_ids, topk_w, gate.shape[0], x.dtype)
+
+    def mlp(e: int, xe: torch.Tensor) -> torch.Tensor:
+        return mm(F.silu(mm(xe, gate.expert(e))) * mm(xe, up.expert(e)), down.expert(e))
+    return each_active_expert(x, counts, token, weight, mlp)
