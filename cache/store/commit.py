@@ -122,12 +122,7 @@ class Committer:
         with cat.lock:
             # Children of a parent that is gone can't be written (prefixes stay closed):
             # don't evict anything to make room for them.
-            present = set()
-            for key, meta, _ in batch:
-                if not meta.has_block_parent or meta.parent in present \
-                        or meta.parent in cat.index:
-                    present.add(key)
-            kept = [item for item in batch if item[0] in present]
+            kept = _with_parents(batch, cat.index)
             orphans, batch = len(batch) - len(kept), kept
             incoming = sum(len(b) for _, _, b in batch)
             over = cat.index.stored_bytes + incoming - self.budget
@@ -158,14 +153,9 @@ class Committer:
                 break
             chosen.append(chain)
             room -= size
-        keep, kept = [], set()
         with cat.lock:
-            for item in (item for chain in reversed(chosen) for item in chain):
-                key, meta, _ = item
-                if not meta.has_block_parent or meta.parent in kept or meta.parent in cat.index:
-                    keep.append(item)
-                    kept.add(key)
-        return keep, orphans
+            return _with_parents([item for chain in reversed(chosen) for item in chain],
+                                 cat.index), orphans
 
     def evict(self, need: int, protect: set[bytes] | frozenset[bytes] = frozenset(),
               hybrid: bool | None = None) -> list[bytes]:
@@ -198,3 +188,16 @@ class Committer:
         finally:
             with cat.lock:
                 cat.forgetting.difference_update(keys)
+
+
+def _with_parents(items: list[Encoded], index) -> list[Encoded]:
+    """The items (parents first) whose block parent is written or earlier among those
+    kept: a prefix stays closed."""
+    kept: set[bytes] = set()
+    out = []
+    for item in items:
+        key, meta, _ = item
+        if not meta.has_block_parent or meta.parent in kept or meta.parent in index:
+            out.append(item)
+            kept.add(key)
+    return out
