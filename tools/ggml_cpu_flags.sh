@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the CMake flags that build llama.cpp's CPU backend for this machine, for both
-# peer builds (build_peer.sh, build_llama_server.sh): AVX2/FMA always, AVX-512 (VBMI,
+# peer builds (build_peer.sh, build_llama_cpp.sh): AVX2/FMA always, AVX-512 (VBMI,
 # VNNI, BF16) where the CPU has it (a peer built without it would be slower than it can
 # be), AMX off (a -DGGML_NATIVE=ON build segfaults in the AMX matmul here; see shared
 # ENVIRONMENT.md).

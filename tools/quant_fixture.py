@@ -1,5 +1,5 @@
 """Writes tests/data/quant/tiny-hybrid-mix.gguf: a tiny Qwen3.5 hybrid quantized by
-llama.cpp's own llama-quantize (tools/build_llama_quantize.sh) into every block format
+llama.cpp's own llama-quantize (tools/build_llama_cpp.sh llama-quantize) into every block format
 ckptd keeps, so CI checks them all without the binary.
 
 Q4_K_M is the base (Q4_K, with Q6_K for the output and some ffn_down / attn_v);

@@ -69,7 +69,7 @@ def tiny_f32_gguf(tmp_path_factory):
 
 
 @pytest.mark.skipif(not QUANTIZE.exists(),
-                    reason="llama-quantize not built (tools/build_llama_quantize.sh)")
+                    reason="llama-quantize not built (tools/build_llama_cpp.sh llama-quantize)")
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS)
 def test_llama_quantize_output_matches_gguf(fmt, tiny_f32_gguf, tmp_path):
     from ckptd.tools.quant_fixture import quantize
