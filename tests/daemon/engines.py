@@ -102,3 +102,44 @@ def run(engine: Engine, prompts, salt=None, use_cache=True, max_tokens=6):
     finally:
         client.close()
     return [(r.tokens, r.fin) for r in done]
+
+
+def check_cached_equals_uncached(make, path, prompts, max_tokens: int = 6,
+                                 on_warm=None) -> None:
+    """The cache's round trip, as every engine kind proves it: the prompts run uncached,
+    then cached (filling RAM and disk), again (RAM hits), and after a restart from disk
+    only, giving the same tokens every time. make(path, **store_options) builds an
+    engine (path None: no store); on_warm(engine) looks at the warm engine first."""
+    want = run(make(None), prompts, use_cache=False, max_tokens=max_tokens)
+    eng = make(path)
+    first = run(eng, prompts, max_tokens=max_tokens)
+    second = run(eng, prompts, max_tokens=max_tokens)          # host tier
+    if on_warm is not None:
+        on_warm(eng)
+    eng.cache.close()
+    eng = make(path, host_budget=0)                            # a restart: disk only
+    third = run(eng, prompts, max_tokens=max_tokens)
+    eng.cache.close()
+    for w, a, b, c in zip(want, first, second, third):
+        assert w[0] == a[0] == b[0] == c[0]
+    assert all(r[1].stats.cache_n > 0 for r in second)
+    assert any(r[1].stats.cache_tier == "disk" for r in third)
+
+
+def restored_last_logits(make, path, prompt, longer, restart: bool):
+    """Cache prompt, then start longer (prompt + a few tokens) from the cache, in the
+    same engine (RAM) or after a restart (disk only), and compute the rest in one step:
+    (its last logits, the restore's info)."""
+    eng = make(path)
+    run(eng, [prompt], max_tokens=1)
+    eng.cache.store.flush()
+    if restart:
+        eng.cache.close()
+        eng = make(path, host_budget=0)
+    seq, info = eng.cache.start(longer)
+    n = len(longer) - seq.num_computed
+    eng.cache.prepare([(seq, n)])
+    got = eng.runner.step([(seq, n)])[0]
+    eng.cache.release(seq)
+    eng.cache.close()
+    return got, info

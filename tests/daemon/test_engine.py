@@ -12,8 +12,8 @@ from ckptd.cache.keys import block_keys, blocks_hashed
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.testing import prompt_logits
 from ckptd.model.text.tokenizer import Tokenizer
+from tests.daemon.engines import check_cached_equals_uncached, restored_last_logits, run
 from tests.daemon.engines import make_engine as _make
-from tests.daemon.engines import run
 
 B, INTERVAL = 8, 32
 
@@ -51,38 +51,22 @@ def random_sharing(tiny_dir, tiny_model, tmp_path_factory, reqs):
     hits), and after a restart (disk only): the same tokens every time."""
     tok = _tok(tiny_dir)
     prompts = [prefix_pool[p][:cut + 1] + [400 + s] * s for p, cut, s in reqs]
-    want = run(make_engine(tiny_model, None, tok), prompts, use_cache=False)
-    path = tmp_path_factory.mktemp("store")
-    eng = make_engine(tiny_model, path, tok)
-    first = run(eng, prompts)
-    second = run(eng, prompts)                          # host tier
-    eng.cache.close()
-    eng = make_engine(tiny_model, path, tok, host_budget=0)  # restart: disk only
-    third = run(eng, prompts)
-    eng.cache.close()
-    for w, a, b, c in zip(want, first, second, third):
-        assert w[0] == a[0] == b[0] == c[0]
-    assert all(r[1].stats.cache_n > 0 for r in second)
-    assert any(r[1].stats.cache_tier == "disk" for r in third)
+    check_cached_equals_uncached(lambda path, **kw: make_engine(tiny_model, path, tok, **kw),
+                                 tmp_path_factory.mktemp("store"), prompts)
 
 
 def test_restored_logits_match_uncached(tiny_dir, tiny_model, tmp_path):
     prompt = list(range(10, 10 + 70))
-    eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir))
-    run(eng, [prompt], max_tokens=1)
-    eng.cache.store.flush()
     longer = prompt + [5, 6, 7]
     want = prompt_logits(tiny_model, longer)
+    tok = _tok(tiny_dir)
+
+    def make(path, **kw):
+        return make_engine(tiny_model, path, tok, **kw)
     for restart in (False, True):
-        if restart:
-            eng.cache.close()
-            eng = make_engine(tiny_model, tmp_path, _tok(tiny_dir), host_budget=0)
-        seq, info = eng.cache.start(longer)
+        got, info = restored_last_logits(make, tmp_path / str(restart), prompt, longer, restart)
         assert info.cached_tokens == 70 and info.tier == ("disk" if restart else "host")
-        got = compute(eng, seq)
         assert (got - want[-1]).abs().max() <= 1e-5
-        eng.cache.release(seq)
-    eng.cache.close()
 
 
 def test_corrupt_store_falls_back_to_correct_output(tiny_dir, tiny_model, tmp_path):

@@ -19,8 +19,8 @@ import torch
 from ckptd.model.loader import load_model
 from ckptd.model.testing import prompt_logits
 from ckptd.model.text.tokenizer import Tokenizer
+from tests.daemon.engines import check_cached_equals_uncached, restored_last_logits
 from tests.daemon.engines import make_engine as _make
-from tests.daemon.engines import run
 
 B, INTERVAL = 8, 32
 LOGIT_TOL = 0.05
@@ -43,36 +43,18 @@ def test_bf16_cached_equals_uncached_greedy(bf16, tmp_path):
     path, model = bf16
     assert model.dtype == torch.bfloat16 and model.state_spec(B).attention.dtype == torch.bfloat16
     tok = Tokenizer.from_dir(path)
-    want = run(_engine(model, None, tok), PROMPTS, use_cache=False, max_tokens=8)
-    eng = _engine(model, tmp_path, tok)
-    first = run(eng, PROMPTS, max_tokens=8)
-    second = run(eng, PROMPTS, max_tokens=8)                # RAM tier
-    eng.cache.close()
-    eng = _engine(model, tmp_path, tok, host_budget=0)     # a restart: disk only
-    third = run(eng, PROMPTS, max_tokens=8)
-    eng.cache.close()
-    for w, a, b, c in zip(want, first, second, third):
-        assert w[0] == a[0] == b[0] == c[0]
-    assert all(r[1].stats.cache_n > 0 for r in second)
-    assert any(r[1].stats.cache_tier == "disk" for r in third)
+    check_cached_equals_uncached(lambda p, **kw: _engine(model, p, tok, **kw), tmp_path,
+                                 PROMPTS, max_tokens=8)
 
 
 def test_bf16_restored_logits_within_tolerance(bf16, tmp_path):
     path, model = bf16
     tok = Tokenizer.from_dir(path)
     prompt, longer = PROMPTS[0], PROMPTS[1]
-    eng = _engine(model, tmp_path, tok)
-    run(eng, [prompt], max_tokens=1)
-    eng.cache.store.flush()
     want = prompt_logits(model, longer)[-1].float()
-    eng.cache.close()
-    eng = _engine(model, tmp_path, tok, host_budget=0)
-    seq, info = eng.cache.start(longer)
+    got, info = restored_last_logits(lambda p, **kw: _engine(model, p, tok, **kw), tmp_path,
+                                     prompt, longer, restart=True)
     assert info.cached_tokens == 70 and info.tier == "disk"
-    eng.cache.prepare([(seq, len(longer) - 70)])
-    got = eng.runner.step([(seq, len(longer) - 70)])[0]
-    eng.cache.release(seq)
-    eng.cache.close()
     diff = (got - want).abs().max().item()
     assert diff <= LOGIT_TOL * max(1.0, want.abs().max().item()), diff
     assert got.argmax() == want.argmax()

@@ -10,7 +10,7 @@ import torch
 
 from ckptd.model.loader import load_model
 from ckptd.model.text.tokenizer import Tokenizer
-from tests.daemon.engines import make_engine, run
+from tests.daemon.engines import check_cached_equals_uncached, make_engine
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -32,22 +32,14 @@ def _engine(model, tok, path, graphs, **kw):
 def test_cuda_cached_equals_uncached(tiny_dir, tmp_path, dtype, graphs):
     model = load_model(tiny_dir, dtype, device="cuda")
     tok = Tokenizer.from_dir(tiny_dir)
-    want = run(_engine(model, tok, None, graphs), PROMPTS, use_cache=False, max_tokens=8)
-    eng = _engine(model, tok, tmp_path, graphs)
-    assert (eng.runner.graphs is not None) == graphs
-    first = run(eng, PROMPTS, max_tokens=8)
-    second = run(eng, PROMPTS, max_tokens=8)
-    held = [v for _, (_, v, _) in eng.cache.store.host.items.items()]
-    assert held and all(t.device.type == "cpu" and t.is_pinned()      # (logits: no)
-                        for v in held for n, t in v.items() if n != "logits")
-    eng.cache.close()
-    eng = _engine(model, tok, tmp_path, graphs, host_budget=0)
-    third = run(eng, PROMPTS, max_tokens=8)
-    eng.cache.close()
-    for w, a, b, c in zip(want, first, second, third):
-        assert w[0] == a[0] == b[0] == c[0]
-    assert all(r[1].stats.cache_n > 0 for r in second)
-    assert any(r[1].stats.cache_tier == "disk" for r in third)
+
+    def held_pinned(eng):
+        held = [v for _, (_, v, _) in eng.cache.store.host.items.items()]
+        assert (eng.runner.graphs is not None) == graphs
+        assert held and all(t.device.type == "cpu" and t.is_pinned()      # (logits: no)
+                            for v in held for n, t in v.items() if n != "logits")
+    check_cached_equals_uncached(lambda p, **kw: _engine(model, tok, p, graphs, **kw), tmp_path,
+                                 PROMPTS, max_tokens=8, on_warm=held_pinned)
 
 
 def test_decode_steps_do_not_sync_in_the_layers(tiny_dir):

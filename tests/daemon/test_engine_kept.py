@@ -10,8 +10,8 @@ import pytest
 
 from ckptd.model.loader import load
 from ckptd.model.testing import prompt_logits
-from tests.daemon.engines import run
-from tests.daemon.test_engine import compute, make_engine
+from tests.daemon.engines import check_cached_equals_uncached, restored_last_logits
+from tests.daemon.test_engine import make_engine
 from tests.kernels.quant_data import FIXTURE
 
 
@@ -27,33 +27,21 @@ def kept_hybrid(request, tiny_hybrid_dir, tmp_path_factory):
     return model, tok
 
 
+def _make(model, tok):
+    return lambda path, **kw: make_engine(model, path, tok, **kw)
+
+
 def test_kept_hybrid_cached_equals_uncached(kept_hybrid, tmp_path):
     model, tok = kept_hybrid
     base = list(range(3, 3 + 45))
     prompts = [base + [400 + i] * i for i in (1, 3, 7)] + [base[:20] + [9, 9]]
-    want = run(make_engine(model, None, tok), prompts, use_cache=False)
-    eng = make_engine(model, tmp_path, tok)
-    first, second = run(eng, prompts), run(eng, prompts)
-    eng.cache.close()
-    eng = make_engine(model, tmp_path, tok, host_budget=0)         # restart: disk only
-    third = run(eng, prompts)
-    eng.cache.close()
-    for w, a, b, c in zip(want, first, second, third):
-        assert w[0] == a[0] == b[0] == c[0]
-    assert all(r[1].stats.cache_n > 0 for r in second)
-    assert any(r[1].stats.cache_tier == "disk" for r in third)
+    check_cached_equals_uncached(_make(model, tok), tmp_path, prompts)
 
 
 def test_kept_hybrid_restored_logits_match_uncached(kept_hybrid, tmp_path):
     model, tok = kept_hybrid
     prompt = list(range(10, 10 + 70))
-    eng = make_engine(model, tmp_path, tok)
-    run(eng, [prompt], max_tokens=1)
-    eng.cache.store.flush()
     longer = prompt + [5, 6, 7]
-    want = prompt_logits(model, longer)
-    seq, info = eng.cache.start(longer)
+    got, info = restored_last_logits(_make(model, tok), tmp_path, prompt, longer, False)
     assert info.cached_tokens == 70
-    assert (compute(eng, seq) - want[-1]).abs().max() <= 1e-4
-    eng.cache.release(seq)
-    eng.cache.close()
+    assert (got - prompt_logits(model, longer)[-1]).abs().max() <= 1e-4
