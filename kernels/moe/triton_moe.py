@@ -6,8 +6,9 @@ each expert's run is padded to a multiple of BM rows, so every block of BM rows 
 to one expert (`_align`, in torch, without a host sync: the block count is bounded by
 cdiv(N*k, BM) + min(E, N*k), and blocks past the end carry expert -1). A program takes
 one block and BN output columns and multiplies the block's rows by its expert's weight.
-Two launches: gate_up with SiLU(gate) * up fused in (rows gathered from x), then down,
-scaled by each slot's routing weight; the k slots of a token are summed last.
+Two launches: gate and up with SiLU(gate) * up fused in (rows gathered from x), then
+down, scaled by each slot's routing weight; the k slots of a token are summed last.
+The same kernel serves kept (GGUF-format) experts (kernels/quant/triton_quant.py).
 An expert that gets no token has no block: its weights are never read.
 """
 
@@ -18,14 +19,19 @@ import triton
 import triton.language as tl
 
 from ckptd.kernels.moe.naive import _check
+from ckptd.kernels.quant.tiles import DENSE, weight_tile
 
 
 @triton.jit
-def _grouped_gemm_kernel(a, w, c, slot_ids, block_expert, weights, n_slots, top_k, N, K,
-                         stride_am, stride_we, stride_wn, stride_cm,
-                         SWIGLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         PREC: tl.constexpr):
+def _grouped_kernel(a, w, w2, c, slot_ids, block_expert, weights, n_slots, top_k, N, K,
+                    stride_am, stride_we, stride_we2, row_stride, row_stride2, stride_cm,
+                    SWIGLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
+                    FMT: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr,
+                    FMT2: tl.constexpr, BS2: tl.constexpr, TS2: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """One block of BM rows (one expert's) times BN output columns. With SWIGLU, w is
+    gate [E, N, K] and w2 up, and silu(gate) * up is stored. A weight is plain (FMT
+    DENSE) or kept in a GGUF format (kernels/quant/tiles.py)."""
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     e = tl.load(block_expert + i_m).to(tl.int64)
@@ -33,13 +39,9 @@ def _grouped_gemm_kernel(a, w, c, slot_ids, block_expert, weights, n_slots, top_
         return
     rows = tl.load(slot_ids + i_m * BM + tl.arange(0, BM)).to(tl.int64)
     valid = rows < n_slots
-    if GATHER:
-        a_rows = rows // top_k              # slot -> its token's row of x
-    else:
-        a_rows = rows
+    a_rows = rows // top_k if GATHER else rows       # slot -> its token's row of x
     n = i_n * BN + tl.arange(0, BN)
     mn = n < N
-    p_w = w + e * stride_we
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -48,13 +50,12 @@ def _grouped_gemm_kernel(a, w, c, slot_ids, block_expert, weights, n_slots, top_
         b_a = tl.load(a + a_rows[:, None] * stride_am + kk[None, :],
                       mask=valid[:, None] & mk[None, :], other=0.).to(tl.float32)   # [BM, BK]
         m_w = mk[:, None] & mn[None, :]
-        b_w = tl.load(p_w + n[None, :] * stride_wn + kk[:, None], mask=m_w,
-                      other=0.).to(tl.float32)                                       # [BK, BN]
+        b_w = weight_tile(w + e * stride_we, row_stride, n[None, :].to(tl.int64),
+                          kk[:, None].to(tl.int64), m_w, FMT, BS, TS)               # [BK, BN]
         acc += tl.dot(b_a, b_w, input_precision=PREC)
         if SWIGLU:
-            # the up_proj rows sit N rows below the gate_proj rows
-            b_u = tl.load(p_w + (n + N)[None, :] * stride_wn + kk[:, None], mask=m_w,
-                          other=0.).to(tl.float32)
+            b_u = weight_tile(w2 + e * stride_we2, row_stride2, n[None, :].to(tl.int64),
+                              kk[:, None].to(tl.int64), m_w, FMT2, BS2, TS2)
             acc_up += tl.dot(b_a, b_u, input_precision=PREC)
     if SWIGLU:
         acc = acc / (1. + tl.exp(-acc)) * acc_up
@@ -64,7 +65,7 @@ def _grouped_gemm_kernel(a, w, c, slot_ids, block_expert, weights, n_slots, top_
              mask=valid[:, None] & mn[None, :])
 
 
-def _align(topk_ids: torch.Tensor, n_experts: int, BM: int):
+def align(topk_ids: torch.Tensor, n_experts: int, BM: int):
     """(slot_ids [n_blocks * BM], block_expert [n_blocks]) for the grouped GEMM: expert
     e's slots, in slot order, fill its blocks; padding rows hold n_slots, spare blocks
     expert -1."""
@@ -89,19 +90,25 @@ def _align(topk_ids: torch.Tensor, n_experts: int, BM: int):
     return slot_ids, block_expert
 
 
-def _launch(a, w, c, slot_ids, block_expert, weights, top_k, n_out, BM, *, swiglu, gather,
-            weighted):
+def grouped_gemm(a, wt, wt2, c, slot_ids, block_expert, weights, top_k, n_out, BM, *,
+                 swiglu: bool) -> None:
+    """c = the experts' a @ W.T over align()'s blocks. wt, wt2: (weight [E, n_out, K],
+    FMT, BS, TS), a plain tensor with FMT DENSE or a kept tensor's bytes. swiglu: a is x
+    (rows gathered per slot), wt gate and wt2 up; else a is h, and the rows are scaled
+    by the slots' routing weights."""
+    (w, fmt, bs, ts), (w2, fmt2, bs2, ts2) = wt, wt2
     K = a.shape[1]
     cpu = a.device.type == "cpu"
     # the interpreter pays per operation, not per element: bigger blocks on the CPU
     BN = max(16, min(128 if cpu else 64, triton.next_power_of_2(n_out)))
-    BK = max(16, min(128 if cpu else 64, triton.next_power_of_2(K)))
-    prec = "ieee" if a.dtype == torch.float32 and w.dtype == torch.float32 else "tf32"
+    BK = max(16 if fmt == DENSE else 32, min(128 if cpu else 64, triton.next_power_of_2(K)))
+    fp32 = a.dtype == torch.float32 and (fmt != DENSE or w.dtype == torch.float32)
     grid = (block_expert.numel(), triton.cdiv(n_out, BN))
-    _grouped_gemm_kernel[grid](
-        a, w, c, slot_ids, block_expert, weights, c.shape[0], top_k, n_out, K,
-        a.stride(0), w.stride(0), w.stride(1), c.stride(0), SWIGLU=swiglu, GATHER=gather,
-        WEIGHTED=weighted, BM=BM, BN=BN, BK=BK, PREC=prec)
+    _grouped_kernel[grid](
+        a, w, w2, c, slot_ids, block_expert, weights, c.shape[0], top_k, n_out, K,
+        a.stride(0), w.stride(0), w2.stride(0), w.stride(1), w2.stride(1), c.stride(0),
+        SWIGLU=swiglu, GATHER=swiglu, WEIGHTED=not swiglu, FMT=fmt, BS=bs, TS=ts,
+        FMT2=fmt2, BS2=bs2, TS2=ts2, BM=BM, BN=BN, BK=BK, PREC="ieee" if fp32 else "tf32")
 
 
 def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down, block_m: int | None = None):
@@ -117,12 +124,13 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down, block_m: int | None = No
     # rows per block near the mean rows per expert: a decode step's one or two, a long
     # prefill chunk's many (fewer, fuller blocks)
     BM = block_m or max(16, min(64, triton.next_power_of_2(triton.cdiv(N * k, E))))
-    slot_ids, block_expert = _align(topk_ids.to(x.device), E, BM)
+    slot_ids, block_expert = align(topk_ids.to(x.device), E, BM)
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
-    h = torch.empty(N * k, two_i // 2, dtype=x.dtype, device=x.device)
-    _launch(x, w_gate_up, h, slot_ids, block_expert, weights, k, two_i // 2, BM, swiglu=True,
-            gather=True, weighted=False)
+    inter = two_i // 2
+    gate, up = (w_gate_up[:, :inter], DENSE, 1, 1), (w_gate_up[:, inter:], DENSE, 1, 1)
+    h = torch.empty(N * k, inter, dtype=x.dtype, device=x.device)
+    grouped_gemm(x, gate, up, h, slot_ids, block_expert, weights, k, inter, BM, swiglu=True)
     y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
-    _launch(h, w_down, y, slot_ids, block_expert, weights, k, H, BM, swiglu=False,
-            gather=False, weighted=True)
+    down = (w_down, DENSE, 1, 1)
+    grouped_gemm(h, down, down, y, slot_ids, block_expert, weights, k, H, BM, swiglu=False)
     return y.view(N, k, H).sum(dim=1)

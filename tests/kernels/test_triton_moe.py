@@ -8,7 +8,7 @@ import torch
 
 from ckptd.kernels import dispatch
 from ckptd.kernels.moe import naive
-from ckptd.kernels.moe.triton_moe import _align
+from ckptd.kernels.moe.triton_moe import align as _align
 
 # (tokens, experts, top-k, hidden, intermediate): a decode step, an odd batch, a prefill
 # chunk with more rows than a block, and dims that are not powers of two
