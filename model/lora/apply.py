@@ -31,9 +31,8 @@ _FUSED = {
 
 @dataclass(frozen=True)
 class Rows:
-    """A step's LoRA scales: `active` adapters (indices) and scales [N, len(active)] per
-    token, on the model's device, in the model's dtype."""
-    active: tuple[int, ...]
+    """A step's LoRA scales per token: [N, adapters], on the model's device, in the
+    model's dtype (0 where a sequence does not use an adapter)."""
     scales: torch.Tensor
 
     @classmethod
@@ -41,14 +40,12 @@ class Rows:
               device: torch.device, dtype: torch.dtype) -> Rows | None:
         """None when no sequence uses an adapter (the step runs the base model)."""
         width = max((len(s) for s in per_seq), default=0)
-        active = tuple(i for i in range(width)
-                       if any(i < len(s) and s[i] != 0.0 for s in per_seq))
-        if not active:
+        if not any(any(s) for s in per_seq):
             return None
-        table = torch.tensor([[s[i] if i < len(s) else 0.0 for i in active] for s in per_seq],
+        table = torch.tensor([list(s) + [0.0] * (width - len(s)) for s in per_seq],
                              dtype=torch.float32)
         rows = table.repeat_interleave(torch.tensor(q_lens), dim=0)
-        return cls(active, rows.to(device, dtype))
+        return cls(rows.to(device, dtype))
 
 
 def adaptable(model) -> set[str]:
@@ -89,24 +86,40 @@ class Lora:
                     terms.append((i, start, start + width, pair))
             start += width
         base = getattr(mod, attr)
-        if terms and base is not None and not isinstance(base, LoraMatmul):
-            setattr(mod, attr, LoraMatmul(base, terms, self))
+        if terms and base is None:      # an unfused module would run without its adapter
+            raise RuntimeError("LoRA adapters attach to a fused model (CausalLM.fuse)")
+        if terms and not isinstance(base, LoraMatmul):
+            setattr(mod, attr, LoraMatmul(base, terms, self, start))
 
 
 class LoraMatmul:
-    """A fused matmul plus its adapters' terms, each on its columns [start, stop)."""
+    """A fused matmul plus every adapter term on its output columns, in two matmuls:
 
-    def __init__(self, base, terms: list, lora: Lora) -> None:
-        self.base, self.terms, self.lora = base, terms, lora
+        y += ((x @ A.T) * S) @ B.T
+
+    A [R, in] stacks every term's A (R = the sum of their ranks); B [out, R] holds each
+    term's B * alpha/rank in its columns and its output rows, zero elsewhere; S [N, R] is
+    each token's scale of the adapter a column belongs to (0: the term adds exactly 0).
+    One pair of matmuls instead of one per projection and adapter: a SmolLM2 decode step
+    makes ~600 small ops for its adapter instead of ~1300."""
+
+    def __init__(self, base, terms: list, lora: Lora, out: int) -> None:
+        self.base, self.lora = base, lora
+        first = terms[0][3].a
+        ranks = [t[3].a.shape[0] for t in terms]
+        self.a = torch.cat([t[3].a for t in terms])                          # [R, in]
+        self.b = first.new_zeros(out, sum(ranks))                            # [out, R]
+        col = 0
+        for (_, start, stop, pair), r in zip(terms, ranks, strict=True):
+            self.b[start:stop, col:col + r] = pair.b * pair.factor
+            col += r
+        self.adapter_of = torch.tensor([t[0] for t, r in zip(terms, ranks, strict=True)
+                                        for _ in range(r)], device=first.device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         rows = self.lora.rows
         if rows is None:
             return y
-        for i, start, stop, pair in self.terms:
-            if i not in rows.active:
-                continue
-            s = rows.scales[:, rows.active.index(i), None] * pair.factor       # [N, 1]
-            y[..., start:stop] += ((x @ pair.a.T) * s) @ pair.b.T
-        return y
+        s = rows.scales.index_select(1, self.adapter_of)                    # [N, R]
+        return y.add_(((x @ self.a.T) * s) @ self.b.T)
