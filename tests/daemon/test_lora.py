@@ -131,3 +131,35 @@ def test_an_adapter_for_another_model_is_refused(tiny_llama_dir, adapter, tmp_pa
     d.stop()
     out = d.output()
     assert code != 0 and "LoRA adapter" in out and "Traceback" not in out, out
+
+
+def test_a_slot_saved_with_an_adapter_restores_under_it(tiny_hybrid_dir, adapter, tmp_path):
+    """A slot file keeps its adapter set's salt: restored into another daemon, the state
+    serves requests with that adapter and scale, and not the base model."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    args = ("--max-context", "256", "--parallel", "2", "--slot-save-path", str(slots),
+            "--lora", str(adapter))
+    prompt = list(range(50, 50 + 70))
+    greedy = {"n_predict": 8, "temperature": 0, "ignore_eos": True, "return_tokens": True,
+              "lora": [{"id": 0, "scale": 1.0}]}
+    a = start(tiny_hybrid_dir, tmp_path / "cache-a", *args)
+    try:
+        first = a.post("/completion", {"prompt": prompt, "id_slot": 1, **greedy}).json
+        assert a.post("/slots/1?action=save", {"filename": "s1.bin"}).status == 200
+        state = prompt + first["tokens"][:-1]
+        uncached = a.post("/completion", {"prompt": state + [7, 8, 9], "cache_prompt": False,
+                                          **greedy}).json
+    finally:
+        assert a.stop() == 0, a.output()
+    b = start(tiny_hybrid_dir, tmp_path / "cache-b", *args)
+    try:
+        assert b.post("/slots/0?action=restore", {"filename": "s1.bin"}).status == 200
+        base = b.post("/completion", {"prompt": state + [7, 8, 9], **greedy,
+                                      "lora": [{"id": 0, "scale": 0.0}]}).json
+        assert base["timings"]["cache_n"] == 0
+        got = b.post("/completion", {"prompt": state + [7, 8, 9], **greedy}).json
+        assert got["timings"]["cache_n"] == len(state)
+        assert got["tokens"] == uncached["tokens"] != base["tokens"]
+    finally:
+        assert b.stop() == 0, b.output()
