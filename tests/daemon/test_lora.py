@@ -10,7 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ckptd.daemon import config, lora
+from ckptd.daemon.lora import Adapters, LoraFile, parse_scaled
 from ckptd.model.loader import load_model
+from ckptd.model.lora.adapter import Adapter
 from ckptd.tools.make_lora import make_lora
 from tests.daemon.daemon_proc import Daemon, start
 
@@ -163,3 +166,36 @@ def test_a_slot_saved_with_an_adapter_restores_under_it(tiny_hybrid_dir, adapter
         assert got["tokens"] == uncached["tokens"] != base["tokens"]
     finally:
         assert b.stop() == 0, b.output()
+
+
+def test_flags_read_as_llama_server_reads_them(tmp_path):
+    import argparse
+    p = argparse.ArgumentParser()
+    config.add_arguments(p)
+    lora.add_arguments(p)
+    args = p.parse_args(["--lora", "a.gguf,b.gguf", "--lora-scaled", "c.gguf", "0.5",
+                         "--lora-scaled", "d.gguf:2,e:f.gguf:-1", "--lora-init-without-apply"])
+    cfg = config.from_args(args, env={"XDG_DATA_HOME": str(tmp_path)})
+    assert cfg.lora == (LoraFile("a.gguf"), LoraFile("b.gguf"), LoraFile("c.gguf", 0.5),
+                        LoraFile("d.gguf", 2.0), LoraFile("e:f.gguf", -1.0))
+    assert cfg.lora_init_without_apply
+    for bad in (["x.gguf"], ["x.gguf:nan"], ["x.gguf", "1", "2"]):
+        with pytest.raises(ValueError, match="--lora-scaled"):
+            parse_scaled(bad)
+
+
+def test_the_cache_salt_of_an_adapter_set():
+    ads = Adapters([Adapter("a", {}, "11" * 16), Adapter("b", {}, "22" * 16)], [1.0, 0.0])
+    assert ads.effective(None) == (1.0, 0.0) and ads.effective({1: 0.5}) == (0.0, 0.5)
+    assert ads.effective({0: 0.0}) == ()                   # no adapter in use: the base
+    assert ads.salt("t", ()) == "t" and ads.salt(None, (0.0, 0.0)) is None
+    one, half = ads.salt(None, (1.0, 0.0)), ads.salt(None, (0.5, 0.0))
+    tenant = ads.salt("t", (1.0, 0.0))
+    assert len({one, half, tenant, ads.salt(None, (0.0, 1.0))}) == 4
+    for salt in (one, half, tenant):                       # never a user's (text) salt
+        assert isinstance(salt, bytes) and salt[0] == 0xFF
+        with pytest.raises(UnicodeDecodeError):
+            salt.decode()
+    # the set decides, not the ids: the same files loaded in another order share entries
+    swapped = Adapters([Adapter("b", {}, "22" * 16), Adapter("a", {}, "11" * 16)], [0, 1])
+    assert swapped.salt(None, (0.0, 1.0)) == one
