@@ -67,7 +67,7 @@ def snapshot_budget(tokens: int, spec: StateSpec, ratio: float = 1.0) -> int:
 class Checkpoint:
     """A state captured after a step, put into the store later."""
     tokens: list[int]
-    salt: str | None
+    salt: str | bytes | None
     chain: KeyChain
     first_block: int
     pages: torch.Tensor | None    # blocks first_block.. [n, *kv_shape()], or None

@@ -221,7 +221,7 @@ class CacheManager:
         """A new sequence with seq's tokens and state, sharing all its pages (the partial
         one too: whichever of the two writes it first gets a copy)."""
         parent = self.live[seq.id]
-        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache)
+        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora)
         self.io.attach(child)
         n = -(-seq.num_computed // self.B)
         child.pages = seq.pages[:n]

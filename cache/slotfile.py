@@ -26,7 +26,7 @@ class SlotStateError(ValueError):
     """The state can't be saved (not cached) or the file can't be restored."""
 
 
-def save(store: CacheStore, tokens: list[int], salt: str | None, path: Path) -> int:
+def save(store: CacheStore, tokens: list[int], salt: str | bytes | None, path: Path) -> int:
     """Write the state after `tokens` to `path` (atomically). Returns the token count."""
     store.flush()
     plan = store.lookup(tokens, salt)
@@ -42,7 +42,8 @@ def save(store: CacheStore, tokens: list[int], salt: str | None, path: Path) -> 
     if state.snapshot:
         tensors.update({_SNAP + k: v for k, v in state.snapshot.tensors().items()})
     if salt:
-        tensors["salt"] = torch.tensor(list(salt.encode()), dtype=torch.uint8)
+        raw = salt.encode() if isinstance(salt, str) else salt    # bytes: a LoRA set's
+        tensors["salt"] = torch.tensor(list(raw), dtype=torch.uint8)
     blob = codec.encode(tensors, store.fp)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
@@ -53,7 +54,7 @@ def save(store: CacheStore, tokens: list[int], salt: str | None, path: Path) -> 
     return len(tokens)
 
 
-def restore(store: CacheStore, path: Path) -> tuple[list[int], str | None]:
+def restore(store: CacheStore, path: Path) -> tuple[list[int], str | bytes | None]:
     """Put the state saved in `path` into the store; returns (tokens, salt)."""
     blob = path.read_bytes()
     try:
@@ -71,7 +72,7 @@ def restore(store: CacheStore, path: Path) -> tuple[list[int], str | None]:
     if "tokens" not in t:
         raise SlotStateError(f"{path.name} is not a saved slot state (no tokens)")
     tokens = t["tokens"].tolist()
-    salt = bytes(t["salt"].tolist()).decode() if "salt" in t else None
+    salt = _salt(bytes(t["salt"].tolist())) if "salt" in t else None
     pages = t.get("pages")
     if pages is not None:
         store.put_blocks(tokens, 0, pages, salt)
@@ -80,3 +81,11 @@ def restore(store: CacheStore, path: Path) -> tuple[list[int], str | None]:
         store.put_snapshot(tokens, Snapshot.from_tensors(snap), salt)
     store.flush()
     return tokens, salt
+
+
+def _salt(raw: bytes) -> str | bytes:
+    """A tenant's salt is text; a LoRA set's (daemon/lora.py) is bytes no text encodes to."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw

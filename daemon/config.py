@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ckptd.daemon import lora
 from ckptd.model.placement import DTYPE_NAMES, check_names
 
 LOG_FORMATS = ("text", "json")
@@ -95,6 +96,8 @@ class ServeConfig:
     cors_credentials: bool = False         # preflights allow credentials (cookies)
     remote: str | None = None              # s3://bucket/prefix: the shared remote tier
     verbose: bool = False                  # answers carry llama-server's __verbose
+    lora: tuple = ()                       # daemon/lora.py: LoraFile per --lora(-scaled)
+    lora_init_without_apply: bool = False  # the adapters' scales start at 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -341,6 +344,7 @@ def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
     if values.get("seed", 0) < 0:             # llama-server's -1: a random seed per request
         values.pop("seed")
     values.setdefault("cache_dir", default_cache_dir(env))
+    values.update(lora.from_args(args))
     known = {f.name for f in fields(ServeConfig)}
     assert set(values) <= known
     return ServeConfig(**values)

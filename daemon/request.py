@@ -84,8 +84,9 @@ class Request:
     tokens: list[int]
     params: SamplingParams
     emit: Callable[[object], None]        # TokenEvent, then a final Finished; worker thread
-    salt: str | None = None
+    salt: str | bytes | None = None       # the cache's: tenant and LoRA set (daemon/lora.py)
     use_cache: bool = True
+    lora: tuple[float, ...] = ()          # each LoRA adapter's scale; () none
     timeout_s: float | None = None
     cancelled: bool = False
     chain: KeyChain | None = None         # the prompt's block keys, once hashed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,6 +20,7 @@ from ckptd.cache.store import CacheStore
 from ckptd.daemon import memory
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
+from ckptd.daemon.lora import Adapters
 from ckptd.model.loader import load
 from ckptd.model.placement import resolve
 from ckptd.model.runner import Runner
@@ -43,6 +44,7 @@ class Runtime:
     engine: Engine
     max_context: int               # tokens per sequence, prompt and answer
     kv_tokens: int                 # tokens the KV pool holds, all sequences together
+    adapters: Adapters = field(default_factory=lambda: Adapters([], []))   # LoRA
 
     @classmethod
     def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
@@ -57,6 +59,7 @@ class Runtime:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
                              f"{limit} positions")
         max_context = cfg.max_context or limit
+        adapters = _adapters(cfg, model)
         B = cfg.block_size
         spec = model.state_spec(B)
         sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
@@ -80,7 +83,8 @@ class Runtime:
                  len(model.config.layer_types), B,
                  sizes.source, sizes.kv_pages * B, sizes.host_bytes / 2**20, max_context,
                  cfg.parallel, torch.get_num_threads())
-        return cls(model, tok, runner, store, cache, engine, max_context, sizes.kv_pages * B)
+        return cls(model, tok, runner, store, cache, engine, max_context, sizes.kv_pages * B,
+                   adapters)
 
     @property
     def vocab_size(self) -> int:
@@ -91,6 +95,21 @@ class Runtime:
         """Cancel what still runs, then store what the cache captured, flush and close."""
         self.engine.stop()
         self.cache.close()
+
+
+def _adapters(cfg: ServeConfig, model) -> Adapters:
+    """Read and check every --lora adapter against the model (a ValueError naming the
+    file before anything is served), then attach them."""
+    from ckptd.model.lora.adapter import read_adapter
+    from ckptd.model.lora.apply import Lora
+    loaded = [read_adapter(f.path, model) for f in cfg.lora]
+    if loaded:
+        Lora(loaded).attach(model)
+        log.info("LoRA adapters: %s", ", ".join(
+            f"{i}: {f.path} (scale {0.0 if cfg.lora_init_without_apply else f.scale})"
+            for i, f in enumerate(cfg.lora)))
+    scales = [0.0 if cfg.lora_init_without_apply else f.scale for f in cfg.lora]
+    return Adapters(loaded, scales)
 
 
 def _remote(url: str, fingerprint: str, spec) -> RemoteTier:

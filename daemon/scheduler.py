@@ -138,7 +138,7 @@ class Scheduler:
             if req is None:
                 return
             # the sequence's tokens grow as it generates: the request keeps its prompt
-            live = Live(req, Sequence(list(req.tokens), req.salt, req.use_cache),
+            live = Live(req, Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora),
                         self._free_slot(req))
             with self.cond:
                 self.running.append(live)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ckptd.daemon import config
+from ckptd.daemon import config, lora
 
 if TYPE_CHECKING:
     from ckptd.daemon.service import Service
@@ -31,6 +31,7 @@ log = logging.getLogger("ckptd")
 
 def add_arguments(parser) -> None:
     config.add_arguments(parser)
+    lora.add_arguments(parser)
 
 
 def run(args) -> int:

@@ -78,9 +78,9 @@ class Service:
         breakers = BreakerTable([tok.decode([i]) for i in range(tok.vocab_size)], tok.encode)
         breakers(DEFAULT_BREAKERS)
         self.parse_openai = ParseContext(rt.vocab_size, OPENAI.with_server(cfg),
-                                         tok.encode, cfg.verbose, breakers)
+                                         tok.encode, cfg.verbose, breakers, len(rt.adapters))
         self.parse_llama = ParseContext(rt.vocab_size, LLAMA.with_server(cfg),
-                                        tok.encode, cfg.verbose, breakers)
+                                        tok.encode, cfg.verbose, breakers, len(rt.adapters))
         self.rt = rt
         if start:
             self.rt.engine.start()
@@ -263,13 +263,15 @@ class Service:
             raise bad_request(f"{name}: {e}", name, "invalid_grammar") from None
 
     def generation(self, tokens: list[int], params: SamplingParams, salt: str | None,
-                   use_cache: bool, progress: bool = False,
-                   id_slot: int | None = None) -> Generation:
-        """Submit a generation (503 + Retry-After when the queue is full)."""
+                   use_cache: bool, progress: bool = False, id_slot: int | None = None,
+                   lora: dict[int, float] | None = None) -> Generation:
+        """Submit a generation (503 + Retry-After when the queue is full). lora: the
+        request's adapter scales by id (None: the global ones)."""
         self.require_ready()
-        gen = Generation(self.rt.engine, tokens, params, salt, use_cache,
-                         self.cfg.request_timeout, on_close=self._closed, progress=progress,
-                         id_slot=id_slot)
+        scales = self.rt.adapters.effective(lora)
+        gen = Generation(self.rt.engine, tokens, params, self.rt.adapters.salt(salt, scales),
+                         use_cache, self.cfg.request_timeout, on_close=self._closed,
+                         progress=progress, id_slot=id_slot, lora=scales)
         gen.submit()
         self.inflight += 1
         return gen
@@ -283,7 +285,7 @@ class Service:
         try:
             for tokens, params in jobs:
                 out.append(self.generation(tokens, params, salt, g.cache.use_cache,
-                                           g.return_progress, g.id_slot))
+                                           g.return_progress, g.id_slot, g.lora))
         except BaseException:
             for gen in out:
                 gen.close()

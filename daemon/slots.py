@@ -27,7 +27,7 @@ class Slots:
         self.lock = threading.Lock()
         self._last: dict[int, tuple[list[int], str | None]] = {}
 
-    def remember(self, slot: int, tokens: list[int], salt: str | None) -> None:
+    def remember(self, slot: int, tokens: list[int], salt: str | bytes | None) -> None:
         with self.lock:
             self._last[slot] = (tokens, salt)
 

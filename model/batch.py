@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ckptd.kernels.varlen import CHUNK, Varlen, chunk_bounds
+from ckptd.model.lora.apply import Rows
 
 _HOST = torch.device("cpu")
 
@@ -41,6 +42,7 @@ class StepBatch:
     logits_index: torch.Tensor  # int64 [M]: flat token indices whose logits are returned
     varlen: Varlen
     buffers: tuple              # (int64, int32) device buffers every tensor above views
+    lora: Rows | None = None    # LoRA scales per token (model/lora); None: none is used
 
     @property
     def is_decode_only(self) -> bool:
@@ -48,10 +50,14 @@ class StepBatch:
 
     @classmethod
     def build(cls, seqs: list[SeqChunk], input_ids: list[int], logits_index: list[int],
-              block_size: int, device: torch.device, pad: Padding | None = None) -> StepBatch:
+              block_size: int, device: torch.device, pad: Padding | None = None,
+              lora: list[tuple[float, ...]] | None = None,
+              dtype: torch.dtype = torch.float32) -> StepBatch:
         """seqs in flat order (q_start rising, packed without gaps). `pad` appends
         one-token rows up to a fixed batch size and widens the page tables to a fixed
-        width, so the layout is the one a captured CUDA graph reads (model/graphs.py)."""
+        width, so the layout is the one a captured CUDA graph reads (model/graphs.py).
+        `lora`: each sequence's adapter scales (none: ()), made per-token rows of the
+        model's `dtype`."""
         B = block_size
         if pad is not None:
             seqs, input_ids, logits_index = pad.apply(seqs, input_ids, logits_index)
@@ -97,7 +103,9 @@ class StepBatch:
         varlen = Varlen(tuple(cu), tuple(s.ctx_len for s in seqs),
                         tuple(s.page_table for s in seqs), cu_t, ctx, state, tab.view(n, -1),
                         bos_t, eos_t)
-        return cls(seqs, ids, positions, kv_slots, logits, varlen, buffers)
+        rows = None if lora is None or pad is not None else \
+            Rows.build(lora, [s.q_len for s in seqs], device, dtype)
+        return cls(seqs, ids, positions, kv_slots, logits, varlen, buffers, rows)
 
 
 @dataclass(frozen=True)

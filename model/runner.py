@@ -86,10 +86,15 @@ class Runner:
             chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
             ids += seq.tokens[start:end]
             last.append(len(ids) - 1)
-        if self.graphs is not None and self.graphs.fits(chunks):
+        lora = [seq.lora for seq, _ in work]
+        # a captured graph computes the base model: steps using an adapter run eagerly
+        if self.graphs is not None and not any(any(s) for s in lora) \
+                and self.graphs.fits(chunks):
             logits = self.graphs.run(chunks, ids)
         else:
-            logits = self.model(StepBatch.build(chunks, ids, last, B, self.device), self.state)
+            batch = StepBatch.build(chunks, ids, last, B, self.device, lora=lora,
+                                    dtype=self.model.dtype)
+            logits = self.model(batch, self.state)
         # the step's one wait for the device: its logits, for sampling on the host (a
         # copy: a graph's output buffer is overwritten by its next replay)
         logits = logits.to("cpu", copy=self.graphs is not None)

@@ -31,12 +31,13 @@ class FinishReason(str, Enum):
 @dataclass(eq=False)             # a sequence is itself, not its contents: compare by identity
 class Sequence:
     tokens: list[int]            # the prompt, then generated tokens as they are appended
-    salt: str | None = None      # the tenant: cache entries are namespaced by it
+    salt: str | bytes | None = None  # cache entries are namespaced by it (tenant, LoRA)
     use_cache: bool = True       # restore from the cache and leave checkpoints in it
     slot: int = -1               # recurrent state slot; -1 while detached
     pages: list[int] = field(default_factory=list)   # page i holds tokens [iB, (i+1)B)
     num_computed: int = 0        # leading tokens whose state (KV, recurrent) is computed
     id: int = field(default_factory=lambda: next(_ids))
+    lora: tuple[float, ...] = ()  # each LoRA adapter's scale (model/lora); () none
 
 
 

@@ -28,9 +28,11 @@ class Scratch:
         return torch.arange(first, first + -(-n_tokens // self.B), dtype=torch.int32,
                             device="cpu")
 
-    def feed(self, chunks: dict[int, list[int]], all_logits: bool = False) -> torch.Tensor:
+    def feed(self, chunks: dict[int, list[int]], all_logits: bool = False,
+             lora: dict[int, tuple[float, ...]] | None = None) -> torch.Tensor:
         """Append chunks[seq] tokens to each named sequence in one step. Returns logits
-        [n_tokens, vocab] of every token (all_logits) or of each chunk's last token."""
+        [n_tokens, vocab] of every token (all_logits) or of each chunk's last token.
+        lora: LoRA adapter scales of the named sequences (model/lora)."""
         ids, seqs, logit_idx = [], [], []
         for seq, toks in chunks.items():
             start = len(ids)
@@ -39,10 +41,15 @@ class Scratch:
             seqs.append(SeqChunk(start, len(toks), ctx, self.table(seq, ctx + len(toks)), seq))
             logit_idx += range(start, start + len(toks)) if all_logits else [start + len(toks) - 1]
             self.lengths[seq] += len(toks)
-        batch = StepBatch.build(seqs, ids, logit_idx, self.B, self.state.device)
+        scales = None if lora is None else [lora.get(seq, ()) for seq in chunks]
+        batch = StepBatch.build(seqs, ids, logit_idx, self.B, self.state.device, lora=scales,
+                                dtype=self.model.dtype)
         return self.model(batch, self.state)
 
 
-def prompt_logits(model, tokens: list[int], block_size: int = 16) -> torch.Tensor:
-    """Logits [T, vocab] of every position of `tokens`, prefilled in one step."""
-    return Scratch(model, block_size, len(tokens) + block_size).feed({0: tokens}, all_logits=True)
+def prompt_logits(model, tokens: list[int], block_size: int = 16,
+                  lora: tuple[float, ...] = ()) -> torch.Tensor:
+    """Logits [T, vocab] of every position of `tokens`, prefilled in one step (with LoRA
+    adapter scales `lora`)."""
+    return Scratch(model, block_size, len(tokens) + block_size).feed(
+        {0: tokens}, all_logits=True, lora={0: lora})

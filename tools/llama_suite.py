@@ -90,7 +90,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def environment(suite: Path, model: str | None, base: dict[str, str]) -> dict[str, str]:
+def environment(suite: Path, model: str | None, base: dict[str, str],
+                lora: str | None = None) -> dict[str, str]:
     """The suite's environment: its servers on a free port (the suite's default, 8080,
     may be another server's, whose answers would then be taken for ckptd's), ckptd's
     model, and nothing of the caller's pytest run."""
@@ -101,22 +102,27 @@ def environment(suite: Path, model: str | None, base: dict[str, str]) -> dict[st
     env[EXCLUDE_ENV] = str(EXCLUDE)
     if model:
         env["CKPTD_SUITE_MODEL"] = str(Path(model).resolve())
+    if lora:
+        env["CKPTD_SUITE_LORA"] = str(Path(lora).resolve())
     return env
 
 
-def run(extra: list[str], model: str | None, dest: Path) -> int:
+def run(extra: list[str], model: str | None, dest: Path, lora: str | None = None) -> int:
     suite = fetch(dest)
     return subprocess.call(command(extra), cwd=suite,
-                           env=environment(suite, model, dict(os.environ)))
+                           env=environment(suite, model, dict(os.environ), lora))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model for ckptd (default: SmolLM2)")
     p.add_argument("--dest", type=Path, default=ROOT / "third_party")
+    p.add_argument("--lora", default=None,
+                   help="LoRA adapter for ckptd's model, served where a test loads the "
+                        "suite's own (ckptd make-lora MODEL OUT writes one)")
     args, extra = p.parse_known_args(argv)
     try:
-        return run(extra, args.model, args.dest)
+        return run(extra, args.model, args.dest, args.lora)
     except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

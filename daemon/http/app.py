@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ckptd.daemon.config import Vertex
 from ckptd.daemon.http import (
+    adapters,
     admin,
     anthropic,
     contexts,
@@ -58,6 +59,8 @@ def build_app(svc: Service, env: Mapping[str, str] = os.environ) -> web.Applicat
     r.add_post("/detokenize", llama.detokenize)
     r.add_post("/apply-template", llama.apply_template)
     r.add_get("/props", llama.props, allow_head=False)
+    r.add_get("/lora-adapters", adapters.list_adapters, allow_head=False)
+    r.add_post("/lora-adapters", adapters.set_adapters)
     r.add_get("/slots", slots.list_slots, allow_head=False)
     r.add_post("/slots/{id_slot}", slots.action)
     for path in ("/health", "/v1/health"):

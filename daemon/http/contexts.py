@@ -48,7 +48,9 @@ async def create(request: web.Request) -> web.Response:
     if err is not None:
         raise err
     ctx.tokens = len(tokens)
-    ctx.key = await blocking(prefix_key, svc.rt.store, tokens, req.salt)
+    # its state was computed with the global LoRA scales: keyed under their salt
+    key_salt = svc.rt.adapters.salt(req.salt, gen.req.lora)
+    ctx.key = await blocking(prefix_key, svc.rt.store, tokens, key_salt)
     if req.pin and ctx.key:
         await blocking(svc.rt.store.pin, ctx.key)
         info = await blocking(svc.rt.store.get_info, ctx.key)

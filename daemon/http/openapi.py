@@ -40,7 +40,10 @@ _CONSTRAINTS = {
         "schema": {"type": "object"}, "json_schema": {"type": "object"}}},
     "n": {"type": "integer", "minimum": 1, "maximum": 16},
     "return_progress": {"type": "boolean"}, "id_slot": {"type": "integer"},
-    "post_sampling_probs": {"type": "boolean"}}
+    "post_sampling_probs": {"type": "boolean"},
+    "lora": {"type": "array", "description": "LoRA scales for this request (unnamed: 0)",
+             "items": {"type": "object", "required": ["id"], "properties": {
+                 "id": {"type": "integer", "minimum": 0}, "scale": {"type": "number"}}}}}
 _CACHE_FLAG = {"cache": {"type": "boolean", "default": True,
                          "description": "false: no restore and no checkpoints"}}
 _STREAM_OPTIONS = {"stream_options": {"type": "object", "properties": {
@@ -162,6 +165,11 @@ def document(model_id: str) -> dict:
         "/v1/messages/count_tokens": {"post": _op("Tokens of a Messages prompt", messages)},
         "/apply-template": {"post": _op("The prompt a chat request renders to", chat)},
         "/props": {"get": _op("Server settings (llama-server's /props)", errors=())},
+        "/lora-adapters": {
+            "get": _op("The LoRA adapters (--lora) and their global scales", errors=()),
+            "post": _op("Set the global LoRA scales (adapters not named: 0)", {
+                "required": True, "content": {"application/json": {
+                    "schema": _CONSTRAINTS["lora"]}}})},
         "/slots": {"get": _op("The slots and what they run", errors=("501",))},
         "/slots/{id_slot}": {"post": _op(
             "Save, restore or erase a slot's state (?action=save|restore|erase)", slot_file,

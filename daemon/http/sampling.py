@@ -53,6 +53,7 @@ class ParseContext:
     encode: object = None           # text -> token ids (logit bias given as text)
     verbose: bool = False           # answers carry __verbose unless a request says no
     breakers: object = None         # DRY's breaker strings -> tokens (dry.BreakerTable)
+    n_lora: int = 0                 # LoRA adapters loaded: a request's "lora" ids below it
 
 
 # llama-server sampling fields ckptd does not implement: accepted at the value that
@@ -73,10 +74,6 @@ def _refuse_active(f: Fields) -> None:
         if v is not None and active(v):
             raise bad_request(f"{name}: {what} is not supported by this server (ckptd); "
                               "leave it out or at its default", name, "not_supported")
-    lora = f.data.get("lora")
-    if lora:
-        raise bad_request("lora: LoRA adapters are not supported by this server (ckptd)",
-                          "lora", "not_supported")
 
 
 def dry(f: Fields, ctx: ParseContext) -> DryParams | None:

@@ -15,6 +15,7 @@ from ckptd.daemon.http import prompts
 from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields
+from ckptd.daemon.http.lora import parse_scales
 from ckptd.daemon.http.sampling import ParseContext, constraint, sampling
 from ckptd.model.sampling.grammar import Constraint
 from ckptd.model.sampling.sampler import SamplingParams
@@ -62,6 +63,7 @@ class Generate:
     id_slot: int | None = None
     verbose: bool = False            # llama-server's __verbose: the prompt text and more
     timings_per_token: bool = False  # every streamed chunk carries the timings so far
+    lora: dict[int, float] | None = None   # LoRA scales by adapter id; None: the global ones
 
 
 def _generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: int | None,
@@ -70,7 +72,8 @@ def _generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: in
     return Generate(max_tokens, sampling(f, ctx, logprobs, llama), _cache_options(f, cache_field),
                     constraint(f), f.bool("stream"), n, _include_usage(f),
                     f.bool("return_progress"), None if slot is None or slot < 0 else slot,
-                    f.bool("verbose", ctx.verbose), f.bool("timings_per_token"))
+                    f.bool("verbose", ctx.verbose), f.bool("timings_per_token"),
+                    parse_scales(f.data.get("lora"), ctx.n_lora))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ UNSUPPORTED = {
     ("GET", "/"): "the web UI", ("GET", "/cors-proxy"): "tool/MCP proxying",
     ("POST", "/cors-proxy"): "tool/MCP proxying", ("GET", "/tools"): "tool/MCP proxying",
     ("POST", "/tools"): "tool/MCP proxying",
-    ("GET", "/lora-adapters"): "LoRA adapters", ("POST", "/lora-adapters"): "LoRA adapters",
 }
 
 

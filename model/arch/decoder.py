@@ -68,6 +68,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.fingerprint = ""  # set by the loader
         self.head: Matmul | None = None
+        self.lora = None       # model/lora/apply.py: Lora, once adapters are attached
 
     def fuse(self) -> None:
         """Fuse the projections that share an input into one matmul each; on an fp32 CPU
@@ -76,6 +77,8 @@ class CausalLM(nn.Module):
             if m is not self and hasattr(m, "fuse"):
                 m.fuse()
         self.head = matmul_of(self.lm_head)
+        if self.lora is not None:
+            self.lora.wrap(self)
 
     def _apply(self, fn, recurse=True):
         # .to(dtype / device) converts the parameters; the fused weights are plain
@@ -99,6 +102,8 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: StepBatch, state: DeviceState) -> torch.Tensor:
         ctx = StepContext.build(batch, state, self.config)
+        if self.lora is not None:
+            self.lora.rows = batch.lora
         x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)

@@ -57,12 +57,18 @@ def test_dry_penalises_the_token_that_extends_a_repeat(daemon):
 @pytest.mark.parametrize("field,value", [("mirostat", 3), ("dry_sequence_breakers", []),
                                          ("adaptive_target", 0.5), ("n_indent", 4),
                                          ("t_max_predict_ms", 100), ("grammar_lazy", True),
-                                         ("lora", [{"id": 0, "scale": 1.0}]),
                                          ("samplers", ["top_k", "infill"]),
                                          ("samplers", ["top_k", "warp"]), ("typical_p", 2.0)])
 def test_what_is_not_implemented_is_refused_by_name(daemon, field, value):
     r = daemon.post("/completion", {"prompt": PROMPT, "n_predict": 1, field: value})
     assert r.status == 400 and r.json["error"]["param"] == field, r.text
+
+
+def test_lora_without_adapters_names_the_id(daemon):
+    r = daemon.post("/completion", {"prompt": PROMPT, "n_predict": 1,
+                                    "lora": [{"id": 0, "scale": 1.0}]})
+    assert r.status == 400 and r.json["error"]["param"] == "lora[0].id", r.text
+    assert daemon.get("/lora-adapters").json == []
 
 
 def test_off_values_of_refused_fields_pass(daemon):

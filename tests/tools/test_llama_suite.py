@@ -33,6 +33,11 @@ def test_adapter_maps_llama_server_flags():
     assert args[args.index("--cors-origins") + 1] == "*"
     with pytest.raises(ValueError, match="embeddings"):
         translate(["--embedding"], {})
+    # the suite's adapter is for its own model: ckptd's takes its place, or none is served
+    args = translate(["--lora", "./tmp/moe_shakespeare15M.gguf"], {"CKPTD_SUITE_LORA": "/a"})
+    assert args[args.index("--lora") + 1] == "/a"
+    with pytest.raises(ValueError, match="CKPTD_SUITE_LORA"):
+        translate(["--lora", "x.gguf"], {})
 
 
 def test_suite_environment_is_its_own(tmp_path):
