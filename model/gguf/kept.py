@@ -8,9 +8,11 @@ row selections (llama's q/k unpermute, Qwen3.5's value-head untiling, Qwen3-Next
 split of in_proj_qkvz). A recipe is run once with every kept tensor it reads replaced
 by its row numbers ([rows, 1]); what comes out says which rows of the stored tensor
 the parameter is, and those rows are taken from the kept bytes (whole rows are whole
-blocks). A recipe that does anything else with a kept tensor (a column permutation, a
-value change, two tensors at once) is run again normally: that parameter is expanded
-to fp32, logged once per load.
+blocks). Where that fails, it is run once more with every element's number
+(row * cols + col): a permutation of whole columns, rows untouched (Qwen3.5's
+out_proj) stays kept as KeptColumns (model/quant.py), its input permuted at run time.
+A recipe that does anything else with a kept tensor (a value change, two tensors at
+once) is run again normally: that parameter is expanded to fp32, logged once per load.
 """
 
 from __future__ import annotations
@@ -56,15 +58,16 @@ def kept_recipes(tensors, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
 
 
 def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
-    def probe(dtype: torch.dtype, device: torch.device):
-        """(the recipe's result with kept tensors as row numbers, the kept tensors read)"""
-        tensors.row_ids = []
+    def probe(dtype: torch.dtype, device: torch.device, cells: bool = False):
+        """(the recipe's result with kept tensors as row numbers, or element numbers
+        with `cells`; the kept tensors read)"""
+        tensors.row_ids, tensors.probe_cells = [], cells
         try:
             out = recipe(dtype, device)
         except (RuntimeError, ValueError, IndexError):
             out = None                  # not a row transform: expanded below
         finally:
-            reads, tensors.row_ids = tensors.row_ids, None
+            reads, tensors.row_ids, tensors.probe_cells = tensors.row_ids, None, False
         return out, reads
 
     def run(dtype: torch.dtype, device: torch.device):
@@ -76,6 +79,11 @@ def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
         if dtype not in (torch.float32, torch.float64):
             out, reads = probe(torch.float64, torch.device("cpu"))   # exact row numbers
         rows = _row_selection(out, reads)
+        if rows is None and _cells_fit(reads):
+            columns = _column_permutation(*probe(torch.float64, torch.device("cpu"), True))
+            if columns is not None:
+                from ckptd.model.quant import KeptColumns
+                return KeptColumns(reads[0], columns)
         if rows is None:
             log.info("%s: expanded to %s (its conversion is not a row selection)", name, dtype)
             return recipe(dtype, device)
@@ -98,6 +106,33 @@ def _row_selection(ids, reads: list[QuantTensor]) -> torch.Tensor | None:
         return None
     rows = rows.long()
     return rows if rows.unique().numel() == rows.numel() else None
+
+
+_CELLS_MAX = 1 << 25       # element numbers as float64: a 256 MiB probe at most
+
+
+def _cells_fit(reads: list[QuantTensor]) -> bool:
+    return len(reads) == 1 and reads[0].data.dim() == 2 and \
+        reads[0].shape[0] * reads[0].shape[1] <= _CELLS_MAX
+
+
+def _column_permutation(ids, reads: list[QuantTensor]) -> torch.Tensor | None:
+    """The stored column of each parameter column, when `ids` (element numbers) is the
+    one 2-D kept tensor read with its columns permuted and its rows as they are."""
+    if len(reads) != 1 or not isinstance(ids, torch.Tensor) or ids.dtype != torch.float64:
+        return None
+    rows, cols = reads[0].shape
+    if tuple(ids.shape) != (rows, cols) or not torch.equal(ids, ids.round()):
+        return None
+    ids = ids.long()
+    row, col = ids // cols, ids % cols
+    if not torch.equal(row, torch.arange(rows).view(rows, 1).expand(rows, cols)):
+        return None
+    columns = col[0]
+    if not torch.equal(col, columns.expand(rows, cols)) or \
+            not torch.equal(columns.sort().values, torch.arange(cols)):
+        return None
+    return columns
 
 
 def kept_view(tensors, name: str) -> QuantTensor | None:
