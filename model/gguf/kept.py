@@ -8,9 +8,10 @@ row selections (llama's q/k unpermute, Qwen3.5's value-head untiling, Qwen3-Next
 split of in_proj_qkvz). A recipe is run once with every kept tensor it reads replaced
 by its row numbers ([rows, 1]); what comes out says which rows of the stored tensor
 the parameter is, and those rows are taken from the kept bytes (whole rows are whole
-blocks). Where that fails, it is run once more with every element's number
-(row * cols + col): a permutation of whole columns, rows untouched (Qwen3.5's
-out_proj) stays kept as KeptColumns (model/quant.py), its input permuted at run time.
+blocks). Where that fails, it is run twice more, the tensor given as every element's
+row number, then its column number: a permutation of whole columns with the rows
+untouched (Qwen3.5's out_proj) stays kept as KeptColumns (model/quant.py), its input
+permuted at run time.
 A recipe that does anything else with a kept tensor (a value change, two tensors at
 once) is run again normally: that parameter is expanded to fp32, logged once per load.
 """
@@ -58,16 +59,17 @@ def kept_recipes(tensors, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
 
 
 def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
-    def probe(dtype: torch.dtype, device: torch.device, cells: bool = False):
-        """(the recipe's result with kept tensors as row numbers, or element numbers
-        with `cells`; the kept tensors read)"""
-        tensors.row_ids, tensors.probe_cells = [], cells
+    def probe(dtype: torch.dtype, device: torch.device, grid: str = ""):
+        """(the recipe's result with kept tensors as row numbers [rows, 1], or with
+        `grid` "rows" / "cols" every element's row / column number; the kept tensors
+        read)"""
+        tensors.row_ids, tensors.probe = [], grid
         try:
             out = recipe(dtype, device)
         except (RuntimeError, ValueError, IndexError):
             out = None                  # not a row transform: expanded below
         finally:
-            reads, tensors.row_ids, tensors.probe_cells = tensors.row_ids, None, False
+            reads, tensors.row_ids, tensors.probe = tensors.row_ids, None, ""
         return out, reads
 
     def run(dtype: torch.dtype, device: torch.device):
@@ -79,8 +81,10 @@ def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
         if dtype not in (torch.float32, torch.float64):
             out, reads = probe(torch.float64, torch.device("cpu"))   # exact row numbers
         rows = _row_selection(out, reads)
-        if rows is None and _cells_fit(reads):
-            columns = _column_permutation(*probe(torch.float64, torch.device("cpu"), True))
+        if rows is None and len(reads) == 1 and reads[0].data.dim() == 2:
+            cpu = torch.device("cpu")
+            columns = _column_permutation(probe(torch.float64, cpu, "rows")[0],
+                                          probe(torch.float64, cpu, "cols")[0], reads[0])
             if columns is not None:
                 from ckptd.model.quant import KeptColumns
                 return KeptColumns(reads[0], columns)
@@ -108,31 +112,24 @@ def _row_selection(ids, reads: list[QuantTensor]) -> torch.Tensor | None:
     return rows if rows.unique().numel() == rows.numel() else None
 
 
-_CELLS_MAX = 1 << 25       # element numbers as float64: a 256 MiB probe at most
-
-
-def _cells_fit(reads: list[QuantTensor]) -> bool:
-    return len(reads) == 1 and reads[0].data.dim() == 2 and \
-        reads[0].shape[0] * reads[0].shape[1] <= _CELLS_MAX
-
-
-def _column_permutation(ids, reads: list[QuantTensor]) -> torch.Tensor | None:
-    """The stored column of each parameter column, when `ids` (element numbers) is the
-    one 2-D kept tensor read with its columns permuted and its rows as they are."""
-    if len(reads) != 1 or not isinstance(ids, torch.Tensor) or ids.dtype != torch.float64:
+def _column_permutation(row_of, col_of, qt: QuantTensor) -> torch.Tensor | None:
+    """The stored column of each parameter column, when the recipe's results for the
+    row-number and column-number grids say it kept every row in place and moved whole
+    columns: row_of[i, j] == i and col_of[i, j] == columns[j] on every row."""
+    rows, cols = qt.shape
+    for t in (row_of, col_of):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (rows, cols) or \
+                t.dtype != torch.float64:
+            return None
+    if not torch.equal(row_of, torch.arange(rows, dtype=torch.float64)
+                       .view(rows, 1).expand(rows, cols)):
         return None
-    rows, cols = reads[0].shape
-    if tuple(ids.shape) != (rows, cols) or not torch.equal(ids, ids.round()):
+    if not torch.equal(col_of, col_of[:1].expand(rows, cols)):
         return None
-    ids = ids.long()
-    row, col = ids // cols, ids % cols
-    if not torch.equal(row, torch.arange(rows).view(rows, 1).expand(rows, cols)):
-        return None
-    columns = col[0]
-    if not torch.equal(col, columns.expand(rows, cols)) or \
-            not torch.equal(columns.sort().values, torch.arange(cols)):
-        return None
-    return columns
+    columns = col_of[0]
+    if not torch.equal(columns.sort().values, torch.arange(cols, dtype=torch.float64)):
+        return None                     # not every column once, or not whole numbers
+    return columns.long()
 
 
 def kept_view(tensors, name: str) -> QuantTensor | None:
