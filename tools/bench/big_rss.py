@@ -3,6 +3,7 @@ peak RSS <= 1.3 x the file's size + --kv-budget + --host-budget.
 
     python -m ckptd.tools.bench.big_rss --model A3B.gguf [--kv-budget 512MiB]
         [--host-budget 512MiB] [--prompt-tokens 400] [--decode 32] [--threads 2]
+        [--timeout 3600]
 
 (make the file with `python -m ckptd.tools.bench.big_gguf`.) The daemon is started with
 --weights keep and the budgets, sent a prompt (a few hundred tokens: with 8 of 256
@@ -78,6 +79,7 @@ def expanded_bytes(path: Path) -> int:
 
 def run(args) -> dict:
     from ckptd.daemon.config import parse_size
+    from ckptd.tools.bench.client import Client
     from ckptd.tools.bench.managed import ManagedDaemon
 
     model = Path(args.model)
@@ -91,6 +93,8 @@ def run(args) -> dict:
              args.host_budget, "--threads", str(args.threads), "--parallel", "1"]
     daemon = ManagedDaemon(str(model), out / "cache", out / "daemon.log", serve,
                            ready_timeout=1200)
+    # a cold prefill on a busy 2-core machine runs past the client's default 600 s
+    daemon.client = Client(daemon.client.url, timeout=args.timeout)
     t0 = time.perf_counter()
     words = " ".join(f"word{i % 97} item{i}" for i in range(args.prompt_tokens // 4))
     with daemon:
@@ -135,11 +139,12 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--decode", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per request")
     p.add_argument("--out", default="bench-out/big-rss")
     args = p.parse_args(argv)
     try:
         result = run(args)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         raise SystemExit(f"big_rss: {e}") from None
     gib = 2 ** 30
     for phase, peak in result["phases"].items():
