@@ -304,7 +304,8 @@ def parse_flag(text: str, name: str) -> bool:
 
 
 def add_arguments(parser) -> None:
-    for name, (conv, help_text) in SETTINGS.items():
+    for name, (conv, text) in SETTINGS.items():
+        help_text = text.replace("%", "%%")      # argparse formats help with %
         env = "CKPTD_" + name.upper()
         flag = "--" + name.replace("_", "-")
         if conv == "flag":                 # takes no value; the variable takes 1/0

@@ -7,6 +7,7 @@ assigned: `attach_kept` swaps its module for one of these instead.
     nn.Linear       -> KeptLinear      x @ W.T through ops.quant_matmul
     nn.Embedding    -> KeptEmbedding   dequantizes only the rows looked up
     Experts         -> KeptExperts     gate, up [E, I, H] and down [E, H, I] as stored
+    (a KeptColumns weight: KeptLinear permutes its input instead of the columns)
                                        (ffn_{gate,up}_exps may differ in format)
 
 The MoE router and the shared expert's gate stay plain: route() reads the router's
@@ -44,22 +45,52 @@ class KeptGateUp:
         return torch.cat([self.gate.dequantize(dtype), self.up.dequantize(dtype)], dim=1)
 
 
-Kept = QuantTensor | KeptGateUp
+@dataclass(frozen=True)
+class KeptColumns:
+    """A 2-D kept tensor whose parameter is the stored one with its columns permuted
+    (Qwen3.5's out_proj, value heads tiled for ggml): parameter column j is stored column
+    columns[j]. A permutation of heads is not one of blocks, so the bytes stay as stored
+    and the input is permuted instead (KeptLinear)."""
+    weight: QuantTensor
+    columns: torch.Tensor           # int64 [cols]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.weight.shape
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.weight.dequantize(dtype)[:, self.columns]
+
+
+Kept = QuantTensor | KeptGateUp | KeptColumns
 
 
 def is_kept(t) -> bool:
-    return isinstance(t, (QuantTensor, KeptGateUp))
+    return isinstance(t, (QuantTensor, KeptGateUp, KeptColumns))
 
 
 class KeptLinear(nn.Module):
-    def __init__(self, weight: QuantTensor, bias: nn.Parameter | None) -> None:
+    """x @ W.T (+ bias); with `columns` (KeptColumns), W is the stored tensor's columns in
+    that order: x @ W.T = x[..., argsort(columns)] @ stored.T."""
+
+    def __init__(self, weight: QuantTensor, bias: nn.Parameter | None,
+                 columns: torch.Tensor | None = None) -> None:
         super().__init__()
         self.qweight = weight
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.in_index = None if columns is None else \
+            torch.argsort(columns).to(weight.data.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_index is not None:
+            x = x.index_select(-1, self.in_index)
         return ops.quant_matmul(x, self.qweight, self.bias)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """forward without the bias (a part of a KeptMatmul, which adds the biases)."""
+        return ops.quant_matmul(x.index_select(-1, self.in_index)
+                                if self.in_index is not None else x, self.qweight)
 
 
 class KeptEmbedding(nn.Module):
@@ -119,12 +150,15 @@ def fuse_kept(linears: list[nn.Module]) -> KeptMatmul:
         run.clear()
 
     for m in linears:
-        if isinstance(m, KeptLinear) and (not run or run[0].qweight.fmt == m.qweight.fmt):
+        if isinstance(m, KeptLinear) and m.in_index is None and \
+                (not run or run[0].qweight.fmt == m.qweight.fmt):
             run.append(m)
             continue
         flush()
-        if isinstance(m, KeptLinear):
+        if isinstance(m, KeptLinear) and m.in_index is None:
             run.append(m)
+        elif isinstance(m, KeptLinear):
+            parts.append(m.matmul)          # permutes its own input
         else:
             parts.append(Matmul(m.weight.detach()))
     flush()
@@ -147,9 +181,10 @@ def attach_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype
         mod = model.get_submodule(path)
         if isinstance(mod, Experts):
             experts.setdefault(path, {})[attr] = t
-        elif isinstance(mod, nn.Linear) and attr == "weight" and isinstance(t, QuantTensor) \
-                and not name.endswith(_PLAIN):
-            _replace(model, path, KeptLinear(t, mod.bias))
+        elif isinstance(mod, nn.Linear) and attr == "weight" and not name.endswith(_PLAIN) \
+                and isinstance(t, (QuantTensor, KeptColumns)):
+            weight, columns = (t.weight, t.columns) if isinstance(t, KeptColumns) else (t, None)
+            _replace(model, path, KeptLinear(weight, mod.bias, columns))
         elif isinstance(mod, nn.Embedding) and isinstance(t, QuantTensor):
             _replace(model, path, KeptEmbedding(t, dtype))
         else:

@@ -8,9 +8,12 @@ row selections (llama's q/k unpermute, Qwen3.5's value-head untiling, Qwen3-Next
 split of in_proj_qkvz). A recipe is run once with every kept tensor it reads replaced
 by its row numbers ([rows, 1]); what comes out says which rows of the stored tensor
 the parameter is, and those rows are taken from the kept bytes (whole rows are whole
-blocks). A recipe that does anything else with a kept tensor (a column permutation, a
-value change, two tensors at once) is run again normally: that parameter is expanded
-to fp32, logged once per load.
+blocks). Where that fails, it is run twice more, the tensor given as every element's
+row number, then its column number: a permutation of whole columns with the rows
+untouched (Qwen3.5's out_proj) stays kept as KeptColumns (model/quant.py), its input
+permuted at run time.
+A recipe that does anything else with a kept tensor (a value change, two tensors at
+once) is run again normally: that parameter is expanded to fp32, logged once per load.
 """
 
 from __future__ import annotations
@@ -56,15 +59,17 @@ def kept_recipes(tensors, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
 
 
 def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
-    def probe(dtype: torch.dtype, device: torch.device):
-        """(the recipe's result with kept tensors as row numbers, the kept tensors read)"""
-        tensors.row_ids = []
+    def probe(dtype: torch.dtype, device: torch.device, grid: str = ""):
+        """(the recipe's result with kept tensors as row numbers [rows, 1], or with
+        `grid` "rows" / "cols" every element's row / column number; the kept tensors
+        read)"""
+        tensors.row_ids, tensors.probe = [], grid
         try:
             out = recipe(dtype, device)
         except (RuntimeError, ValueError, IndexError):
             out = None                  # not a row transform: expanded below
         finally:
-            reads, tensors.row_ids = tensors.row_ids, None
+            reads, tensors.row_ids, tensors.probe = tensors.row_ids, None, ""
         return out, reads
 
     def run(dtype: torch.dtype, device: torch.device):
@@ -76,6 +81,13 @@ def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
         if dtype not in (torch.float32, torch.float64):
             out, reads = probe(torch.float64, torch.device("cpu"))   # exact row numbers
         rows = _row_selection(out, reads)
+        if rows is None and len(reads) == 1 and reads[0].data.dim() == 2:
+            cpu = torch.device("cpu")
+            columns = _column_permutation(probe(torch.float64, cpu, "rows")[0],
+                                          probe(torch.float64, cpu, "cols")[0], reads[0])
+            if columns is not None:
+                from ckptd.model.quant import KeptColumns
+                return KeptColumns(reads[0], columns)
         if rows is None:
             log.info("%s: expanded to %s (its conversion is not a row selection)", name, dtype)
             return recipe(dtype, device)
@@ -98,6 +110,26 @@ def _row_selection(ids, reads: list[QuantTensor]) -> torch.Tensor | None:
         return None
     rows = rows.long()
     return rows if rows.unique().numel() == rows.numel() else None
+
+
+def _column_permutation(row_of, col_of, qt: QuantTensor) -> torch.Tensor | None:
+    """The stored column of each parameter column, when the recipe's results for the
+    row-number and column-number grids say it kept every row in place and moved whole
+    columns: row_of[i, j] == i and col_of[i, j] == columns[j] on every row."""
+    rows, cols = qt.shape
+    for t in (row_of, col_of):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (rows, cols) or \
+                t.dtype != torch.float64:
+            return None
+    if not torch.equal(row_of, torch.arange(rows, dtype=torch.float64)
+                       .view(rows, 1).expand(rows, cols)):
+        return None
+    if not torch.equal(col_of, col_of[:1].expand(rows, cols)):
+        return None
+    columns = col_of[0]
+    if not torch.equal(columns.sort().values, torch.arange(cols, dtype=torch.float64)):
+        return None                     # not every column once, or not whole numbers
+    return columns.long()
 
 
 def kept_view(tensors, name: str) -> QuantTensor | None:

@@ -129,8 +129,10 @@ class GGUFTensors:
         self._mm = getattr(reader.data, "_mmap", None)    # np.memmap's mapping
         self._read = False
         # gguf/kept.py: while a list, kept tensors read are appended here and get()
-        # hands out their row numbers instead of their values
+        # hands out their row numbers instead of their values ([rows, 1]; with probe
+        # "rows" or "cols", every element's row or column number, [rows, cols])
         self.row_ids: list | None = None
+        self.probe = ""
 
     def __contains__(self, name: str) -> bool:
         return name in self.by_name
@@ -157,7 +159,12 @@ class GGUFTensors:
                 self.row_ids.append(qt)
                 if len(want) != 2:      # experts: experts.py asks kept() for those
                     raise ValueError(f"{name}: a kept {len(want)}-D tensor is not a row set")
-                return torch.arange(want[0], dtype=torch.float64).view(want[0], 1)
+                rows = torch.arange(want[0], dtype=torch.float64).view(want[0], 1)
+                if self.probe == "rows":
+                    return rows.expand(want)         # a view: no memory
+                if self.probe == "cols":
+                    return torch.arange(want[1], dtype=torch.float64).expand(want)
+                return rows
         kind = gguf.GGMLQuantizationType
         dtypes = {kind.F32: torch.float32, kind.F16: torch.float16, kind.BF16: torch.bfloat16}
         if t.tensor_type in dtypes and self._mm is not None:

@@ -81,3 +81,12 @@ def test_remote_from_flag_or_environment():
     for bad in ("bucket/x", "s3://", "s3://Bad_Bucket", "s3://ok-bucket/a//b"):
         with pytest.raises(ValueError, match="--remote"):
             ServeConfig(remote=bad)
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "make-tiny", "inspect", "bench"])
+def test_every_command_prints_its_help(command, capsys):
+    """A '%' in a help text (like "40% of the memory") once made argparse raise on --help."""
+    from ckptd.tools.cli import main
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0 and "--" in capsys.readouterr().out

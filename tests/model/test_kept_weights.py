@@ -87,3 +87,20 @@ def test_unsupported_type_is_refused_naming_the_tensor(tmp_path):
 def test_weights_mode_is_checked():
     with pytest.raises(ValueError, match="weights must be one of"):
         load_model(FIXTURE, weights="pack")
+
+
+def test_hybrid_out_proj_stays_kept_with_its_input_permuted():
+    """Qwen3.5's out_proj is stored with its value-head columns tiled for ggml (2 key
+    heads, 4 value heads here): a column permutation, not a row selection. It stays in
+    its Q4_K bytes (no fp32 copy: 30 such layers of the 35B-A3B would be ~1 GB) and
+    computes what the expanded weight does."""
+    kept, expanded = load_model(FIXTURE, weights="keep"), load_model(FIXTURE, weights="expand")
+    attn = kept.model.layers[0].linear_attn
+    assert isinstance(attn.out_proj, KeptLinear) and attn.out_proj.qweight.fmt == "Q4_K"
+    idx = attn.out_proj.in_index
+    assert idx is not None and not torch.equal(idx, torch.arange(idx.numel()))
+    x = torch.randn(5, attn.out_proj.in_features, generator=torch.Generator().manual_seed(0))
+    want = x @ expanded.model.layers[0].linear_attn.out_proj.weight.T
+    assert (attn.out(x) - want).abs().max() < 1e-4
+    ids = list(range(3, 90))
+    assert (prompt_logits(kept, ids) - prompt_logits(expanded, ids)).abs().max() < TOL

@@ -96,3 +96,24 @@ def test_converted_config_keys(moe_ggufs):
     assert tensors["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
     assert tensors["model.layers.0.linear_attn.in_proj_ba.weight"].shape == (8, 64)
     json.dumps(cfg)                    # a plain config dict, like config.json
+
+
+def test_big_gguf_writes_the_converters_layout(moe_ggufs, tmp_path):
+    """tools/bench/big_gguf.py writes what llama.cpp's converter writes for the same
+    Qwen3.5-MoE config: tensor names, order and shapes, and every qwen35moe.* key."""
+    from ckptd.tools.bench.big_gguf import write
+    from tests.model.moe_models import _MROPE, _TEXT
+
+    ref_path = moe_ggufs["moe-nested"]          # converted with --no-mtp
+    out = tmp_path / "written.gguf"
+    write(out, {**_TEXT, "rope_parameters": _MROPE}, mix="Q8_0", tokenizer=ref_path)
+    ref, got = open_gguf(ref_path), open_gguf(out)
+    assert [(t.name, t.shape.tolist()) for t in got.tensors] == \
+        [(t.name, t.shape.tolist()) for t in ref.tensors]
+    arch = {k for k in ref.fields if k.startswith("qwen35moe.")}
+    assert arch == {k for k in got.fields if k.startswith("qwen35moe.")}
+    assert {k: field(got, k) for k in arch} == {k: field(ref, k) for k in arch}
+    types = {t.name: t.tensor_type.name for t in got.tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "Q8_0"
+    assert types["blk.0.ffn_down_shexp.weight"] == "F16"     # rows of 48: not Q8_0 blocks
+    assert load_model(out).config.num_layers == 4
