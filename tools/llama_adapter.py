@@ -34,6 +34,9 @@ _MAP = {
     "--swa-full": (None, False), "--jinja": (None, False), "--no-jinja": (None, False),
     "--no-ui": (None, False), "--verbose": ("--verbose", False),
     "--no-cache-idle-slots": (None, False),
+    "--sleep-idle-seconds": ("--sleep-idle-seconds", True),
+    "--backend_sampling": ("--backend-sampling", False),
+    "--backend-sampling": ("--backend-sampling", False),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
@@ -44,7 +47,7 @@ UNSUPPORTED = {
     "--no-models-autoload": "router mode",
     "--models-preset": "router mode", "--tools": "tool/MCP proxying",
     "--mcp-servers-config": "tool/MCP proxying", "--mcp-servers-json": "tool/MCP proxying",
-    "--ui-mcp-proxy": "tool/MCP proxying", "--sleep-idle-seconds": "sleeping",
+    "--ui-mcp-proxy": "tool/MCP proxying",
     "--grp-attn-n": "context shift", "--grp-attn-w": "context shift",
 }
 

@@ -258,4 +258,4 @@ async def props(request: web.Request) -> web.Response:
         "model_path": str(svc.path), "chat_template": tok.chat_template or "",
         "bos_token": tok.bos_token or "", "eos_token": tok.eos_token or "",
         "modalities": {"vision": False, "audio": False},
-        "build_info": svc.system_fingerprint, "is_sleeping": False})
+        "build_info": svc.system_fingerprint, "is_sleeping": svc.sleeping})
