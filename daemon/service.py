@@ -83,7 +83,7 @@ class Service:
                                          tok.encode, cfg.verbose, breakers)
         self.parse_llama = ParseContext(rt.vocab_size, LLAMA.with_server(cfg),
                                         tok.encode, cfg.verbose, breakers)
-        if rt.engine.sleep is not None:
+        if rt.engine.sleep is not None and cfg.metrics:
             metrics, stats = self.metrics, rt.store.stats
             rt.engine.sleep.on_enter.append(
                 lambda: metrics.enter_sleep(rt.engine, stats(), self.state))
