@@ -95,8 +95,6 @@ class Engine(InProcess):
         """One step of the loop; False when there was nothing to do."""
         self._reap()
         batch = self.scheduler.schedule()
-        if batch and self.sleep is not None:
-            self.sleep.touch()
         self.cache.admit(batch.work)
         admitted = time.perf_counter()
         work = [(w.seq, w.n) for w in batch.work if w.n]
@@ -114,6 +112,8 @@ class Engine(InProcess):
         self.cache.after_step(batch.work, logits)
         self._postprocess(batch, logits, admitted)
         self.progress.update(self.scheduler.running)
+        if batch and self.sleep is not None:
+            self.sleep.touch()        # idle from the step's end (a long step is no idle time)
         return bool(batch)
 
     def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float) -> None:

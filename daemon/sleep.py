@@ -73,6 +73,9 @@ class Sleep:
         """Sleep until the scheduler has work, a wake-up is asked for, or it stops; then
         load the model again. Returns the requests that waited for a load that failed
         (taken out of the queue: the caller fails them), else []."""
+        with sched.cond:
+            if sched.waiting or sched.stopping:    # a request came meanwhile: stay up
+                return []
         self.enter()
         while True:
             with sched.cond:
@@ -88,10 +91,11 @@ class Sleep:
                 return failed
 
     def enter(self) -> None:
-        for f in self.on_enter:
-            f()
+        # asleep from here: a wake-up asked for while the model goes waits for it
         self.awake.clear()
         self.sleeping = True
+        for f in self.on_enter:
+            f()
         t0 = time.perf_counter()
         self._unload()
         _give_back_memory()

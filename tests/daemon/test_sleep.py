@@ -115,5 +115,6 @@ def test_sleeping_frees_smollm2s_memory(tmp_path):
         assert asleep < awake - 80, (awake, asleep)   # its weights: ~100 MiB as kept
         again = _complete(d, PROMPT, n_predict=4)
         assert again["content"] == first["content"] and again["timings"]["cache_n"] > 0
+        _wait_asleep(d)                               # SIGTERM while asleep: a clean exit
     finally:
         assert d.stop() == 0, d.output()
