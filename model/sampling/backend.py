@@ -166,14 +166,14 @@ def _report(samplers: list[Sampler], raw: torch.Tensor, probs: torch.Tensor,
     if any(w and not q for w, q in zip(want, post)):
         lp = raw.log_softmax(-1)
         lp_tok = lp.gather(1, rows).squeeze(1).tolist()
-        lp_top = lp.topk(n, dim=-1) if n else None
+        lp_top = _host(lp.topk(n, dim=-1)) if n else None
     if any(w and q for w, q in zip(want, post)):
         # a greedy row's distribution is all on its token (sampler._post)
         onehot = torch.zeros_like(probs).scatter_(1, rows, 1.0)
         g = torch.tensor(greedy, device=probs.device).unsqueeze(1)
         dist = torch.where(g, onehot, probs)
         pp_tok = dist.gather(1, rows).squeeze(1).tolist()
-        pp_top = dist.topk(n, dim=-1) if n else None
+        pp_top = _host(dist.topk(n, dim=-1)) if n else None
     out = []
     for i, (s, token) in enumerate(zip(samplers, tokens.tolist())):
         k = s.params.logprobs or 0
@@ -187,7 +187,13 @@ def _report(samplers: list[Sampler], raw: torch.Tensor, probs: torch.Tensor,
     return out
 
 
+def _host(top) -> tuple[list[list[int]], list[list[float]]]:
+    """A batch's top-n (ids, values) as lists: one copy off the device."""
+    return top.indices.tolist(), top.values.tolist()
+
+
 def _pairs(top, i: int, k: int) -> list[tuple[int, float]]:
     if top is None or not k:
         return []
-    return list(zip(top.indices[i, :k].tolist(), top.values[i, :k].tolist()))
+    ids, vals = top
+    return list(zip(ids[i][:k], vals[i][:k]))

@@ -41,7 +41,7 @@ def _asleep(client, timeout: float = 120.0) -> None:
     raise RuntimeError(f"the daemon did not fall asleep in {timeout} s")
 
 
-def _ask(client, prompt: str) -> tuple[dict, float]:
+def _ask(client, prompt: list[int]) -> tuple[dict, float]:
     t0 = time.perf_counter()
     status, out = client.request("POST", "/completion", {"prompt": prompt, "n_predict": 1,
                                                           "temperature": 0.0})
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         with d:
             client = d.start()
             for r in range(a.rounds):
-                words = " ".join(f"w{r}x{i}" for i in range(a.prompt_tokens // 3))
+                text = " ".join(f"Item {i} of round {r} is here." for i in range(a.prompt_tokens))
+                words = client.tokenize(text)[:a.prompt_tokens]    # ids: exactly that many
                 cold, cold_ms = _ask(client, words)
                 awake = _rss_mib(d.proc.pid)
                 _asleep(client)
