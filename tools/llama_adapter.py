@@ -72,6 +72,9 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         if a == "--metrics":
             metrics, i = True, i + 1
             continue
+        if a == "--n-predict" and int(argv[i + 1]) < 0:    # llama-server's -1: no limit
+            i += 2                                          # (ckptd's default: the context)
+            continue
         if a not in _MAP:
             raise ValueError(f"{a}: not a llama-server flag this adapter knows")
         flag, takes = _MAP[a]

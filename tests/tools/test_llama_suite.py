@@ -34,6 +34,7 @@ def test_adapter_maps_llama_server_flags():
     assert args[args.index("--cors-origins") + 1] == "*"
     with pytest.raises(ValueError, match="embeddings"):
         translate(["--embedding"], {})
+    assert "--max-tokens" not in translate(["--n-predict", "-1"], {})
     args = translate(["--sleep-idle-seconds", "1", "--backend_sampling"], {})
     assert args[args.index("--sleep-idle-seconds") + 1] == "1" and "--backend-sampling" in args
 
