@@ -6,6 +6,7 @@ answer. SmolLM2 (the embedded model) shows the point of sleeping: RSS drops."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -116,5 +117,24 @@ def test_sleeping_frees_smollm2s_memory(tmp_path):
         again = _complete(d, PROMPT, n_predict=4)
         assert again["content"] == first["content"] and again["timings"]["cache_n"] > 0
         _wait_asleep(d)                               # SIGTERM while asleep: a clean exit
+    finally:
+        assert d.stop() == 0, d.output()
+
+
+def test_a_failed_wake_up_is_a_503_and_the_daemon_stays(tiny_hybrid_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_hybrid_dir, model)
+    d = start(model, tmp_path / "cache", "--max-context", "256", "--parallel", "1",
+              "--sleep-idle-seconds", "1")
+    try:
+        first = _complete(d, PROMPT)
+        _wait_asleep(d)
+        weights = next(model.glob("*.safetensors"))
+        weights.rename(tmp_path / "away")            # the model can't load now
+        r = d.post("/completion", {"prompt": PROMPT, "n_predict": 8})
+        assert r.status == 503 and "failed to load after sleeping" in r.text, r.text
+        assert d.get("/health").status == 200 and _sleeping(d)
+        (tmp_path / "away").rename(weights)          # back: the next request wakes it
+        assert _complete(d, PROMPT)["content"] == first["content"]
     finally:
         assert d.stop() == 0, d.output()
