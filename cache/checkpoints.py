@@ -102,7 +102,7 @@ class Checkpointer:
                 snap.conv, snap.ssm = io.read_recurrent(seq.slot)
         rec.stored_blocks = max(first, n_full)
         if logits is not None:
-            snap.logits = logits.detach().float().clone()
+            snap.logits = logits.detach().float().to("cpu", copy=True)   # kept on the host
         self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
                                        snap, role))
 

@@ -98,6 +98,8 @@ class ServeConfig:
     verbose: bool = False                  # answers carry llama-server's __verbose
     lora: tuple = ()                       # daemon/lora.py: LoraFile per --lora(-scaled)
     lora_init_without_apply: bool = False  # the adapters' scales start at 0
+    backend_sampling: bool = False         # requests sample on the model's device by default
+    sleep_idle_seconds: float | None = None   # idle this long: free the model; None: never
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -133,6 +135,11 @@ class ServeConfig:
         if (self.request_timeout is not None and self.request_timeout <= 0) \
                 or self.drain_timeout < 0:
             raise ValueError("request_timeout must be positive and drain_timeout >= 0")
+        idle = self.sleep_idle_seconds
+        if idle is not None:           # llama-server's -1: never sleep
+            if not (idle == -1 or 0 < idle < float("inf")):
+                raise ValueError(f"sleep_idle_seconds must be positive (or -1: never), got {idle}")
+            object.__setattr__(self, "sleep_idle_seconds", None if idle == -1 else idle)
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
                              f"got {self.log_format!r}")
@@ -290,6 +297,12 @@ SETTINGS: dict[str, tuple] = {
                     "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
     "verbose": ("flag", "answers carry llama-server's __verbose object (the prompt text, "
                         "settings, timings); a request's \"verbose\" field asks for it too"),
+    "backend_sampling": ("flag", "sample on the model's device (temperature, top-k, top-p, "
+                                 "min-p, logit bias); other chains sample on the host; a "
+                                 "request's \"backend_sampling\" field overrides it"),
+    "sleep_idle_seconds": (float, "after this many seconds without a task, free the model "
+                                  "(weights, KV pages) until the next request reloads it; "
+                                  "the host and disk cache tiers stay (default: never; -1: never)"),
 }
 
 

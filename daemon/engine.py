@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import torch
 
@@ -25,6 +24,7 @@ from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.work import RestoreInfo
 from ckptd.daemon.heap import Heap
+from ckptd.daemon.inprocess import InProcess
 from ckptd.daemon.progress import PrefillLog
 from ckptd.daemon.request import (
     EngineError,
@@ -36,16 +36,17 @@ from ckptd.daemon.request import (
     RequestTimeout,
 )
 from ckptd.daemon.scheduler import Batch, Scheduler
+from ckptd.daemon.sleep import Sleep
 from ckptd.daemon.slots import Slots
 from ckptd.model.runner import Runner
+from ckptd.model.sampling import backend
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
-from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.sequence import FinishReason, check_token_ids
 
 log = logging.getLogger("ckptd")
 
 
-class Engine:
+class Engine(InProcess):
     def __init__(self, runner: Runner, cache: CacheManager, tokenizer, max_running: int = 4,
                  queue_size: int = 64, step_tokens: int = 256,
                  check_invariants: bool = False) -> None:
@@ -63,6 +64,7 @@ class Engine:
         self.heap = Heap()                                # collects while idle (daemon/heap.py)
         self.progress = PrefillLog()                      # INFO lines for long prefills
         self.slots = Slots()            # the last sequence of each slot: what /slots saves
+        self.sleep: Sleep | None = None   # --sleep-idle-seconds (daemon/sleep.py)
         self.worker: threading.Thread | None = None      # the thread in run()
         self.done = threading.Event()                    # set when run() returns
 
@@ -70,6 +72,8 @@ class Engine:
     def submit(self, req: Request) -> None:
         """Queue a request (on the caller's thread: the id check stays off the loop's)."""
         check_token_ids(req.tokens, self.runner.vocab_size)
+        if self.sleep is not None:
+            self.sleep.touch()
         try:
             self.scheduler.submit(req)
         except QueueFull:                               # the caller answers 503
@@ -96,17 +100,25 @@ class Engine:
         work = [(w.seq, w.n) for w in batch.work if w.n]
         if not work:
             self._preempt(batch)
-        logits = self.runner.step(work) if work else None
+        logits = None
+        if work:           # backend sampling wants the logits where the model ran
+            on_device = any(self._on_device(live) for live, w in zip(batch.lives, batch.work)
+                            if w.n)
+            logits = self.runner.step(work, on_device=True) if on_device else \
+                self.runner.step(work)
         if work:
             self.counters["model_calls"] += 1
             self.counters["busy_in_calls"] += len(work)
         self.cache.after_step(batch.work, logits)
         self._postprocess(batch, logits, admitted)
         self.progress.update(self.scheduler.running)
+        if batch and self.sleep is not None:
+            self.sleep.touch()        # idle from the step's end (a long step is no idle time)
         return bool(batch)
 
     def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float) -> None:
         row, now = 0, time.perf_counter()
+        draws: list[tuple[Live, torch.Tensor]] = []      # sampled together, below
         for live, w in zip(batch.lives, batch.work):
             out = None
             if w.n:
@@ -121,13 +133,35 @@ class Engine:
             if w.error is not None:
                 self._finish(live, FinishReason.ERROR, w.error)
             elif live.t_decode:
-                self._sample(live, out)
+                draws.append((live, out))
             elif w.new and w.restored.logits is not None:   # an exact repeat
                 self._prompt_done(live, now)
-                self._sample(live, w.restored.logits)
+                draws.append((live, w.restored.logits))
             elif w.n and live.seq.num_computed == len(live.seq.tokens):
                 self._prompt_done(live, now)
-                self._sample(live, out)
+                draws.append((live, out))
+        self._draw(draws)
+
+    def _on_device(self, live: Live) -> bool:
+        """Backend sampling: asked for, and the request's chain runs there (backend.py)."""
+        dec = live.dec
+        if dec is None:              # not started yet: known once Decoding exists
+            return live.req.params.backend_sampling
+        return live.req.params.backend_sampling and backend.supports(dec.sampler)
+
+    def _draw(self, draws: list[tuple[Live, torch.Tensor]]) -> None:
+        """Sample each row: the backend's rows in one batch on the model's device, the
+        others one by one on the host (llama.cpp falls back the same way)."""
+        dev = [(live, x) for live, x in draws if self._on_device(live)]
+        if dev:
+            device = self.runner.device
+            rows = torch.stack([x.to(device) for _, x in dev])
+            for (live, _), s in zip(dev, backend.sample([live.dec.sampler for live, _ in dev],
+                                                        rows)):
+                self._emit(live, live.dec.take(s))
+        for live, x in draws:
+            if not self._on_device(live):
+                self._emit(live, live.dec.accept(x.cpu()))
 
     def _preempt(self, batch: Batch) -> None:
         """Nothing could run this step: the KV pages are all held. The newest running
@@ -175,8 +209,7 @@ class Engine:
         self.observations.append(("prefill", st.prompt_ms / 1000))
         live.t_decode = t
 
-    def _sample(self, live: Live, logits: torch.Tensor) -> None:
-        ev: TokenEvent = live.dec.accept(logits)
+    def _emit(self, live: Live, ev: TokenEvent) -> None:
         st = live.req.stats
         st.predicted_n += 1
         if live.t_decode:             # so far: what timings_per_token streams report
@@ -223,73 +256,6 @@ class Engine:
         self.heap.worked()
         live.req.emit(Finished(reason, st, error))
 
-    # ---- in process: ckptd generate, tests, tools ----------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 arrivals: list[int] | None = None, salt: str | None = None,
-                 use_cache: bool = True) -> list[list[TokenEvent]]:
-        """Generate for several prompts, stepping on this thread. Prompt i joins at step
-        arrivals[i] (default: all at once). Returns each prompt's events."""
-        n = len(prompts)
-        plist = [params] * n if isinstance(params, SamplingParams) else list(params)
-        arrivals = [0] * n if arrivals is None else list(arrivals)
-        if len(plist) != n or len(arrivals) != n:
-            raise ValueError(f"{n} prompts need as many params and arrivals, got "
-                             f"{len(plist)} and {len(arrivals)}")
-        if any(a < 0 for a in arrivals):
-            raise ValueError("arrivals must be >= 0")
-        if any(not p for p in prompts):
-            raise ValueError("prompt is empty")
-        events: list[list[TokenEvent]] = [[] for _ in prompts]
-        ended: list[Finished | None] = [None] * n
-        order = sorted(range(n), key=lambda i: arrivals[i])
-        running: set[int] = set()
-        it = 0
-        while order or running:
-            while order and arrivals[order[0]] <= it:
-                i = order.pop(0)
-                if plist[i].max_tokens > 0:
-                    self.submit(Request(list(prompts[i]), plist[i], _collect(events[i], ended, i),
-                                        salt=salt, use_cache=use_cache))
-                    running.add(i)
-            if not running:
-                it = arrivals[order[0]]
-                continue
-            self.step()
-            running = {i for i in running if ended[i] is None}
-            it += 1
-        failed = [f for f in ended if f is not None and f.reason == FinishReason.ERROR]
-        if failed:
-            raise EngineError(failed[0].message)
-        return events
-
-    def stream(self, prompt: list[int], params: SamplingParams,
-               on_prefill: Callable[[int, int], None] | None = None) -> Iterator[TokenEvent]:
-        """One prompt's events as they are generated, stepping on this thread.
-        on_prefill(done, total): after each step while the prompt is computed."""
-        if not prompt:
-            raise ValueError("prompt is empty")
-        if params.max_tokens <= 0:
-            return
-        events: list[TokenEvent] = []
-        ended: list[Finished | None] = [None]
-        req = Request(list(prompt), params, _collect(events, ended, 0))
-        self.submit(req)
-        try:
-            while ended[0] is None:
-                self.step()
-                if on_prefill is not None and not events:
-                    live = next((x for x in self.scheduler.running if x.req is req), None)
-                    if live is not None:
-                        on_prefill(live.seq.num_computed, len(prompt))
-                yield from events
-                events.clear()
-        finally:
-            if ended[0] is None:
-                req.cancelled = True
-                self.step()
-        if ended[0].reason == FinishReason.ERROR:
-            raise EngineError(ended[0].message)
-
     # ---- the worker thread -----------------------------------------------------------
     def start(self) -> None:
         """Run the loop on a thread of its own (again, after a stop)."""
@@ -326,9 +292,13 @@ class Engine:
                 idle = not sched.waiting and not sched.running
                 if idle and sched.stopping:
                     return
-                if idle and not unsettled and not self.heap.due():
+                rest = idle and not unsettled and not self.heap.due()
+                if rest and not (self.sleep is not None and self.sleep.due()):
                     sched.cond.wait(0.1)
                     continue
+            if rest:                          # idle long enough: free the model
+                self._sleep()
+                continue
             if idle:                          # outside the lock: submit() is not held up
                 self.cache.settle()           # checkpoints captured by the last steps
                 if unsettled:
@@ -345,6 +315,29 @@ class Engine:
                 for live in list(sched.running):
                     self._finish(live, FinishReason.ERROR,
                                  EngineError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _sleep(self) -> None:
+        """Free the model until a request comes or a wake-up is asked for. The captured
+        checkpoints are stored first and the device's prefix pages forgotten: the store
+        holds what they held."""
+        self.cache.settle()
+        self.cache.device.evict_cached()
+        for req in self.sleep.doze(self.scheduler):      # the model did not load again
+            self.counters["errors"] += 1
+            req.emit(Finished(FinishReason.ERROR, req.stats, EngineError(
+                f"the model failed to load after sleeping: {self.sleep.error}")))
+
+    def wake(self, timeout: float | None = None) -> None:
+        """(Any thread.) Load the model if it sleeps, and wait for it; WakeFailed."""
+        if self.sleep is not None:
+            def notify() -> None:
+                with self.scheduler.cond:
+                    self.scheduler.cond.notify_all()
+            self.sleep.wake(notify, timeout)
+
+    @property
+    def sleeping(self) -> bool:
+        return self.sleep is not None and self.sleep.sleeping
 
     def _check(self) -> None:
         """With check_invariants, the cache's invariants whenever the loop is idle."""
@@ -364,12 +357,3 @@ def local_engine(model, tokenizer, num_pages: int, block_size: int = 16,
     runner = Runner(model, num_pages, max_running, block_size, graphs=graphs)
     cache = CacheManager(runner, runner.spec, num_pages, model.fingerprint)
     return Engine(runner, cache, tokenizer, max_running=max_running)
-
-
-def _collect(events: list, ended: list, i: int) -> Callable[[object], None]:
-    def emit(ev: object) -> None:
-        if isinstance(ev, Finished):
-            ended[i] = ev
-        else:
-            events.append(ev)
-    return emit

@@ -61,11 +61,61 @@ class Histogram:
         return out
 
 
+def _totals(c: dict) -> tuple[float, float, float, float]:
+    """What llama-server's throughput gauges divide: prompt tokens computed and their
+    ms, tokens generated and their ms."""
+    return (c["prompt_tokens"] - c["cached_tokens"], c["prompt_ms"], c["generated_tokens"],
+            c["predicted_ms"])
+
+
 class Metrics:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.http: dict[tuple[str, str, int], int] = {}
         self.hist = {name: Histogram() for name in HISTOGRAMS}
+        # llama-server's throughput gauges average the window between two scrapes: the
+        # totals at the last scrape (a scrape resets the window)
+        self.base = (0.0, 0.0, 0.0, 0.0)
+        self.last: tuple[tuple, str] | None = None   # (engine figures, text) of the last
+        self.asleep: list | None = None              # [texts to serve, totals at sleep]
+
+    def rates(self, c: dict, reset: bool) -> tuple[float, float]:
+        """(prompt, generation) tokens per second over the window since the last scrape."""
+        now = _totals(c)
+        dn, dms, gn, gms = (a - b for a, b in zip(now, self.base))
+        if reset:
+            self.base = now
+        return (dn / dms * 1000 if dms > 0 else 0.0, gn / gms * 1000 if gms > 0 else 0.0)
+
+    # ---- sleeping (daemon/sleep.py): llama-server answers from a snapshot ----------------
+    def enter_sleep(self, engine, cache_stats: dict | None, state: str) -> None:
+        """The texts /metrics serves while the daemon sleeps: first the window the last
+        scrape left (its throughput), then the same with an empty window. When the engine
+        did nothing since the last scrape and reported an empty window itself, that
+        scrape's text stays what a scraper reads."""
+        c = dict(engine.counters)
+        rates = self.rates(c, reset=False)
+        first = None
+        if self.last is not None and self.last[0] == _figures(engine, rates):
+            first = self.last[1]
+        first = first or self.render(engine, cache_stats, state, rates=rates)
+        rest = self.render(engine, cache_stats, state, rates=(0.0, 0.0))
+        self.asleep = [[first, rest], _totals(c)]
+
+    def asleep_text(self) -> str | None:
+        """The snapshot's next text while asleep (None when awake); once the first is
+        served, the window it reported is over (as a scrape ends one)."""
+        snap = self.asleep
+        if snap is None:
+            return None
+        texts, totals = snap
+        if len(texts) > 1:
+            self.base = totals
+            return texts.pop(0)
+        return texts[0]
+
+    def leave_sleep(self) -> None:
+        self.asleep = None
 
     def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
         with self.lock:
@@ -85,7 +135,9 @@ class Metrics:
                     self.hist[name].observe(seconds)
 
     def render(self, engine=None, cache_stats: dict | None = None, state: str = "",
-               inflight: int = 0) -> str:
+               inflight: int = 0, rates: tuple[float, float] | None = None) -> str:
+        """The exposition. rates: the throughput gauges to report; None: this scrape's
+        window, which it then ends."""
         out: list[str] = []
         put = _Writer(out)
         put.gauge("ckptd_up", "1 once the model is loaded and the daemon serves",
@@ -110,7 +162,10 @@ class Metrics:
                       [("", load["running"])])
             put.gauge("ckptd_requests_waiting", "Requests waiting for a sequence",
                       [("", load["waiting"])])
-            _llamacpp_lines(put, counters, load)
+            scrape = rates is None
+            if scrape:
+                rates = self.rates(counters, reset=True)
+            _llamacpp_lines(put, counters, load, rates)
         with self.lock:
             for name, help_text in HISTOGRAMS.items():
                 out.append(f"# HELP ckptd_{name}_seconds {help_text}")
@@ -120,10 +175,19 @@ class Metrics:
             _cache_lines(put, cache_stats)
             if cache_stats.get("remote"):
                 _remote_lines(put, out, cache_stats["remote"])
-        return "\n".join(out) + "\n"
+        text = "\n".join(out) + "\n"
+        if engine is not None and scrape:
+            self.last = (_figures(engine, rates), text)
+        return text
 
 
-def _llamacpp_lines(put: _Writer, c: dict, load: dict) -> None:
+def _figures(engine, rates: tuple[float, float]) -> tuple:
+    """What the engine reports in a scrape (to tell whether it changed)."""
+    return (tuple(sorted(engine.counters.items())), tuple(sorted(engine.cached_by_tier.items())),
+            tuple(sorted(engine.load.items())), rates)
+
+
+def _llamacpp_lines(put: _Writer, c: dict, load: dict, rates: tuple[float, float]) -> None:
     """llama-server's series, same names and meanings, for dashboards built for it."""
     computed = c["prompt_tokens"] - c["cached_tokens"]
     prompt_s, predicted_s = c["prompt_ms"] / 1000, c["predicted_ms"] / 1000
@@ -144,10 +208,10 @@ def _llamacpp_lines(put: _Writer, c: dict, load: dict) -> None:
             ("spec_decode_num_drafts_total", "Number of speculative drafts.", 0)):
         put.counter(f"llamacpp:{name}", help_text, [("", v)])
     for name, help_text, v in (
-            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-             computed / prompt_s if prompt_s else 0.0),
+            # over the window since the last scrape, as llama-server's
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", rates[0]),
             ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-             c["generated_tokens"] / predicted_s if predicted_s else 0.0),
+             rates[1]),
             ("requests_processing", "Number of requests processing.", load["running"]),
             ("requests_deferred", "Number of requests deferred.", load["waiting"]),
             ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() "

@@ -21,8 +21,10 @@ from ckptd.daemon import memory
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
 from ckptd.daemon.lora import Adapters
+from ckptd.daemon.sleep import Sleep
+from ckptd.model.config import ModelConfig
 from ckptd.model.loader import load
-from ckptd.model.placement import resolve
+from ckptd.model.placement import Placement, resolve
 from ckptd.model.runner import Runner
 from ckptd.model.text.tokenizer import Tokenizer
 
@@ -36,7 +38,8 @@ CHECK_FAILED_EXIT = 70
 
 @dataclass(frozen=True)
 class Runtime:
-    model: torch.nn.Module
+    config: ModelConfig            # the model's, kept while it sleeps (daemon/sleep.py)
+    fingerprint: str
     tokenizer: Tokenizer
     runner: Runner
     store: CacheStore
@@ -44,6 +47,9 @@ class Runtime:
     engine: Engine
     max_context: int               # tokens per sequence, prompt and answer
     kv_tokens: int                 # tokens the KV pool holds, all sequences together
+    source: Path                   # what a wake-up loads again, and how
+    where: Placement
+    weights: str
     adapters: Adapters = field(default_factory=lambda: Adapters([], []))   # LoRA
 
     @classmethod
@@ -76,6 +82,10 @@ class Runtime:
         engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
                         step_tokens=cfg.step_tokens,
                         check_invariants=os.environ.get(CHECK_ENV) == "1")
+        rt = cls(model.config, model.fingerprint, tok, runner, store, cache, engine,
+                 max_context, sizes.kv_pages * B, path, where, cfg.weights, adapters)
+        if cfg.sleep_idle_seconds is not None:
+            engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
         engine.heap.freeze()           # the loaded objects leave the collector's walks
         log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
                  "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
@@ -83,13 +93,34 @@ class Runtime:
                  len(model.config.layer_types), B,
                  sizes.source, sizes.kv_pages * B, sizes.host_bytes / 2**20, max_context,
                  cfg.parallel, torch.get_num_threads())
-        return cls(model, tok, runner, store, cache, engine, max_context, sizes.kv_pages * B,
-                   adapters)
+        return rt
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The loaded model; None while the daemon sleeps."""
+        return self.runner.model
 
     @property
     def vocab_size(self) -> int:
         """Valid token ids are those the model embeds (the tokenizer may name fewer)."""
-        return self.model.config.vocab_size
+        return self.config.vocab_size
+
+    def unload(self) -> None:
+        """Sleeping (the engine's thread, idle): the weights, KV pool and graphs go."""
+        self.runner.release()
+
+    def reload(self) -> None:
+        """Waking up: the same weights again (the store's entries are theirs: a file
+        that changed meanwhile is refused, not served with the old cache)."""
+        model, _ = load(self.source, self.where.dtype, self.where.device, weights=self.weights)
+        if model.fingerprint != self.fingerprint:
+            raise ValueError(f"{self.source} changed while the daemon slept (weights "
+                             f"fingerprint {model.fingerprint[:12]}, cached state is for "
+                             f"{self.fingerprint[:12]}): restart the daemon to serve it")
+        if len(self.adapters):      # read and checked at start-up; the same weights again
+            from ckptd.model.lora.apply import Lora
+            Lora(self.adapters.adapters).attach(model)
+        self.runner.reload(model)
 
     def close(self) -> None:
         """Cancel what still runs, then store what the cache captured, flush and close."""

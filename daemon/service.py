@@ -8,6 +8,7 @@ text, chat messages and named contexts into tokens the same way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
 from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
 from ckptd.daemon.runtime import Runtime
+from ckptd.daemon.sleep import WakeFailed
 from ckptd.model.default import default_model_path
 from ckptd.model.sampling.dry import DEFAULT_BREAKERS, BreakerTable
 from ckptd.model.sampling.grammar import GrammarError, Grammars
@@ -81,6 +83,11 @@ class Service:
                                          tok.encode, cfg.verbose, breakers, len(rt.adapters))
         self.parse_llama = ParseContext(rt.vocab_size, LLAMA.with_server(cfg),
                                         tok.encode, cfg.verbose, breakers, len(rt.adapters))
+        if rt.engine.sleep is not None and cfg.metrics:
+            metrics, stats = self.metrics, rt.store.stats
+            rt.engine.sleep.on_enter.append(
+                lambda: metrics.enter_sleep(rt.engine, stats(), self.state))
+            rt.engine.sleep.on_leave.append(metrics.leave_sleep)
         self.rt = rt
         if start:
             self.rt.engine.start()
@@ -90,6 +97,25 @@ class Service:
         """Cancel what still runs, then flush and close the store (blocking)."""
         if self.rt is not None:
             self.rt.close()
+
+    @property
+    def sleeping(self) -> bool:
+        return self.rt is not None and self.rt.engine.sleeping
+
+    async def wake(self) -> None:
+        """Load the model if the daemon sleeps (--sleep-idle-seconds), and wait for it;
+        503 when that fails. Any request that needs the model counts as a task."""
+        sleep = self.rt.engine.sleep if self.rt is not None and self.state == READY else None
+        if sleep is None:
+            return
+        sleep.touch()
+        if not sleep.sleeping:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.rt.engine.wake)
+        except WakeFailed as e:
+            raise ApiError(503, f"the model failed to load after sleeping: {e}", None,
+                           "load_failed") from None
 
     # ---- checks ----------------------------------------------------------------------
     def unavailable(self) -> ApiError | None:
@@ -111,7 +137,7 @@ class Service:
     def system_fingerprint(self) -> str:
         """The build and the weights answering, as OpenAI's system_fingerprint ("b..."
         like llama-server's build tag)."""
-        return f"b{VERSION}-{self.rt.model.fingerprint[:12]}"
+        return f"b{VERSION}-{self.rt.fingerprint[:12]}"
 
     def check_model(self, name: str | None) -> None:
         """One model is served: any name reaches it (OpenAI client code sends a fixed

@@ -38,26 +38,45 @@ class Runner:
         self.device = torch.device(device) if device is not None else model.device
         if graphs is None:
             graphs = self.device.type == "cuda"
+        self._sizes = (num_pages, num_slots, max_seq_pages or max(num_pages, 1), graphs)
+        self.vocab_size = model.config.vocab_size
+        self.slots = SlotPool(num_slots)
+        self.transfers = Transfers(self.device)
+        self._build()
+
+    def _build(self) -> None:
+        num_pages, num_slots, max_seq_pages, graphs = self._sizes
         # graphs: one page and one slot more, which no sequence gets: padded rows' own
         spare = 1 if graphs else 0
         self.state = DeviceState(self.spec, num_pages + spare, num_slots + spare, self.device)
-        self.slots = SlotPool(num_slots)
-        self.transfers = Transfers(self.device)
         self.graphs = None
         if graphs:
-            self.graphs = DecodeGraphs(model, self.state, block_size, num_slots,
-                                       max_seq_pages or max(num_pages, 1), num_pages, num_slots,
+            self.graphs = DecodeGraphs(self.model, self.state, self.block_size, num_slots,
+                                       max_seq_pages, num_pages, num_slots,
                                        capture=self.device.type == "cuda")
 
-    @property
-    def vocab_size(self) -> int:
-        return self.model.config.vocab_size
+    def release(self) -> None:
+        """Let go of the model, the state tensors and the graphs (the daemon sleeps: no
+        sequence is live, the cache forgot its device pages)."""
+        if self.slots.in_use():
+            raise RuntimeError("release() with live sequences")
+        self.model = self.state = self.graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
-    def step(self, work: list[tuple[Sequence, int]]) -> torch.Tensor:
+    def reload(self, model) -> None:
+        """Take the model again after release(): the same state layout, fresh tensors."""
+        spec = model.state_spec(self.block_size)
+        if spec != self.spec or model.config.vocab_size != self.vocab_size:
+            raise ValueError("the reloaded model's state layout differs from the one released")
+        self.model = model
+        self._build()
+
+    def step(self, work: list[tuple[Sequence, int]], on_device: bool = False) -> torch.Tensor:
         """Compute the next n tokens of each (sequence, n) in one model call.
 
         Returns float32 logits [len(work), vocab] of each sequence's last computed token,
-        on the CPU.
+        on the CPU, or where the model ran with on_device (backend sampling).
         """
         if not work:
             raise ValueError("step needs at least one (sequence, n_tokens)")
@@ -97,7 +116,8 @@ class Runner:
             logits = self.model(batch, self.state)
         # the step's one wait for the device: its logits, for sampling on the host (a
         # copy: a graph's output buffer is overwritten by its next replay)
-        logits = logits.to("cpu", copy=self.graphs is not None)
+        where = self.device if on_device else "cpu"
+        logits = logits.to(where, copy=self.graphs is not None)
         for seq, n in work:
             seq.num_computed += n
         return logits

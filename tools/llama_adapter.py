@@ -37,6 +37,9 @@ _MAP = {
     "--no-ui": (None, False), "--verbose": ("--verbose", False),
     "--no-cache-idle-slots": (None, False),
     "--lora-init-without-apply": ("--lora-init-without-apply", False),
+    "--sleep-idle-seconds": ("--sleep-idle-seconds", True),
+    "--backend_sampling": ("--backend-sampling", False),
+    "--backend-sampling": ("--backend-sampling", False),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
@@ -47,7 +50,7 @@ UNSUPPORTED = {
     "--no-models-autoload": "router mode",
     "--models-preset": "router mode", "--tools": "tool/MCP proxying",
     "--mcp-servers-config": "tool/MCP proxying", "--mcp-servers-json": "tool/MCP proxying",
-    "--ui-mcp-proxy": "tool/MCP proxying", "--sleep-idle-seconds": "sleeping",
+    "--ui-mcp-proxy": "tool/MCP proxying",
     "--grp-attn-n": "context shift", "--grp-attn-w": "context shift",
 }
 
@@ -77,6 +80,9 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
                 raise ValueError("--lora: the suite's adapter is for its own test model; set "
                                  "CKPTD_SUITE_LORA to one for ckptd's (ckptd make-lora)")
             out, i = out + ["--lora", env["CKPTD_SUITE_LORA"]], i + 2
+            continue
+        if a == "--n-predict" and int(argv[i + 1]) < 0:    # llama-server's -1: no limit
+            i += 2                                          # (ckptd's default: the context)
             continue
         if a not in _MAP:
             raise ValueError(f"{a}: not a llama-server flag this adapter knows")

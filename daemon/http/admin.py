@@ -32,8 +32,12 @@ async def metrics(request: web.Request) -> web.Response:
     if not svc.cfg.metrics:
         raise not_supported("the /metrics endpoint (this server runs with --no-metrics)")
     ready_ = svc.state == READY
-    stats = await blocking(svc.rt.store.stats) if ready_ else None
-    text = svc.metrics.render(svc.rt.engine if ready_ else None, stats, svc.state, svc.inflight)
+    # asleep: the snapshot taken on falling asleep, as llama-server answers
+    text = svc.metrics.asleep_text() if svc.sleeping else None
+    if text is None:
+        stats = await blocking(svc.rt.store.stats) if ready_ else None
+        text = svc.metrics.render(svc.rt.engine if ready_ else None, stats, svc.state,
+                                  svc.inflight)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff",
                                  "Process-Start-Time-Unix": str(int(svc.started))})

@@ -21,7 +21,7 @@ from ckptd.daemon.http import (
 )
 from ckptd.daemon.http.common import SERVICE
 from ckptd.daemon.http.errors import not_supported
-from ckptd.daemon.http.middleware import api_key, cors, cors_headers, errors, observe
+from ckptd.daemon.http.middleware import api_key, cors, cors_headers, errors, observe, wake
 from ckptd.daemon.http.unsupported import UNSUPPORTED
 from ckptd.daemon.service import Service
 
@@ -34,7 +34,7 @@ def _unsupported(what: str):
 
 def build_app(svc: Service, env: Mapping[str, str] = os.environ) -> web.Application:
     app = web.Application(client_max_size=svc.cfg.max_body,
-                          middlewares=[observe, errors, cors, api_key])
+                          middlewares=[observe, errors, cors, api_key, wake])
     app[SERVICE] = svc
     app.on_response_prepare.append(cors_headers)
     r = app.router

@@ -35,6 +35,7 @@ def generation_settings(svc: Service, p: SamplingParams, prefill_only: bool = Fa
             "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
             "stop": list(p.stop), "ignore_eos": p.ignore_eos, "n_probs": p.logprobs or 0,
             "post_sampling_probs": p.post_sampling_probs,
+            "backend_sampling": p.backend_sampling,
             "grammar": p.grammar.constraint.source if p.grammar else "",
             "logit_bias": [{"token": t, "bias": None if b == float("-inf") else b}
                            for t, b in bias.items()],
@@ -258,4 +259,4 @@ async def props(request: web.Request) -> web.Response:
         "model_path": str(svc.path), "chat_template": tok.chat_template or "",
         "bos_token": tok.bos_token or "", "eos_token": tok.eos_token or "",
         "modalities": {"vision": False, "audio": False},
-        "build_info": svc.system_fingerprint, "is_sleeping": False})
+        "build_info": svc.system_fingerprint, "is_sleeping": svc.sleeping})

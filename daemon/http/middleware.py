@@ -1,4 +1,5 @@
-"""Request middlewares: access log + metrics (outermost), JSON errors, CORS, API key."""
+"""Request middlewares: access log + metrics (outermost), JSON errors, CORS, API key,
+waking a sleeping daemon (innermost)."""
 
 from __future__ import annotations
 
@@ -112,4 +113,28 @@ async def cors_headers(request: web.Request, response: web.StreamResponse) -> No
 @web.middleware
 async def api_key(request: web.Request, handler) -> web.StreamResponse:
     auth.check(request, request.app[SERVICE].cfg)
+    return await handler(request)
+
+
+# Reads that answer while the daemon sleeps without waking it (llama-server's: health,
+# metrics, props, models; also slots, whose view needs no model, and the cache admin
+# routes, which read and change only the store).
+_AWAKE_NOT_NEEDED = ("/health", "/v1/health", "/metrics", "/props", "/models", "/v1/models",
+                     "/slots", "/openapi.json")
+
+
+def wakes(method: str, path: str) -> bool:
+    """Whether a request needs the model (a sleeping daemon loads it first)."""
+    if path.startswith("/cache/"):
+        return False
+    return not (method in ("GET", "HEAD", "OPTIONS") and path in _AWAKE_NOT_NEEDED)
+
+
+@web.middleware
+async def wake(request: web.Request, handler) -> web.StreamResponse:
+    """A request that needs the model waits for it to load when the daemon sleeps
+    (daemon/sleep.py); it also counts as a task for the idle clock."""
+    svc = request.app[SERVICE]
+    if wakes(request.method, request.path):
+        await svc.wake()
     return await handler(request)

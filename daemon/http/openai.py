@@ -220,9 +220,8 @@ async def models(request: web.Request) -> web.Response:
     entry = {"id": svc.model_id, "object": "model", "created": int(svc.started),
              "owned_by": "ckptd", "aliases": svc.aliases, "tags": svc.cfg.tag_list}
     if svc.rt is not None:
-        model = svc.rt.model
-        cfg = model.config
+        cfg = svc.rt.config            # kept while the model sleeps
         entry["meta"] = {"arch": cfg.arch, "n_vocab": cfg.vocab_size, "n_ctx": svc.max_context,
                          "n_ctx_train": cfg.max_position_embeddings,
-                         "n_layers": len(cfg.layer_types), "fingerprint": model.fingerprint}
+                         "n_layers": len(cfg.layer_types), "fingerprint": svc.rt.fingerprint}
     return json_response({"object": "list", "data": [entry]})

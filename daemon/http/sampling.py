@@ -28,6 +28,7 @@ class ApiDefaults:
     repetition_penalty: float = 1.0
     penalty_last_n: int | None = None
     seed: int | None = None
+    backend_sampling: bool = False  # sample on the model's device (--backend-sampling)
 
     def with_server(self, cfg) -> ApiDefaults:
         def pick(v, default):
@@ -35,7 +36,8 @@ class ApiDefaults:
         return ApiDefaults(pick(cfg.temp, self.temperature), pick(cfg.top_k, self.top_k),
                            pick(cfg.top_p, self.top_p), pick(cfg.min_p, self.min_p),
                            pick(cfg.repeat_penalty, self.repetition_penalty),
-                           pick(cfg.repeat_last_n, self.penalty_last_n), cfg.seed)
+                           pick(cfg.repeat_last_n, self.penalty_last_n), cfg.seed,
+                           cfg.backend_sampling)
 
 
 OPENAI = ApiDefaults(1.0, 0, 1.0, 0.0)
@@ -155,6 +157,7 @@ def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) ->
         ignore_eos=f.bool("ignore_eos"), logprobs=logprobs,
         logit_bias=logit_bias(f, ctx, allow_false=llama),
         post_sampling_probs=f.bool("post_sampling_probs"),
+        backend_sampling=f.bool("backend_sampling", d.backend_sampling),
         typical_p=f.float("typical_p", 1.0, 0.0, 1.0),
         top_n_sigma=f.float("top_n_sigma", -1.0, -1e9, 1e9),
         min_keep=f.int("min_keep", 0, 0, 1 << 20),

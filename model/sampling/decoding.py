@@ -61,7 +61,12 @@ class Decoding:
     def accept(self, logits) -> TokenEvent:
         """Sample the next token from logits [vocab] and apply the stop rules."""
         assert not self.finished, "accept after the sequence finished"
-        s = self.sampler(logits)
+        return self.take(self.sampler(logits))
+
+    def take(self, s: Sampled) -> TokenEvent:
+        """Apply the stop rules to a token this sequence's sampler chose (here, or batched
+        on the device: backend.py)."""
+        assert not self.finished, "take after the sequence finished"
         self.n += 1
         if s.token in self.stop_ids:
             return self._end(TokenEvent(s.token, self.stops.flush(), s, FinishReason.STOP))

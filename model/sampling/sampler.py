@@ -55,6 +55,7 @@ class SamplingParams:
     mirostat_tau: float = 5.0           # the target surprise, in bits
     mirostat_eta: float = 0.1           # how fast mu follows the surprise seen
     dry: DryParams | None = None        # DRY (dry.py), after the penalties; None: off
+    backend_sampling: bool = False      # sample on the model's device (backend.py) if it can
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.

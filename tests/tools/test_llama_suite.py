@@ -17,7 +17,8 @@ SUBSET = ["unit/test_basic.py::test_server_models",
           "unit/test_security.py::test_openai_library_correct_api_key",
           "unit/test_chat_completion.py::test_completion_with_grammar",
           "unit/test_metrics.py::test_metrics_disabled",
-          "unit/test_compat_anthropic.py::test_anthropic_messages_basic"]
+          "unit/test_compat_anthropic.py::test_anthropic_messages_basic",
+          "unit/test_sleep.py::test_server_sleep"]
 
 
 def test_exclusions_each_give_a_reason():
@@ -38,6 +39,9 @@ def test_adapter_maps_llama_server_flags():
     assert args[args.index("--lora") + 1] == "/a"
     with pytest.raises(ValueError, match="CKPTD_SUITE_LORA"):
         translate(["--lora", "x.gguf"], {})
+    assert "--max-tokens" not in translate(["--n-predict", "-1"], {})
+    args = translate(["--sleep-idle-seconds", "1", "--backend_sampling"], {})
+    assert args[args.index("--sleep-idle-seconds") + 1] == "1" and "--backend-sampling" in args
 
 
 def test_suite_environment_is_its_own(tmp_path):
