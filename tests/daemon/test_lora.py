@@ -199,3 +199,18 @@ def test_the_cache_salt_of_an_adapter_set():
     # the set decides, not the ids: the same files loaded in another order share entries
     swapped = Adapters([Adapter("b", {}, "22" * 16), Adapter("a", {}, "11" * 16)], [0, 1])
     assert swapped.salt(None, (0.0, 1.0)) == one
+
+
+def test_adapters_are_attached_again_after_a_sleep(tiny_hybrid_dir, adapter, tmp_path):
+    """A wake-up loads the weights again: the adapters must come back with them, or a
+    request at scale 1 would silently run the base model."""
+    from tests.daemon.test_sleep import _wait_asleep
+    d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS, "--lora", str(adapter),
+              "--sleep-idle-seconds", "1")
+    try:
+        ref = {s: _complete(d, s, cache=False)[0] for s in (0.0, 1.0)}
+        assert ref[0.0] != ref[1.0]
+        _wait_asleep(d)
+        assert {s: _complete(d, s, cache=False)[0] for s in (1.0, 0.0)} == ref
+    finally:
+        assert d.stop() == 0, d.output()
