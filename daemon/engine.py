@@ -37,6 +37,7 @@ from ckptd.daemon.request import (
 )
 from ckptd.daemon.scheduler import Batch, Scheduler
 from ckptd.daemon.slots import Slots
+from ckptd.daemon.speculation import Speculation
 from ckptd.model.runner import Runner
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
@@ -48,8 +49,10 @@ log = logging.getLogger("ckptd")
 class Engine:
     def __init__(self, runner: Runner, cache: CacheManager, tokenizer, max_running: int = 4,
                  queue_size: int = 64, step_tokens: int = 256,
-                 check_invariants: bool = False) -> None:
+                 check_invariants: bool = False, spec: Speculation | None = None) -> None:
+        """spec: speculative decoding with a draft model (daemon/speculation.py)."""
         self.runner, self.cache, self.tokenizer = runner, cache, tokenizer
+        self.spec = spec
         self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens)
         self.check_invariants = check_invariants
         self.broken: str | None = None      # a failed invariant check (check_invariants)
@@ -91,21 +94,28 @@ class Engine:
         """One step of the loop; False when there was nothing to do."""
         self._reap()
         batch = self.scheduler.schedule()
+        drafts = self.spec.propose(batch) if self.spec is not None else []
         self.cache.admit(batch.work)
         admitted = time.perf_counter()
+        if drafts:
+            drafts = self.spec.ready(drafts)
         work = [(w.seq, w.n) for w in batch.work if w.n]
         if not work:
             self._preempt(batch)
-        logits = self.runner.step(work) if work else None
+        logits, verified = None, {}
         if work:
+            logits, rows = self.runner.step_rows(work, frozenset(d.live.seq.id for d in drafts))
+            if drafts:              # back to the kept tokens before the cache sees them
+                verified = self.spec.verify(drafts, rows)
             self.counters["model_calls"] += 1
             self.counters["busy_in_calls"] += len(work)
         self.cache.after_step(batch.work, logits)
-        self._postprocess(batch, logits, admitted)
+        self._postprocess(batch, logits, admitted, verified)
         self.progress.update(self.scheduler.running)
         return bool(batch)
 
-    def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float) -> None:
+    def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float,
+                     verified: dict[int, list[TokenEvent]]) -> None:
         row, now = 0, time.perf_counter()
         for live, w in zip(batch.lives, batch.work):
             out = None
@@ -120,6 +130,9 @@ class Engine:
                 self._progress(live, now)
             if w.error is not None:
                 self._finish(live, FinishReason.ERROR, w.error)
+            elif live.seq.id in verified:          # a speculative step: several tokens
+                for ev in verified[live.seq.id]:
+                    self._deliver(live, ev)
             elif live.t_decode:
                 self._sample(live, out)
             elif w.new and w.restored.logits is not None:   # an exact repeat
@@ -176,7 +189,9 @@ class Engine:
         live.t_decode = t
 
     def _sample(self, live: Live, logits: torch.Tensor) -> None:
-        ev: TokenEvent = live.dec.accept(logits)
+        self._deliver(live, live.dec.accept(logits))
+
+    def _deliver(self, live: Live, ev: TokenEvent) -> None:
         st = live.req.stats
         st.predicted_n += 1
         if live.t_decode:             # so far: what timings_per_token streams report
@@ -212,6 +227,8 @@ class Engine:
                                                    len(live.seq.tokens))
         # the next turn resumes after this answer
         self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
+        if self.spec is not None:
+            self.spec.release(live.seq.id)
         if reason != FinishReason.ERROR and live.seq.num_computed:
             seq = live.seq
             self.slots.remember(live.slot, seq.tokens[:seq.num_computed], seq.salt)

@@ -58,10 +58,11 @@ class Decoding:
         self.n = 0
         self.finished = False
 
-    def accept(self, logits) -> TokenEvent:
-        """Sample the next token from logits [vocab] and apply the stop rules."""
+    def accept(self, logits, forced: int | None = None) -> TokenEvent:
+        """Sample the next token from logits [vocab] and apply the stop rules (forced:
+        Sampler's, for synthetic speculative acceptance)."""
         assert not self.finished, "accept after the sequence finished"
-        s = self.sampler(logits)
+        s = self.sampler(logits, forced)
         self.n += 1
         if s.token in self.stop_ids:
             return self._end(TokenEvent(s.token, self.stops.flush(), s, FinishReason.STOP))
