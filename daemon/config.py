@@ -17,6 +17,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ckptd.model.placement import DTYPE_NAMES, check_names
+from ckptd.model.speculative.params import (
+    DEFAULT_LIMITS,
+    DraftLimits,
+    parse_rates,
+    parse_types,
+    synth_rates,
+)
 
 LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -95,6 +102,28 @@ class ServeConfig:
     cors_credentials: bool = False         # preflights allow credentials (cookies)
     remote: str | None = None              # s3://bucket/prefix: the shared remote tier
     verbose: bool = False                  # answers carry llama-server's __verbose
+    # Speculative decoding (llama-server's flags; model/speculative/params.py)
+    model_draft: str | None = None         # the draft model: the model's vocabulary
+    spec_type: str | None = None           # none or draft-simple (with model_draft: that)
+    spec_draft_n_max: int = DEFAULT_LIMITS.n_max
+    spec_draft_n_min: int = DEFAULT_LIMITS.n_min
+    spec_draft_p_min: float = DEFAULT_LIMITS.p_min
+    spec_synth_len: float | None = None    # synthetic acceptance (benchmarking only)
+    spec_synth_rates: str | None = None
+
+    @property
+    def drafting(self) -> bool:
+        """Whether a draft model proposes tokens."""
+        on = True if self.spec_type is None else parse_types(self.spec_type)
+        return self.model_draft is not None and on
+
+    def draft_limits(self) -> DraftLimits:
+        return DraftLimits(self.spec_draft_n_max, self.spec_draft_n_min, self.spec_draft_p_min)
+
+    def synth(self) -> tuple[float, ...]:
+        """The synthetic acceptance rates asked for (checked), or ()."""
+        rates = parse_rates(self.spec_synth_rates) if self.spec_synth_rates else None
+        return synth_rates(self.spec_synth_len, rates, self.spec_draft_n_max)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -161,6 +190,18 @@ class ServeConfig:
             raise ValueError(f"slot_save_path: no such folder: {self.slot_save_path}")
         if self.cors_origins is not None and not self.cors_origins.strip():
             raise ValueError("cors_origins must not be empty")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.model_draft is not None and not Path(self.model_draft).exists():
+            raise ValueError(f"model_draft: no such file or folder: {self.model_draft}")
+        if self.spec_type is not None and parse_types(self.spec_type) \
+                and self.model_draft is None:
+            raise ValueError("--spec-type draft-simple needs --model-draft")
+        self.draft_limits()
+        if self.synth() and not self.drafting:
+            raise ValueError("synthetic acceptance (--spec-synth-len/-rates) needs a draft "
+                             "model (--model-draft)")
 
     def _check_sampling(self) -> None:
         checks = {"temp": (0.0, 100.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
@@ -285,6 +326,18 @@ SETTINGS: dict[str, tuple] = {
     "remote": (str, "s3://BUCKET[/PREFIX]: share cached state with other daemons through "
                     "an S3-compatible store (endpoint and keys from AWS_ENDPOINT_URL, "
                     "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
+    "model_draft": (str, "draft model (HF folder or .gguf with the model's vocabulary) for "
+                         "speculative decoding (default: none)"),
+    "spec_type": (str, "none or draft-simple (default: draft-simple with --model-draft)"),
+    "spec_draft_n_max": (_INT, f"tokens drafted at most per step (default "
+                               f"{DEFAULT_LIMITS.n_max})"),
+    "spec_draft_n_min": (_INT, "a shorter draft is not used (default 0)"),
+    "spec_draft_p_min": (float, "drafting stops at a token the draft gives less "
+                                "probability (default 0)"),
+    "spec_synth_len": (float, "benchmarking only: drafted tokens are kept at random for "
+                              "this mean accepted length (the output is not the model's)"),
+    "spec_synth_rates": (str, "benchmarking only: P0,P1,... the rates of keeping drafted "
+                              "token i (the output is not the model's)"),
     "verbose": ("flag", "answers carry llama-server's __verbose object (the prompt text, "
                         "settings, timings); a request's \"verbose\" field asks for it too"),
 }

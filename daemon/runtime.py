@@ -20,9 +20,12 @@ from ckptd.cache.store import CacheStore
 from ckptd.daemon import memory
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
+from ckptd.daemon.speculation import SpecConfig, Speculation
 from ckptd.model.loader import load
 from ckptd.model.placement import resolve
 from ckptd.model.runner import Runner
+from ckptd.model.speculative.drafter import Drafter, check_vocab
+from ckptd.model.speculative.params import conditional
 from ckptd.model.text.tokenizer import Tokenizer
 
 log = logging.getLogger("ckptd")
@@ -59,9 +62,14 @@ class Runtime:
         max_context = cfg.max_context or limit
         B = cfg.block_size
         spec = model.state_spec(B)
-        sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
+        draft = _draft(cfg, where, tok, model) if cfg.drafting else None
+        # with a draft, a page of the budget is one page of each model's KV
+        page_bytes = spec.page_bytes() + (draft.state_spec(B).page_bytes() if draft else 0)
+        sizes = memory.plan(page_bytes, model.device, cfg.kv_budget, cfg.host_budget,
                             -(-max_context // B) + 1, cfg.parallel)
-        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens,
+        drafted = cfg.parallel * cfg.spec_draft_n_max if draft else 0
+        runner = Runner(model, sizes.kv_pages, cfg.parallel, B,
+                        max_batch_tokens=cfg.step_tokens + drafted,
                         graphs=False if cfg.enforce_eager else None,
                         max_seq_pages=-(-max_context // B))
         remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
@@ -70,9 +78,15 @@ class Runtime:
                            queue_bytes=cfg.write_queue, remote=remote)
         cache = CacheManager(runner, runner.spec, sizes.kv_pages, model.fingerprint, store,
                              cfg.snapshot_interval, cfg.max_snapshots, cfg.snapshot_budget)
+        speculation = None
+        if draft is not None:
+            drafter = Drafter(draft, sizes.kv_pages, cfg.parallel, B, cfg.step_tokens,
+                              -(-(max_context + cfg.spec_draft_n_max) // B))
+            speculation = Speculation(drafter, runner, SpecConfig(cfg.draft_limits(),
+                                      conditional(cfg.synth())), frozenset(tok.eos_ids))
         engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
                         step_tokens=cfg.step_tokens,
-                        check_invariants=os.environ.get(CHECK_ENV) == "1")
+                        check_invariants=os.environ.get(CHECK_ENV) == "1", spec=speculation)
         engine.heap.freeze()           # the loaded objects leave the collector's walks
         log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
                  "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
@@ -91,6 +105,20 @@ class Runtime:
         """Cancel what still runs, then store what the cache captured, flush and close."""
         self.engine.stop()
         self.cache.close()
+
+
+def _draft(cfg: ServeConfig, where, tok: Tokenizer, model) -> torch.nn.Module:
+    """The draft model, on the model's device and dtype; ValueError (one line) unless it
+    has the model's vocabulary."""
+    draft, draft_tok = load(Path(cfg.model_draft), where.dtype, where.device,
+                            weights=cfg.weights)
+    check_vocab(tok, draft_tok, model.config.vocab_size, draft.config.vocab_size)
+    if cfg.synth():
+        log.warning("synthetic speculative acceptance is on, for benchmarking: the output "
+                    "is not the model's")
+    log.info("draft model %s: speculative decoding, up to %d tokens a step",
+             Path(cfg.model_draft).name, cfg.spec_draft_n_max)
+    return draft
 
 
 def _remote(url: str, fingerprint: str, spec) -> RemoteTier:

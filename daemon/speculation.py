@@ -71,6 +71,9 @@ class Speculation:
             if n_max <= 0 or n_max < lim.n_min:
                 continue
             tokens = self.drafter.propose(seq.id, seq.tokens, replace(lim, n_max=n_max))
+            # ids only the draft has (its vocabulary may be padded longer) end the draft
+            tokens = tokens[:next((i for i, t in enumerate(tokens)
+                                   if t >= self.runner.vocab_size), len(tokens))]
             if tokens:
                 out.append(Draft(live, w, tokens, len(seq.tokens)))
                 seq.tokens += tokens

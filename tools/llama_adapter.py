@@ -2,7 +2,8 @@
 ckptd's (`LLAMA_SERVER_BIN_PATH` names a wrapper that runs this module).
 
 The model is ckptd's (CKPTD_SUITE_MODEL, default the embedded SmolLM2); the suite's
-model flags (--hf-repo, --model) are not followed: it downloads nothing. llama-server's
+model flags (--hf-repo, --model, --model-draft) are not followed: it downloads nothing
+(a draft model is ckptd's model too: it drafts for itself). llama-server's
 defaults are mapped too: metrics off unless --metrics, CORS open to any origin with
 credentials. A flag for a feature ckptd leaves out exits 2 with one line saying so.
 """
@@ -34,11 +35,15 @@ _MAP = {
     "--swa-full": (None, False), "--jinja": (None, False), "--no-jinja": (None, False),
     "--no-ui": (None, False), "--verbose": ("--verbose", False),
     "--no-cache-idle-slots": (None, False),
+    "--spec-type": ("--spec-type", True), "--spec-draft-n-max": ("--spec-draft-n-max", True),
+    "--spec-draft-n-min": ("--spec-draft-n-min", True),
+    "--spec-draft-p-min": ("--spec-draft-p-min", True),
+    "--spec-synth-len": ("--spec-synth-len", True),
+    "--spec-synth-rates": ("--spec-synth-rates", True),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
     "--context-shift": "context shift", "--lora": "LoRA adapters",
-    "--model-draft": "speculative decoding", "--spec-type": "speculative decoding",
     "--mmproj-url": "multimodal input", "--media-path": "multimodal input",
     "--models-dir": "router mode", "--models-max": "router mode",
     "--no-models-autoload": "router mode",
@@ -69,6 +74,10 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         if a == "--metrics":
             metrics, i = True, i + 1
             continue
+        if a == "--model-draft":          # the suite's draft is replaced too: the model
+            out += ["--model-draft", _model(env)]    # drafts for itself
+            i += 2
+            continue
         if a not in _MAP:
             raise ValueError(f"{a}: not a llama-server flag this adapter knows")
         flag, takes = _MAP[a]
@@ -97,6 +106,12 @@ def environment(env: dict[str, str]) -> dict[str, str]:
     CKPTD_CHECK_INVARIANTS among them, pass."""
     settings = {"CKPTD_" + name.upper() for name in SETTINGS}
     return {k: v for k, v in env.items() if k not in settings}
+
+
+def _model(env: dict[str, str]) -> str:
+    """The model ckptd serves in the suite: CKPTD_SUITE_MODEL, else the embedded one."""
+    from ckptd.model.default import default_model_path
+    return env.get("CKPTD_SUITE_MODEL") or str(default_model_path())
 
 
 def _value(args: list[str], flag: str, default: int) -> int:

@@ -49,8 +49,12 @@ class Drafter:
                 return []
             t = self.tracks[key] = _Track(seq)
         seq = t.seq
+        new = tokens[seq.num_computed:]
+        if new and max(new) >= self.runner.vocab_size:    # an id only the model has
+            self.release(key)
+            return []
         del seq.tokens[seq.num_computed:]
-        seq.tokens += tokens[seq.num_computed:]
+        seq.tokens += new
         todo = len(tokens) - seq.num_computed
         if todo <= 0:           # never left so (settle keeps one token to compute): anew
             self.release(key)
@@ -75,7 +79,7 @@ class Drafter:
             seq.tokens.append(out[-1])
             logits = self.runner.step([(seq, 1)])[0]
         t.drafted = len(out)
-        return out if len(out) >= limits.n_min else []
+        return out if len(out) >= max(limits.n_min, 1) else []
 
     def settle(self, key: int, kept: int) -> None:
         """The target kept `kept` of the last draft's tokens: the draft's state goes back

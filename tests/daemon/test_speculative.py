@@ -1,0 +1,138 @@
+"""Speculative decoding (daemon/speculation.py): with a draft model the answer is the
+one decoding without it gives — greedy and seeded sampling, llama and hybrid models,
+a draft that agrees and one that never does — and the cache after a speculative run
+restores to the uncached answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.store import CacheStore
+from ckptd.daemon.engine import Engine
+from ckptd.daemon.request import Finished, Request
+from ckptd.daemon.speculation import SpecConfig, Speculation
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.speculative.drafter import Drafter, check_vocab
+from ckptd.model.speculative.params import DraftLimits, conditional
+from ckptd.model.text.tokenizer import Tokenizer
+from ckptd.tools.make_tiny import make_tiny
+from tests.daemon.engines import made
+
+B, STEP, SLOTS = 8, 48, 3
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 57)), [300, 301]]
+GREEDY = SamplingParams(max_tokens=14, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=14, temperature=0.9, top_k=8, seed=4242, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def other_dir(tmp_path_factory):
+    """A tiny llama of other random weights, the same vocabulary: a draft that the
+    model almost never agrees with."""
+    return make_tiny("llama", tmp_path_factory.mktemp("tiny-other"), seed=7)
+
+
+def engine(model, tok, draft=None, path=None, limits=DraftLimits(4, 0, 0.0), synth=()):
+    runner = Runner(model, 256, SLOTS, B, max_batch_tokens=STEP + SLOTS * 8)
+    store = CacheStore(path, runner.spec, model.fingerprint) if path else None
+    cache = CacheManager(runner, runner.spec, 256, model.fingerprint, store, 32)
+    spec = None
+    if draft is not None:
+        spec = Speculation(Drafter(draft, 256, SLOTS, B, STEP), runner,
+                           SpecConfig(limits, conditional(synth)), frozenset(tok.eos_ids))
+    eng = Engine(runner, cache, tok, max_running=SLOTS, step_tokens=STEP, spec=spec)
+    made.append(eng)          # stopped, checked (sanity_check) and closed after the test
+    return eng
+
+
+def run(eng, prompts, params):
+    """Each prompt's tokens and final stats, all running together."""
+    out = [([], []) for _ in prompts]
+    for (tokens, ends), prompt in zip(out, prompts):
+        def emit(ev, tokens=tokens, ends=ends):
+            (ends.append(ev) if isinstance(ev, Finished) else tokens.append(ev.token))
+        eng.submit(Request(list(prompt), params, emit))
+    while not all(ends for _, ends in out):
+        eng.step()
+    for _, ends in out:
+        assert ends[0].reason in ("stop", "length"), ends[0]
+    return [tokens for tokens, _ in out], [ends[0].stats for _, ends in out]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_same_answer_with_a_draft_that_agrees(tiny_dir, tiny_model, params):
+    tok = Tokenizer.from_dir(tiny_dir)
+    want, _ = run(engine(tiny_model, tok), PROMPTS, params)
+    got, stats = run(engine(tiny_model, tok, tiny_model), PROMPTS, params)
+    assert got == want
+    assert all(s.draft_n > 0 for s in stats)
+    assert sum(s.draft_n_accepted for s in stats) > 0
+    assert all(s.timings()["draft_n"] == s.draft_n for s in stats)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_same_answer_with_a_draft_that_disagrees(tiny_dir, tiny_model, other_dir, params):
+    """Mostly rejected drafts: each step takes back KV and, on a hybrid, the recurrent
+    state; the answer does not change."""
+    tok = Tokenizer.from_dir(tiny_dir)
+    want, _ = run(engine(tiny_model, tok), PROMPTS, params)
+    got, stats = run(engine(tiny_model, tok, load_model(other_dir)), PROMPTS, params)
+    assert got == want
+    drafted = sum(s.draft_n for s in stats)
+    assert drafted > 0 and sum(s.draft_n_accepted for s in stats) < drafted
+
+
+def test_hybrid_draft_rewinds_its_own_state(tiny_hybrid_dir, tiny_llama_dir):
+    """A hybrid drafting for a llama: the draft's recurrent state goes back to where its
+    draft started whenever the model does not keep all of it."""
+    tok = Tokenizer.from_dir(tiny_llama_dir)
+    target = load_model(tiny_llama_dir)
+    want, _ = run(engine(target, tok), PROMPTS, GREEDY)
+    got, stats = run(engine(target, tok, load_model(tiny_hybrid_dir)), PROMPTS, GREEDY)
+    assert got == want and sum(s.draft_n for s in stats) > 0
+
+
+def test_cache_after_a_speculative_run_restores_the_uncached_answer(tiny_dir, tiny_model,
+                                                                    other_dir, tmp_path):
+    """The checkpoints a speculative run leaves (its prompt's, its answer's) hold only
+    kept tokens: the next turn restored from them answers as an uncached run does."""
+    tok = Tokenizer.from_dir(tiny_dir)
+    eng = engine(tiny_model, tok, load_model(other_dir), tmp_path)
+    first, _ = run(eng, PROMPTS[:2], GREEDY)
+    turns = [p + a + [40, 41, 42] for p, a in zip(PROMPTS, first)]
+    got, stats = run(eng, turns, GREEDY)
+    assert all(s.cache_n >= len(p) for s, p in zip(stats, PROMPTS))
+    want, _ = run(engine(tiny_model, tok), turns, GREEDY)
+    assert got == want
+
+
+def test_request_limits_and_synthetic_acceptance(tiny_llama_dir, other_dir):
+    tok = Tokenizer.from_dir(tiny_llama_dir)
+    model = load_model(tiny_llama_dir)
+    off = SamplingParams(max_tokens=10, ignore_eos=True, draft=DraftLimits(n_max=0))
+    _, stats = run(engine(model, tok, model), PROMPTS[:1], off)
+    assert stats[0].draft_n == 0 and "draft_n" not in stats[0].timings()
+    # n_min above what max_tokens leaves: no draft is ever long enough
+    short = SamplingParams(max_tokens=3, ignore_eos=True, draft=DraftLimits(n_min=3))
+    _, stats = run(engine(model, tok, model), PROMPTS[:1], short)
+    assert stats[0].draft_n == 0
+    # rates 0: every drafted token refused, the answer the model's own
+    want, _ = run(engine(model, tok), PROMPTS[:1], SEEDED)
+    got, stats = run(engine(model, tok, model, synth=(0.0,) * 4), PROMPTS[:1], SEEDED)
+    assert got == want and stats[0].draft_n > 0 and stats[0].draft_n_accepted == 0
+    # rates 1 and a draft the model disagrees with: every drafted token kept anyway
+    draft = load_model(other_dir)
+    _, stats = run(engine(model, tok, draft, synth=(1.0,) * 4), PROMPTS[:1], SEEDED)
+    assert stats[0].draft_n > 0 and stats[0].draft_n_accepted == stats[0].draft_n
+
+
+def test_a_different_vocabulary_is_refused(tiny_llama_dir, tmp_path):
+    fim = make_tiny("llama", tmp_path / "fim", fim=True)
+    a, b = Tokenizer.from_dir(tiny_llama_dir), Tokenizer.from_dir(fim)
+    check_vocab(a, a, 512, 512)
+    with pytest.raises(ValueError, match="not the same vocabulary|begin/end"):
+        check_vocab(a, b, 512, 512)
+    with pytest.raises(ValueError, match="vocabulary"):
+        check_vocab(a, a, 512, 1024)
