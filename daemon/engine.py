@@ -131,8 +131,10 @@ class Engine:
             if w.error is not None:
                 self._finish(live, FinishReason.ERROR, w.error)
             elif live.seq.id in verified:          # a speculative step: several tokens
-                for ev in verified[live.seq.id]:
-                    self._deliver(live, ev)
+                *kept, last = verified[live.seq.id]
+                for ev in kept:                    # in the sequence already
+                    self._deliver(live, ev, append=False)
+                self._deliver(live, last)
             elif live.t_decode:
                 self._sample(live, out)
             elif w.new and w.restored.logits is not None:   # an exact repeat
@@ -191,7 +193,7 @@ class Engine:
     def _sample(self, live: Live, logits: torch.Tensor) -> None:
         self._deliver(live, live.dec.accept(logits))
 
-    def _deliver(self, live: Live, ev: TokenEvent) -> None:
+    def _deliver(self, live: Live, ev: TokenEvent, append: bool = True) -> None:
         st = live.req.stats
         st.predicted_n += 1
         if live.t_decode:             # so far: what timings_per_token streams report
@@ -200,7 +202,7 @@ class Engine:
         live.req.emit(ev)
         if ev.finish_reason:
             self._finish(live, ev.finish_reason)
-        else:
+        elif append:
             live.seq.tokens.append(ev.token)
 
     def _reap(self) -> None:

@@ -99,8 +99,9 @@ class Speculation:
                ) -> dict[int, list[TokenEvent]]:
         """Sample each drafted sequence over its step's logits, position by position, as
         long as the sampler draws the drafted token; the sequence goes back to its last
-        kept token. Returns each one's events (the tokens it gained, in order); the last
-        one's token is not appended to the sequence yet (the engine does that)."""
+        kept token. Returns each one's events (the tokens it gained, in order): all but
+        the last are in the sequence's tokens (computed), the last is not appended yet
+        (the engine does that, as after a plain step)."""
         out = {}
         for d in drafts:
             seq, dec, st = d.live.seq, d.live.dec, d.live.req.stats
@@ -119,7 +120,6 @@ class Speculation:
             e = len(events)         # the state keeps the last token and e - 1 drafted ones
             del seq.tokens[d.base + e - 1:]
             self.runner.rewind(seq, d.mark, d.base + e - 1)
-            del seq.tokens[d.base:]
             self.drafter.settle(seq.id, e - 1)
             st.draft_n += k
             st.draft_n_accepted += hits

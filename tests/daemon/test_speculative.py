@@ -94,12 +94,16 @@ def test_hybrid_draft_rewinds_its_own_state(tiny_hybrid_dir, tiny_llama_dir):
     assert got == want and sum(s.draft_n for s in stats) > 0
 
 
+@pytest.mark.parametrize("agrees", [True, False], ids=["agreeing", "disagreeing"])
 def test_cache_after_a_speculative_run_restores_the_uncached_answer(tiny_dir, tiny_model,
-                                                                    other_dir, tmp_path):
-    """The checkpoints a speculative run leaves (its prompt's, its answer's) hold only
-    kept tokens: the next turn restored from them answers as an uncached run does."""
+                                                                    other_dir, tmp_path,
+                                                                    agrees):
+    """The checkpoints and pages a speculative run leaves (its prompt's, its answer's)
+    hold only kept tokens: the next turn restored from them answers as an uncached run
+    does."""
     tok = Tokenizer.from_dir(tiny_dir)
-    eng = engine(tiny_model, tok, load_model(other_dir), tmp_path)
+    draft = tiny_model if agrees else load_model(other_dir)
+    eng = engine(tiny_model, tok, draft, tmp_path)
     first, _ = run(eng, PROMPTS[:2], GREEDY)
     turns = [p + a + [40, 41, 42] for p, a in zip(PROMPTS, first)]
     got, stats = run(eng, turns, GREEDY)
