@@ -58,7 +58,7 @@ class Speculation:
     def propose(self, batch: Batch) -> list[Draft]:
         """Draft for the batch's decoding sequences; each one's drafted tokens are
         appended to its tokens and its work's budget grows by them."""
-        out = []
+        asks, whose = [], []
         for live, w in zip(batch.lives, batch.work):
             seq = live.seq
             if not live.t_decode or w.error is not None or seq.id in self.stalled:
@@ -70,13 +70,16 @@ class Speculation:
             n_max = min(lim.n_max, p.max_tokens - live.dec.n - 1)
             if n_max <= 0 or n_max < lim.n_min:
                 continue
-            tokens = self.drafter.propose(seq.id, seq.tokens, replace(lim, n_max=n_max))
+            asks.append((seq.id, seq.tokens, replace(lim, n_max=n_max)))
+            whose.append((live, w))
+        out = []
+        for (live, w), tokens in zip(whose, self.drafter.propose(asks) if asks else []):
             # ids only the draft has (its vocabulary may be padded longer) end the draft
             tokens = tokens[:next((i for i, t in enumerate(tokens)
                                    if t >= self.runner.vocab_size), len(tokens))]
             if tokens:
-                out.append(Draft(live, w, tokens, len(seq.tokens)))
-                seq.tokens += tokens
+                out.append(Draft(live, w, tokens, len(live.seq.tokens)))
+                live.seq.tokens += tokens
                 w.budget = 1 + len(tokens)
         return out
 

@@ -35,51 +35,79 @@ class Drafter:
         self.free = list(range(num_pages - 1, -1, -1))
         self.tracks: dict[int, _Track] = {}
 
-    def propose(self, key: int, tokens: list[int], limits: DraftLimits) -> list[int]:
-        """Up to limits.n_max tokens to follow `tokens` (the target's, its last one not
-        computed yet), each the draft's most likely, stopping at one it gives less than
-        p_min; [] when shorter than n_min, or while the draft still catches up with a
-        long prompt (step_tokens a call), or has no room."""
+    def propose(self, asks: list[tuple[int, list[int], DraftLimits]]) -> list[list[int]]:
+        """For each (key, tokens, limits): up to limits.n_max tokens to follow `tokens`
+        (the target's, its last one not computed yet), each the draft's most likely,
+        stopping at one it gives less than p_min; [] when shorter than n_min, or while
+        the draft still catches up with a long prompt (step_tokens a step, all sequences
+        together), or has no room. The sequences draft together: one draft step for
+        all per drafted position."""
+        out: list[list[int]] = [[] for _ in asks]
+        work, drafting, budget = [], [], self.step_tokens
+        for i, (key, tokens, limits) in enumerate(asks):
+            t = self._follow(key, tokens)
+            if t is None:
+                continue
+            seq = t.seq
+            todo = len(tokens) - seq.num_computed
+            if todo > budget:                     # a long prompt: part of it this step
+                if budget and self._grow(seq, seq.num_computed + budget):
+                    work.append((seq, budget))
+                    budget = 0
+                continue
+            if self._grow(seq, len(tokens) + limits.n_max):
+                work.append((seq, todo))
+                drafting.append((i, t, limits))
+                budget -= todo
+        if not work:
+            return out
+        logits = self.runner.step(work)
+        rows = {seq.id: logits[j] for j, (seq, _) in enumerate(work)}
+        for _, t, _ in drafting:
+            t.mark, t.drafted = self.runner.mark(t.seq), 0
+        while drafting:
+            going, step = [], []
+            for i, t, limits in drafting:
+                top = rows[t.seq.id].topk(min(TOP_K, rows[t.seq.id].numel()))
+                if float(top.values.softmax(-1)[0]) < limits.p_min:
+                    continue
+                out[i].append(int(top.indices[0]))
+                t.drafted += 1
+                if t.drafted < limits.n_max:
+                    t.seq.tokens.append(out[i][-1])
+                    going.append((i, t, limits))
+                    step.append((t.seq, 1))
+            if step:
+                logits = self.runner.step(step)
+                rows = {seq.id: logits[j] for j, (seq, _) in enumerate(step)}
+            drafting = going
+        for i, (key, _, limits) in enumerate(asks):
+            if len(out[i]) < max(limits.n_min, 1):
+                out[i] = []
+                self.settle(key, 0)           # what it computed of a dropped draft
+        return out
+
+    def _follow(self, key: int, tokens: list[int]) -> _Track | None:
+        """The draft's sequence for `key`, its tokens made the target's (those it
+        computed are the same by construction); None when it can't draft now."""
         t = self.tracks.get(key)
         if t is None:
             seq = Sequence([])
             try:
                 self.runner.attach(seq)
             except OutOfSlots:
-                return []
+                return None
             t = self.tracks[key] = _Track(seq)
         seq = t.seq
         new = tokens[seq.num_computed:]
-        if new and max(new) >= self.runner.vocab_size:    # an id only the model has
+        # none left to compute never happens (settle keeps one); an id only the model
+        # has (the draft's vocabulary may be shorter): either way, start anew
+        if not new or max(new) >= self.runner.vocab_size:
             self.release(key)
-            return []
+            return None
         del seq.tokens[seq.num_computed:]
         seq.tokens += new
-        todo = len(tokens) - seq.num_computed
-        if todo <= 0:           # never left so (settle keeps one token to compute): anew
-            self.release(key)
-            return []
-        if todo > self.step_tokens:                  # a long prompt: part of it this step
-            if self._grow(seq, seq.num_computed + self.step_tokens):
-                self.runner.step([(seq, self.step_tokens)])
-            return []
-        if not self._grow(seq, len(tokens) + limits.n_max):
-            return []
-        logits = self.runner.step([(seq, todo)])[0]
-        t.mark = self.runner.mark(seq)
-        out: list[int] = []
-        while len(out) < limits.n_max:
-            top = logits.topk(min(TOP_K, logits.numel()))
-            p = float(top.values.softmax(-1)[0])
-            if p < limits.p_min:
-                break
-            out.append(int(top.indices[0]))
-            if len(out) == limits.n_max:
-                break
-            seq.tokens.append(out[-1])
-            logits = self.runner.step([(seq, 1)])[0]
-        t.drafted = len(out)
-        return out if len(out) >= max(limits.n_min, 1) else []
+        return t
 
     def settle(self, key: int, kept: int) -> None:
         """The target kept `kept` of the last draft's tokens: the draft's state goes back

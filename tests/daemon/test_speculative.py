@@ -140,3 +140,15 @@ def test_a_different_vocabulary_is_refused(tiny_llama_dir, tmp_path):
         check_vocab(a, b, 512, 512)
     with pytest.raises(ValueError, match="vocabulary"):
         check_vocab(a, a, 512, 1024)
+
+
+@pytest.mark.parametrize("p_min", [0.12, 0.2])
+def test_drafts_cut_by_p_min_and_dropped_by_n_min(tiny_dir, tiny_model, p_min):
+    """Drafts of every length: stopped early by p_min, the short ones dropped by n_min
+    (what the draft computed of them is taken back too)."""
+    tok = Tokenizer.from_dir(tiny_dir)
+    want, _ = run(engine(tiny_model, tok), PROMPTS, GREEDY)
+    got, stats = run(engine(tiny_model, tok, tiny_model, limits=DraftLimits(4, 2, p_min)),
+                     PROMPTS, GREEDY)
+    assert got == want
+    assert all(s.draft_n == 0 or s.draft_n >= 2 for s in stats)
