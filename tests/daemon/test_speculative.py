@@ -9,14 +9,18 @@ import pytest
 
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.store import CacheStore
+from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
+from ckptd.daemon.http.errors import ApiError
+from ckptd.daemon.http.fields import Fields
+from ckptd.daemon.http.sampling import draft_limits
 from ckptd.daemon.request import Finished, Request
 from ckptd.daemon.speculation import SpecConfig, Speculation
 from ckptd.model.loader import load_model
 from ckptd.model.runner import Runner
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.speculative.drafter import Drafter, check_vocab
-from ckptd.model.speculative.params import DraftLimits, conditional
+from ckptd.model.speculative.params import DraftLimits, conditional, synth_rates
 from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.tools.make_tiny import make_tiny
 from tests.daemon.engines import made
@@ -152,3 +156,44 @@ def test_drafts_cut_by_p_min_and_dropped_by_n_min(tiny_dir, tiny_model, p_min):
                      PROMPTS, GREEDY)
     assert got == want
     assert all(s.draft_n == 0 or s.draft_n >= 2 for s in stats)
+
+
+def test_synthetic_rates_as_llama_cpp_resolves_them():
+    assert synth_rates(None, None, 4) == ()
+    assert synth_rates(1.0, None, 4) == (0.0,) * 4         # only the model's token
+    assert synth_rates(5.0, None, 4) == (1.0,) * 4         # every drafted token
+    rates = synth_rates(3.4, None, 4)
+    assert abs(sum(rates) - 2.4) < 1e-6 and list(rates) == sorted(rates, reverse=True)
+    assert conditional((0.5, 0.25, 0.0, 0.0)) == (0.5, 0.5, 0.0, 0.0)
+    for length, rates, why in [(2.0, (0.5,) * 4, "mutually exclusive"),
+                               (6.0, None, "within"), (None, (0.5, 0.6, 0.1, 0.1), "increase"),
+                               (None, (0.5,) * 3, "4 values"), (None, (1.5,) * 4, "within")]:
+        with pytest.raises(ValueError, match=why):
+            synth_rates(length, rates, 4)
+
+
+def test_settings_are_checked(tiny_llama_dir):
+    draft = str(tiny_llama_dir)
+    cfg = ServeConfig(model_draft=draft, spec_draft_n_max=8, spec_synth_rates="0.5," * 7 + "0")
+    assert cfg.drafting and len(cfg.synth()) == 8
+    assert not ServeConfig(model_draft=draft, spec_type="none").drafting
+    for kw, why in [({"spec_type": "ngram-simple", "model_draft": draft}, "not supported"),
+                    ({"spec_type": "draft-simple"}, "needs --model-draft"),
+                    ({"spec_synth_len": 2.0}, "needs a draft model"),
+                    ({"model_draft": "/no/such/model"}, "no such file"),
+                    ({"model_draft": draft, "spec_draft_n_max": -1}, "n_max"),
+                    ({"model_draft": draft, "spec_draft_p_min": 2.0}, "p_min")]:
+        with pytest.raises(ValueError, match=why):
+            ServeConfig(**kw)
+
+
+def test_request_fields_are_checked():
+    assert draft_limits(Fields({})) is None
+    got = draft_limits(Fields({"speculative.n_max": 2, "speculative.p_min": 0.5}))
+    assert got == DraftLimits(2, None, 0.5)
+    assert got.over(DraftLimits(8, 1, 0.0)) == DraftLimits(2, 1, 0.5)
+    for body in ({"speculative.n_max": -1}, {"speculative.p_min": 1.5},
+                 {"speculative.n_min": "3"}):
+        with pytest.raises(ApiError) as e:
+            draft_limits(Fields(body))
+        assert e.value.status == 400 and e.value.param == next(iter(body))
