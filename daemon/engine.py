@@ -103,10 +103,13 @@ class Engine:
         if not work:
             self._preempt(batch)
         logits, verified = None, {}
+        if work and drafts:         # every drafted position's logits, then back to the
+            wide = frozenset(d.live.seq.id for d in drafts)     # kept tokens before the
+            logits, rows = self.runner.step_rows(work, wide)    # cache sees the step
+            verified = self.spec.verify(drafts, rows)
+        elif work:
+            logits = self.runner.step(work)
         if work:
-            logits, rows = self.runner.step_rows(work, frozenset(d.live.seq.id for d in drafts))
-            if drafts:              # back to the kept tokens before the cache sees them
-                verified = self.spec.verify(drafts, rows)
             self.counters["model_calls"] += 1
             self.counters["busy_in_calls"] += len(work)
         self.cache.after_step(batch.work, logits)
