@@ -5,6 +5,9 @@ restores to the uncached answer."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from ckptd.cache.manager import CacheManager
@@ -23,6 +26,7 @@ from ckptd.model.speculative.drafter import Drafter, check_vocab
 from ckptd.model.speculative.params import DraftLimits, conditional, synth_rates
 from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.tools.make_tiny import make_tiny
+from tests.daemon.daemon_proc import start
 from tests.daemon.engines import made
 
 B, STEP, SLOTS = 8, 48, 3
@@ -197,3 +201,28 @@ def test_request_fields_are_checked():
         with pytest.raises(ApiError) as e:
             draft_limits(Fields(body))
         assert e.value.status == 400 and e.value.param == next(iter(body))
+
+
+def test_daemon_with_a_draft_model(tiny_hybrid_dir, tiny_llama_dir, tmp_path):
+    """llama-server's flags on a real daemon: the same seeded tokens with the draft on
+    and off (per request), timings.draft_n; another vocabulary is one line at start."""
+    d = start(tiny_hybrid_dir, tmp_path / "cache", "--model-draft", str(tiny_hybrid_dir),
+              "--spec-draft-n-max", "4", "--max-context", "256", "--parallel", "2")
+    try:
+        body = {"prompt": "Paris is", "n_predict": 12, "temperature": 0.7, "top_k": 8,
+                "seed": 7, "return_tokens": True, "ignore_eos": True, "cache_prompt": False}
+        on = d.post("/completion", body).json
+        off = d.post("/completion", {**body, "speculative.n_max": 0}).json
+        assert on["tokens"] == off["tokens"]
+        assert on["timings"]["draft_n"] > 0 and "draft_n" not in off["timings"]
+        bad = d.post("/completion", {**body, "speculative.p_min": 2})
+        assert bad.status == 400 and bad.json["error"]["param"] == "speculative.p_min"
+    finally:
+        assert d.stop() == 0, d.output()
+    fim = make_tiny("llama", tmp_path / "fim", fim=True)
+    out = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "serve", "--model",
+                          str(tiny_llama_dir), "--model-draft", str(fim), "--cache-dir",
+                          str(tmp_path / "c2"), "--port", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "--model-draft" in out.stderr
+    assert "Traceback" not in out.stderr
