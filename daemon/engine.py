@@ -98,7 +98,7 @@ class Engine:
         self.cache.admit(batch.work)
         admitted = time.perf_counter()
         if drafts:
-            drafts = self.spec.ready(drafts)
+            drafts = self.spec.ready(drafts, self.cache)
         work = [(w.seq, w.n) for w in batch.work if w.n]
         if not work:
             self._preempt(batch)

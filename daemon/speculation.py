@@ -6,7 +6,7 @@ answer is the one decoding without a draft gives: the same sampler, seeded the s
 sees the same logits in the same order; it only sees several of them a step.
 
     drafts = spec.propose(batch)     before cache.admit: drafted tokens join the step
-    spec.ready(drafts)               after it: those with pages are marked (runner.mark)
+    spec.ready(drafts, cache)        after it: those with pages are marked (runner.mark)
     spec.verify(drafts, rows)        after runner.step: sample, take back what was not
                                      kept (runner.rewind), before cache.after_step
 
@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ckptd.cache.device import OutOfPages
+from ckptd.cache.manager import CacheManager
 from ckptd.cache.work import Work
 from ckptd.daemon.request import Live
 from ckptd.daemon.scheduler import Batch
@@ -83,19 +85,26 @@ class Speculation:
                 w.budget = 1 + len(tokens)
         return out
 
-    def ready(self, drafts: list[Draft]) -> list[Draft]:
+    def ready(self, drafts: list[Draft], cache: CacheManager) -> list[Draft]:
         """After admission: the drafts whose sequences got pages for all their tokens,
-        marked; the others' drafted tokens are dropped."""
+        marked; the others' drafted tokens are dropped, and the sequence decodes its one
+        token as it would have without a draft, when there are pages for that."""
         kept = []
         for d in drafts:
-            seq = d.live.seq
-            if d.work.n == 1 + len(d.tokens):
+            seq, w = d.live.seq, d.work
+            if w.n == 1 + len(d.tokens):
                 d.mark = self.runner.mark(seq)
                 kept.append(d)
                 continue
             del seq.tokens[d.base:]
             self.drafter.release(seq.id)
             self.stalled.add(seq.id)
+            if w.stalled:
+                try:
+                    cache.prepare([(seq, 1)])
+                    w.n, w.stalled, w.budget = 1, False, 1
+                except OutOfPages:
+                    pass
         return kept
 
     def verify(self, drafts: list[Draft], rows: dict[int, torch.Tensor]

@@ -226,3 +226,25 @@ def test_daemon_with_a_draft_model(tiny_hybrid_dir, tiny_llama_dir, tmp_path):
                          timeout=120)
     assert out.returncode != 0 and "--model-draft" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_no_pages_for_a_draft_decodes_without_it(tiny_llama_dir):
+    """When the pages a draft needs are not there, the sequence drops its draft and
+    decodes its one token, as it would have without a draft (not a stall)."""
+    tok = Tokenizer.from_dir(tiny_llama_dir)
+    model = load_model(tiny_llama_dir)
+    want, _ = run(engine(model, tok), PROMPTS[:1], GREEDY)
+    eng = engine(model, tok, model)
+    got, ends = [], []
+    eng.submit(Request(list(PROMPTS[0]), GREEDY, lambda ev: (
+        ends if isinstance(ev, Finished) else got).append(ev)))
+    while not got:                         # the prompt (7 tokens, one page) and 1 token
+        eng.step()
+    dev = eng.cache.device
+    held = dev.alloc(dev.num_free)         # no page left: position 7 fits, a draft won't
+    eng.step()
+    assert len(got) == 2 and not ends
+    dev.decref(held)
+    while not ends:
+        eng.step()
+    assert [ev.token for ev in got] == want[0] and ends[0].stats.draft_n > 0
