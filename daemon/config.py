@@ -6,18 +6,22 @@ from the environment fails the same way: one `ValueError` naming the setting.
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import importlib.util
 import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from ckptd.daemon import lora
-from ckptd.model.placement import DTYPE_NAMES, check_names
+from ckptd.model.placement import check_names
+from ckptd.model.speculative.params import (
+    DEFAULT_LIMITS,
+    DraftLimits,
+    parse_rates,
+    parse_types,
+    synth_rates,
+)
 
 LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -100,6 +104,28 @@ class ServeConfig:
     lora_init_without_apply: bool = False  # the adapters' scales start at 0
     backend_sampling: bool = False         # requests sample on the model's device by default
     sleep_idle_seconds: float | None = None   # idle this long: free the model; None: never
+    # Speculative decoding (llama-server's flags; model/speculative/params.py)
+    model_draft: str | None = None         # the draft model: the model's vocabulary
+    spec_type: str | None = None           # none or draft-simple (with model_draft: that)
+    spec_draft_n_max: int = DEFAULT_LIMITS.n_max
+    spec_draft_n_min: int = DEFAULT_LIMITS.n_min
+    spec_draft_p_min: float = DEFAULT_LIMITS.p_min
+    spec_synth_len: float | None = None    # synthetic acceptance (benchmarking only)
+    spec_synth_rates: str | None = None
+
+    @property
+    def drafting(self) -> bool:
+        """Whether a draft model proposes tokens."""
+        on = True if self.spec_type is None else parse_types(self.spec_type)
+        return self.model_draft is not None and on
+
+    def draft_limits(self) -> DraftLimits:
+        return DraftLimits(self.spec_draft_n_max, self.spec_draft_n_min, self.spec_draft_p_min)
+
+    def synth(self) -> tuple[float, ...]:
+        """The synthetic acceptance rates asked for (checked), or ()."""
+        rates = parse_rates(self.spec_synth_rates) if self.spec_synth_rates else None
+        return synth_rates(self.spec_synth_len, rates, self.spec_draft_n_max)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -171,6 +197,18 @@ class ServeConfig:
             raise ValueError(f"slot_save_path: no such folder: {self.slot_save_path}")
         if self.cors_origins is not None and not self.cors_origins.strip():
             raise ValueError("cors_origins must not be empty")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.model_draft is not None and not Path(self.model_draft).exists():
+            raise ValueError(f"model_draft: no such file or folder: {self.model_draft}")
+        if self.spec_type is not None and parse_types(self.spec_type) \
+                and self.model_draft is None:
+            raise ValueError("--spec-type draft-simple needs --model-draft")
+        self.draft_limits()
+        if self.synth() and not self.drafting:
+            raise ValueError("synthetic acceptance (--spec-synth-len/-rates) needs a draft "
+                             "model (--model-draft)")
 
     def _check_sampling(self) -> None:
         checks = {"temp": (0.0, 100.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
@@ -218,206 +256,3 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-# setting -> (converter, help); the flag is --name-with-dashes, the variable CKPTD_NAME
-_INT = int
-SETTINGS: dict[str, tuple] = {
-    "model": (str, "HF folder or .gguf file (default: the embedded SmolLM2-135M)"),
-    "host": (str, "address to bind, or a comma-separated list (default 127.0.0.1)"),
-    "port": (_INT, "port to bind (default 8080; 0 picks a free one)"),
-    "cache_dir": (Path, "cache folder (default $XDG_DATA_HOME/ckptd)"),
-    "disk_budget": ("size", "disk tier budget, e.g. 20GB"),
-    "host_budget": ("size", "host RAM tier budget, e.g. 2GB (default: a fifth of the memory "
-                            "available at start)"),
-    "kv_budget": ("size", "memory for KV pages, e.g. 8GB (default: 40% of the memory "
-                          "available at start, 80% of a GPU's free memory, at most room for "
-                          "--parallel + 1 full contexts)"),
-    "write_queue": ("size", "checkpoints waiting for the disk writer, e.g. 256MiB (default); "
-                            "beyond it the least useful are shed"),
-    "block_size": (_INT, "tokens per KV page and stored block (default 16)"),
-    "snapshot_interval": (_INT, "tokens between prefill snapshots (default 1024)"),
-    "max_snapshots": (_INT, "snapshots kept per prefix, older ones thinned out (default 16, "
-                            "at least 2)"),
-    "snapshot_budget": (float, "a long prefill's interval snapshots take at most this many "
-                               "times its context's KV bytes (default 1)"),
-    "max_context": (_INT, "most tokens per sequence (default: the model's limit)"),
-    "parallel": (_INT, "sequences computed together (default 4)"),
-    "queue_size": (_INT, "requests that may wait for a sequence slot (default 64)"),
-    "step_tokens": (_INT, "tokens per model step: decodes plus a prefill chunk (default 256)"),
-    "max_body": ("size", "largest request body (default 32MiB)"),
-    "max_tokens": (_INT, "most tokens one request may generate (default: what the context "
-                         "leaves)"),
-    "request_timeout": (float, "seconds one request may take, queue included (default: no "
-                               "limit: a cold 250K-token prompt takes many minutes on a CPU)"),
-    "drain_timeout": (float, "seconds SIGTERM lets running requests finish (default 10)"),
-    "api_key": (str, "require 'Authorization: Bearer KEY' on every endpoint but /health"),
-    "admin_key": (str, "require 'Authorization: Bearer KEY' with this key on /cache/*; it "
-                       "also opens every other endpoint"),
-    "no_admin": ("flag", "turn the /cache/* admin endpoints off (they answer 403)"),
-    "log_format": (str, "text or json (default text)"),
-    "device": (str, "auto, cpu, cuda or cuda:N (default auto: CUDA when there is one)"),
-    "dtype": (str, f"{', '.join(DTYPE_NAMES)} (default auto: bfloat16 on CUDA, float32 "
-                   "on the CPU)"),
-    "enforce_eager": ("flag", "no CUDA graphs: decode steps launch their kernels one by one "
-                              "(default: graphs on CUDA)"),
-    "weights": (str, "keep: a GGUF's quantized / F16 / BF16 tensors stay in their formats and "
-                     "are dequantized inside the matmul (default); expand: all converted to "
-                     "the dtype at load"),
-    "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
-                      "cores leaves room for the cache writer on small machines"),
-    "alias": (str, "the model's name, or comma-separated names (/v1/models reports the "
-                   "first in sorted order as its id; default: the model file's name)"),
-    "tags": (str, "comma-separated labels /v1/models reports for the model"),
-    "strict_model_name": ("flag", "answer 404 to a request naming another model (default: "
-                                  "any name is served by the one model)"),
-    "seed": (_INT, "default seed of a request that gives none (default: random; -1: random)"),
-    "temp": (float, "default temperature (default: 0.8 on /completion, 1.0 on /v1/*)"),
-    "top_k": (_INT, "default top-k (default: 40 on /completion, off on /v1/*)"),
-    "top_p": (float, "default top-p (default: 0.95 on /completion, 1.0 on /v1/*)"),
-    "min_p": (float, "default min-p (default: 0.05 on /completion, 0 on /v1/*)"),
-    "repeat_penalty": (float, "default repetition penalty (default 1.0: off)"),
-    "repeat_last_n": (_INT, "default window of the repetition penalties (default 64)"),
-    "chat_template": (str, "chat template: a built-in name (chatml, llama3, llama2, "
-                           "mistral, gemma, phi3, zephyr, command-r, vicuna, deepseek) or "
-                           "jinja source (default: the model's)"),
-    "chat_template_file": (Path, "read the chat template (jinja) from this file"),
-    "reasoning": (str, "thinking in chat templates that have it: on, off (the template's "
-                       "enable_thinking false, or an empty thought block), auto (default: "
-                       "the template's own default)"),
-    "metrics": ("bool", "serve /metrics (default on; --no-metrics: 501)"),
-    "slots": ("bool", "serve /slots (default on; --no-slots: 501)"),
-    "slot_save_path": (Path, "folder for /slots/{id}?action=save|restore files (default: "
-                             "none, the actions answer 501)"),
-    "cors_origins": (str, "origins browsers may call from: '*', 'localhost' or a "
-                          "comma-separated list (default: none, no CORS headers)"),
-    "cors_credentials": ("flag", "let CORS requests carry credentials (cookies)"),
-    "remote": (str, "s3://BUCKET[/PREFIX]: share cached state with other daemons through "
-                    "an S3-compatible store (endpoint and keys from AWS_ENDPOINT_URL, "
-                    "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
-    "verbose": ("flag", "answers carry llama-server's __verbose object (the prompt text, "
-                        "settings, timings); a request's \"verbose\" field asks for it too"),
-    "backend_sampling": ("flag", "sample on the model's device (temperature, top-k, top-p, "
-                                 "min-p, logit bias); other chains sample on the host; a "
-                                 "request's \"backend_sampling\" field overrides it"),
-    "sleep_idle_seconds": (float, "after this many seconds without a task, free the model "
-                                  "(weights, KV pages) until the next request reloads it; "
-                                  "the host and disk cache tiers stay (default: never; -1: never)"),
-}
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def parse_flag(text: str, name: str) -> bool:
-    v = str(text).strip().lower()
-    if v not in _TRUE + _FALSE:
-        raise ValueError(f"{name}: not a yes/no value: {text!r} (examples: 1, true, 0, false)")
-    return v in _TRUE
-
-
-def add_arguments(parser) -> None:
-    for name, (conv, text) in SETTINGS.items():
-        help_text = text.replace("%", "%%")      # argparse formats help with %
-        env = "CKPTD_" + name.upper()
-        flag = "--" + name.replace("_", "-")
-        if conv == "flag":                 # takes no value; the variable takes 1/0
-            parser.add_argument(flag, dest=name, default=None, action="store_const",
-                                const="1", help=f"{help_text} [env {env}=1]")
-            continue
-        if conv == "bool":                 # --name / --no-name; the variable takes 1/0
-            parser.add_argument(flag, dest=name, default=None, action="store_const",
-                                const="1", help=f"{help_text} [env {env}=1/0]")
-            parser.add_argument("--no-" + flag[2:], dest=name, action="store_const",
-                                const="0", help=argparse.SUPPRESS)
-            continue
-        parser.add_argument(flag, dest=name, default=None, metavar="VALUE",
-                            help=f"{help_text} [env {env}]")
-
-
-def from_args(args, env: Mapping[str, str] = os.environ) -> ServeConfig:
-    """Flags win over CKPTD_* variables, which win over the defaults."""
-    values: dict = {}
-    for name, (conv, _) in SETTINGS.items():
-        raw = getattr(args, name, None)
-        if raw is None:
-            raw = env.get("CKPTD_" + name.upper())
-        if raw is None or raw == "":
-            continue
-        flag = "--" + name.replace("_", "-")
-        if conv == "size":
-            values[name] = parse_size(raw, flag)
-            continue
-        if conv in ("flag", "bool"):
-            values[name] = parse_flag(raw, flag)
-            continue
-        try:
-            values[name] = conv(raw)
-        except ValueError:
-            raise ValueError(f"{flag}: invalid value {raw!r}") from None
-    if values.get("seed", 0) < 0:             # llama-server's -1: a random seed per request
-        values.pop("seed")
-    values.setdefault("cache_dir", default_cache_dir(env))
-    values.update(lora.from_args(args))
-    known = {f.name for f in fields(ServeConfig)}
-    assert set(values) <= known
-    return ServeConfig(**values)
-
-
-@dataclass(frozen=True)
-class Vertex:
-    """Vertex AI's custom-container settings (AIP_* variables; daemon/http/vertex.py)."""
-
-    enabled: bool = False
-    predict_route: str = "/predict"
-    health_route: str | None = None
-    port: int | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Vertex:
-        if env.get("AIP_MODE") != "PREDICTION":
-            return cls()
-        port = env.get("AIP_HTTP_PORT")
-        if port is not None and not port.isdigit():
-            raise ValueError(f"AIP_HTTP_PORT must be a port number, got {port!r}")
-        return cls(True, env.get("AIP_PREDICT_ROUTE") or "/predict",
-                   env.get("AIP_HEALTH_ROUTE") or None, int(port) if port else None)
-
-
-def prepare_cache_dir(path: Path):
-    """Create the cache folder, prove it writable and lock it for this process, so a bad
-    --cache-dir (or one another daemon serves) is one clear error at start-up, not a
-    model load that fails after the port opened. Returns the lock: keep it open."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"--cache-dir {path}: exists and is not a folder") from None
-    except OSError as e:
-        raise ValueError(f"--cache-dir {path}: cannot create it: {e.strerror}") from None
-    probe = path / f".write-test-{os.getpid()}"
-    try:
-        with open(probe, "wb") as fh:
-            fh.write(b"x")
-            fh.flush()
-            os.fsync(fh.fileno())
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--cache-dir {path}: not writable: {e.strerror}") from None
-    # Two daemons on one folder would each keep their own index and budget of the
-    # same store, and overwrite each other's contexts. The kernel drops the lock
-    # when the process dies, however it dies.
-    lock = open(path / "daemon.lock", "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
-        lock.close()
-        raise ValueError(f"--cache-dir {path}: another ckptd serves it (pid {holder})") \
-            from None
-    lock.seek(0)
-    lock.truncate()
-    lock.write(str(os.getpid()))
-    lock.flush()
-    return lock

@@ -38,6 +38,7 @@ from ckptd.daemon.request import (
 from ckptd.daemon.scheduler import Batch, Scheduler
 from ckptd.daemon.sleep import Sleep
 from ckptd.daemon.slots import Slots
+from ckptd.daemon.speculation import Speculation
 from ckptd.model.runner import Runner
 from ckptd.model.sampling import backend
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
@@ -49,8 +50,10 @@ log = logging.getLogger("ckptd")
 class Engine(InProcess):
     def __init__(self, runner: Runner, cache: CacheManager, tokenizer, max_running: int = 4,
                  queue_size: int = 64, step_tokens: int = 256,
-                 check_invariants: bool = False) -> None:
+                 check_invariants: bool = False, spec: Speculation | None = None) -> None:
+        """spec: speculative decoding with a draft model (daemon/speculation.py)."""
         self.runner, self.cache, self.tokenizer = runner, cache, tokenizer
+        self.spec = spec
         self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens)
         self.check_invariants = check_invariants
         self.broken: str | None = None      # a failed invariant check (check_invariants)
@@ -95,28 +98,36 @@ class Engine(InProcess):
         """One step of the loop; False when there was nothing to do."""
         self._reap()
         batch = self.scheduler.schedule()
+        drafts = self.spec.propose(batch) if self.spec is not None else []
         self.cache.admit(batch.work)
         admitted = time.perf_counter()
+        if drafts:
+            drafts = self.spec.ready(drafts, self.cache)
         work = [(w.seq, w.n) for w in batch.work if w.n]
         if not work:
             self._preempt(batch)
-        logits = None
+        logits, verified = None, {}
         if work:           # backend sampling wants the logits where the model ran
             on_device = any(self._on_device(live) for live, w in zip(batch.lives, batch.work)
                             if w.n)
-            logits = self.runner.step(work, on_device=True) if on_device else \
-                self.runner.step(work)
+            if drafts:     # every drafted position's logits, then back to the kept tokens
+                wide = frozenset(d.live.seq.id for d in drafts)   # before the cache sees
+                logits, rows = self.runner.step_rows(work, wide, on_device)   # the step
+                verified = self.spec.verify(drafts, rows)
+            else:
+                logits = self.runner.step(work, on_device=on_device)
         if work:
             self.counters["model_calls"] += 1
             self.counters["busy_in_calls"] += len(work)
         self.cache.after_step(batch.work, logits)
-        self._postprocess(batch, logits, admitted)
+        self._postprocess(batch, logits, admitted, verified)
         self.progress.update(self.scheduler.running)
         if batch and self.sleep is not None:
             self.sleep.touch()        # idle from the step's end (a long step is no idle time)
         return bool(batch)
 
-    def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float) -> None:
+    def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float,
+                     verified: dict[int, list[TokenEvent]]) -> None:
         row, now = 0, time.perf_counter()
         draws: list[tuple[Live, torch.Tensor]] = []      # sampled together, below
         for live, w in zip(batch.lives, batch.work):
@@ -132,6 +143,11 @@ class Engine(InProcess):
                 self._progress(live, now)
             if w.error is not None:
                 self._finish(live, FinishReason.ERROR, w.error)
+            elif live.seq.id in verified:          # a speculative step: several tokens
+                *kept, last = verified[live.seq.id]
+                for ev in kept:                    # in the sequence already
+                    self._emit(live, ev, append=False)
+                self._emit(live, last)
             elif live.t_decode:
                 draws.append((live, out))
             elif w.new and w.restored.logits is not None:   # an exact repeat
@@ -209,7 +225,7 @@ class Engine(InProcess):
         self.observations.append(("prefill", st.prompt_ms / 1000))
         live.t_decode = t
 
-    def _emit(self, live: Live, ev: TokenEvent) -> None:
+    def _emit(self, live: Live, ev: TokenEvent, append: bool = True) -> None:
         st = live.req.stats
         st.predicted_n += 1
         if live.t_decode:             # so far: what timings_per_token streams report
@@ -218,7 +234,7 @@ class Engine(InProcess):
         live.req.emit(ev)
         if ev.finish_reason:
             self._finish(live, ev.finish_reason)
-        else:
+        elif append:
             live.seq.tokens.append(ev.token)
 
     def _reap(self) -> None:
@@ -245,6 +261,8 @@ class Engine(InProcess):
                                                    len(live.seq.tokens))
         # the next turn resumes after this answer
         self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
+        if self.spec is not None:
+            self.spec.release(live.seq.id)
         if reason != FinishReason.ERROR and live.seq.num_computed:
             seq = live.seq
             self.slots.remember(live.slot, seq.tokens[:seq.num_computed], seq.salt)

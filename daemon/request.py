@@ -34,6 +34,8 @@ class Stats:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     queued_ms: float = 0.0
+    draft_n: int = 0                  # tokens a draft model proposed (speculative decoding)
+    draft_n_accepted: int = 0         # of them, those the model kept
 
     def timings(self) -> dict:
         """llama-server's timings: prompt_n counts the prompt tokens computed (cache_n
@@ -54,6 +56,8 @@ class Stats:
         }
         if self.cache_tier is not None:
             out["cache_tier"] = self.cache_tier
+        if self.draft_n:                  # llama-server reports them when it drafted
+            out["draft_n"], out["draft_n_accepted"] = self.draft_n, self.draft_n_accepted
         return out
 
 

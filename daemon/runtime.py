@@ -22,10 +22,13 @@ from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.engine import Engine
 from ckptd.daemon.lora import Adapters
 from ckptd.daemon.sleep import Sleep
+from ckptd.daemon.speculation import SpecConfig, Speculation
 from ckptd.model.config import ModelConfig
 from ckptd.model.loader import load
 from ckptd.model.placement import Placement, resolve
 from ckptd.model.runner import Runner
+from ckptd.model.speculative.drafter import Drafter, check_vocab
+from ckptd.model.speculative.params import conditional
 from ckptd.model.text.tokenizer import Tokenizer
 
 log = logging.getLogger("ckptd")
@@ -51,6 +54,7 @@ class Runtime:
     where: Placement
     weights: str
     adapters: Adapters = field(default_factory=lambda: Adapters([], []))   # LoRA
+    draft: Path | None = None      # the draft model's file (speculative decoding)
 
     @classmethod
     def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
@@ -68,9 +72,14 @@ class Runtime:
         adapters = _adapters(cfg, model)
         B = cfg.block_size
         spec = model.state_spec(B)
-        sizes = memory.plan(spec.page_bytes(), model.device, cfg.kv_budget, cfg.host_budget,
+        draft = _draft(cfg, where, tok, model) if cfg.drafting else None
+        # with a draft, a page of the budget is one page of each model's KV
+        page_bytes = spec.page_bytes() + (draft.state_spec(B).page_bytes() if draft else 0)
+        sizes = memory.plan(page_bytes, model.device, cfg.kv_budget, cfg.host_budget,
                             -(-max_context // B) + 1, cfg.parallel)
-        runner = Runner(model, sizes.kv_pages, cfg.parallel, B, max_batch_tokens=cfg.step_tokens,
+        drafted = cfg.parallel * cfg.spec_draft_n_max if draft else 0
+        runner = Runner(model, sizes.kv_pages, cfg.parallel, B,
+                        max_batch_tokens=cfg.step_tokens + drafted,
                         graphs=False if cfg.enforce_eager else None,
                         max_seq_pages=-(-max_context // B))
         remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
@@ -79,11 +88,18 @@ class Runtime:
                            queue_bytes=cfg.write_queue, remote=remote)
         cache = CacheManager(runner, runner.spec, sizes.kv_pages, model.fingerprint, store,
                              cfg.snapshot_interval, cfg.max_snapshots, cfg.snapshot_budget)
+        speculation = None
+        if draft is not None:
+            drafter = Drafter(draft, sizes.kv_pages, cfg.parallel, B, cfg.step_tokens,
+                              -(-(max_context + cfg.spec_draft_n_max) // B))
+            speculation = Speculation(drafter, runner, SpecConfig(cfg.draft_limits(),
+                                      conditional(cfg.synth())), frozenset(tok.eos_ids))
         engine = Engine(runner, cache, tok, max_running=cfg.parallel, queue_size=cfg.queue_size,
                         step_tokens=cfg.step_tokens,
-                        check_invariants=os.environ.get(CHECK_ENV) == "1")
+                        check_invariants=os.environ.get(CHECK_ENV) == "1", spec=speculation)
         rt = cls(model.config, model.fingerprint, tok, runner, store, cache, engine,
-                 max_context, sizes.kv_pages * B, path, where, cfg.weights, adapters)
+                 max_context, sizes.kv_pages * B, path, where, cfg.weights, adapters,
+                 Path(cfg.model_draft) if draft is not None else None)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
         engine.heap.freeze()           # the loaded objects leave the collector's walks
@@ -106,8 +122,11 @@ class Runtime:
         return self.config.vocab_size
 
     def unload(self) -> None:
-        """Sleeping (the engine's thread, idle): the weights, KV pool and graphs go."""
+        """Sleeping (the engine's thread, idle): the weights, KV pool and graphs go, the
+        draft model's too."""
         self.runner.release()
+        if self.engine.spec is not None:
+            self.engine.spec.drafter.runner.release()
 
     def reload(self) -> None:
         """Waking up: the same weights again (the store's entries are theirs: a file
@@ -121,6 +140,9 @@ class Runtime:
             from ckptd.model.lora.apply import Lora
             Lora(self.adapters.adapters).attach(model)
         self.runner.reload(model)
+        if self.engine.spec is not None:
+            draft, _ = load(self.draft, self.where.dtype, self.where.device, weights=self.weights)
+            self.engine.spec.drafter.runner.reload(draft)
 
     def close(self) -> None:
         """Cancel what still runs, then store what the cache captured, flush and close."""
@@ -141,6 +163,18 @@ def _adapters(cfg: ServeConfig, model) -> Adapters:
             for i, f in enumerate(cfg.lora)))
     scales = [0.0 if cfg.lora_init_without_apply else f.scale for f in cfg.lora]
     return Adapters(loaded, scales)
+def _draft(cfg: ServeConfig, where, tok: Tokenizer, model) -> torch.nn.Module:
+    """The draft model, on the model's device and dtype; ValueError (one line) unless it
+    has the model's vocabulary."""
+    draft, draft_tok = load(Path(cfg.model_draft), where.dtype, where.device,
+                            weights=cfg.weights)
+    check_vocab(tok, draft_tok, model.config.vocab_size, draft.config.vocab_size)
+    if cfg.synth():
+        log.warning("synthetic speculative acceptance is on, for benchmarking: the output "
+                    "is not the model's")
+    log.info("draft model %s: speculative decoding, up to %d tokens a step",
+             Path(cfg.model_draft).name, cfg.spec_draft_n_max)
+    return draft
 
 
 def _remote(url: str, fingerprint: str, spec) -> RemoteTier:

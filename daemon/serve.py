@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ckptd.daemon import config, lora
+from ckptd.daemon import config, flags, lora
+from ckptd.daemon.cachedir import prepare_cache_dir
+from ckptd.daemon.http.vertex import Vertex
 
 if TYPE_CHECKING:
     from ckptd.daemon.service import Service
@@ -30,21 +32,21 @@ log = logging.getLogger("ckptd")
 
 
 def add_arguments(parser) -> None:
-    config.add_arguments(parser)
+    flags.add_arguments(parser)
     lora.add_arguments(parser)
 
 
 def run(args) -> int:
-    cfg = config.from_args(args)
+    cfg = flags.from_args(args)
     if cfg.device != "cpu":
         # `--device cuda` without CUDA: one line before the port opens (imports torch)
         from ckptd.model.placement import resolve
         resolve(cfg.device, cfg.dtype)
-    aip = config.Vertex.from_env(os.environ)
+    aip = Vertex.from_env(os.environ)
     if aip.enabled and aip.port is not None and aip.port != cfg.port:
         # Vertex AI sends its traffic to AIP_HTTP_PORT, whatever the flags say
         cfg = replace(cfg, port=aip.port)
-    lock = config.prepare_cache_dir(cfg.cache_dir)
+    lock = prepare_cache_dir(cfg.cache_dir)
     _setup_logging(cfg.log_format)
     try:
         return _run(cfg)

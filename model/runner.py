@@ -12,6 +12,8 @@ records checkpoints through (cache/manager.py: StateIO).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ckptd.model.batch import SeqChunk, StepBatch
@@ -19,6 +21,15 @@ from ckptd.model.graphs import DecodeGraphs
 from ckptd.model.sequence import Sequence
 from ckptd.model.state import DeviceState, SlotPool
 from ckptd.model.transfers import Transfers
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A sequence's position before a speculative step, and for a hybrid its recurrent
+    state there (device copies: conv [n_rec, conv_dim, K-1], ssm [n_rec, v_heads, dk, dv])."""
+    position: int
+    conv: torch.Tensor | None = None
+    ssm: torch.Tensor | None = None
 
 
 class Runner:
@@ -78,6 +89,13 @@ class Runner:
         Returns float32 logits [len(work), vocab] of each sequence's last computed token,
         on the CPU, or where the model ran with on_device (backend sampling).
         """
+        return self.step_rows(work, on_device=on_device)[0]
+
+    def step_rows(self, work: list[tuple[Sequence, int]], wide: frozenset[int] = frozenset(),
+                  on_device: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """step(), and for each sequence whose id is in `wide` the logits of every token
+        it computed ([n, vocab]: row i predicts the token after its i-th one), as a
+        speculative step's verification reads them."""
         if not work:
             raise ValueError("step needs at least one (sequence, n_tokens)")
         seen = set()
@@ -98,29 +116,67 @@ class Runner:
         if total > self.max_batch_tokens:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
-        ids, chunks, last = [], [], []
+        ids, chunks, last, rows = [], [], [], []
         for seq, n in work:
             start, end = seq.num_computed, seq.num_computed + n
             table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
             chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
+            first = len(ids) if seq.id in wide else len(ids) + n - 1
             ids += seq.tokens[start:end]
-            last.append(len(ids) - 1)
+            rows.extend(range(first, len(ids)))
+            last.append(len(rows) - 1)
         lora = [seq.lora for seq, _ in work]
         # a captured graph computes the base model: steps using an adapter run eagerly
         if self.graphs is not None and not any(any(s) for s in lora) \
                 and self.graphs.fits(chunks):
             logits = self.graphs.run(chunks, ids)
         else:
-            batch = StepBatch.build(chunks, ids, last, B, self.device, lora=lora,
+            batch = StepBatch.build(chunks, ids, rows, B, self.device, lora=lora,
                                     dtype=self.model.dtype)
             logits = self.model(batch, self.state)
         # the step's one wait for the device: its logits, for sampling on the host (a
         # copy: a graph's output buffer is overwritten by its next replay)
         where = self.device if on_device else "cpu"
         logits = logits.to(where, copy=self.graphs is not None)
-        for seq, n in work:
+        out: dict[int, torch.Tensor] = {}
+        for (seq, n), end in zip(work, last):
             seq.num_computed += n
-        return logits
+            if seq.id in wide:
+                out[seq.id] = logits[end - n + 1:end + 1]
+        if wide:
+            logits = logits[torch.tensor(last)]
+        return logits, out
+
+    # ---- speculative steps: back to the last accepted token ----------------------------
+
+    def mark(self, seq: Sequence) -> Mark:
+        """Where seq is now, before a step that may be taken back in part (a speculative
+        verify): its position, and for a hybrid a device copy of its recurrent state."""
+        if self.state.conv is None:
+            return Mark(seq.num_computed)
+        return Mark(seq.num_computed, self.state.conv[seq.slot].clone(),
+                    self.state.ssm[seq.slot].clone())
+
+    def rewind(self, seq: Sequence, mark: Mark, position: int) -> None:
+        """Make seq's state that of its first `position` tokens, where mark.position <=
+        position <= seq.num_computed. KV past a position is never read (attention is
+        causal by the context length) and is overwritten when those positions are
+        computed again. A recurrent state can't be cut back: the marked one is put back
+        and the tokens from the mark to `position` computed again (its pages were
+        made writable for the step being taken back)."""
+        if not mark.position <= position <= seq.num_computed:
+            raise ValueError(f"sequence {seq.id}: cannot rewind to {position} (marked at "
+                             f"{mark.position}, computed {seq.num_computed})")
+        if position == seq.num_computed:
+            return
+        if mark.conv is None:
+            seq.num_computed = position
+            return
+        self.state.conv[seq.slot].copy_(mark.conv)
+        self.state.ssm[seq.slot].copy_(mark.ssm)
+        seq.num_computed = mark.position
+        if position > mark.position:
+            self.step([(seq, position - mark.position)])
 
     # ---- state I/O for the cache manager ---------------------------------------------
 

@@ -2,9 +2,10 @@
 ckptd's (`LLAMA_SERVER_BIN_PATH` names a wrapper that runs this module).
 
 The model is ckptd's (CKPTD_SUITE_MODEL, default the embedded SmolLM2); the suite's
-model flags (--hf-repo, --model) are not followed: it downloads nothing. Its LoRA
-adapters are for its own model too: `--lora` serves CKPTD_SUITE_LORA instead (an
-adapter for ckptd's model, `ckptd make-lora`), and is refused without it. llama-server's
+model flags (--hf-repo, --model, --model-draft) are not followed: it downloads nothing
+(a draft model is ckptd's model too: it drafts for itself). Its LoRA adapters are
+for its own model too: `--lora` serves CKPTD_SUITE_LORA instead (an adapter for
+ckptd's model, `ckptd make-lora`), and is refused without it. llama-server's
 defaults are mapped too: metrics off unless --metrics, CORS open to any origin with
 credentials. A flag for a feature ckptd leaves out exits 2 with one line saying so.
 """
@@ -15,7 +16,7 @@ import os
 import sys
 import tempfile
 
-from ckptd.daemon.config import SETTINGS
+from ckptd.daemon.flags import SETTINGS
 
 # llama-server flag -> (ckptd flag or None to drop it, takes a value)
 _MAP = {
@@ -40,11 +41,15 @@ _MAP = {
     "--sleep-idle-seconds": ("--sleep-idle-seconds", True),
     "--backend_sampling": ("--backend-sampling", False),
     "--backend-sampling": ("--backend-sampling", False),
+    "--spec-type": ("--spec-type", True), "--spec-draft-n-max": ("--spec-draft-n-max", True),
+    "--spec-draft-n-min": ("--spec-draft-n-min", True),
+    "--spec-draft-p-min": ("--spec-draft-p-min", True),
+    "--spec-synth-len": ("--spec-synth-len", True),
+    "--spec-synth-rates": ("--spec-synth-rates", True),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
     "--context-shift": "context shift",
-    "--model-draft": "speculative decoding", "--spec-type": "speculative decoding",
     "--mmproj-url": "multimodal input", "--media-path": "multimodal input",
     "--models-dir": "router mode", "--models-max": "router mode",
     "--no-models-autoload": "router mode",
@@ -84,6 +89,10 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         if a == "--n-predict" and int(argv[i + 1]) < 0:    # llama-server's -1: no limit
             i += 2                                          # (ckptd's default: the context)
             continue
+        if a == "--model-draft":          # the suite's draft is replaced too: the model
+            out += ["--model-draft", _model(env)]    # drafts for itself
+            i += 2
+            continue
         if a not in _MAP:
             raise ValueError(f"{a}: not a llama-server flag this adapter knows")
         flag, takes = _MAP[a]
@@ -112,6 +121,12 @@ def environment(env: dict[str, str]) -> dict[str, str]:
     CKPTD_CHECK_INVARIANTS among them, pass."""
     settings = {"CKPTD_" + name.upper() for name in SETTINGS}
     return {k: v for k, v in env.items() if k not in settings}
+
+
+def _model(env: dict[str, str]) -> str:
+    """The model ckptd serves in the suite: CKPTD_SUITE_MODEL, else the embedded one."""
+    from ckptd.model.default import default_model_path
+    return env.get("CKPTD_SUITE_MODEL") or str(default_model_path())
 
 
 def _value(args: list[str], flag: str, default: int) -> int:

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from ckptd.daemon.config import Vertex
 from ckptd.daemon.http import (
     adapters,
     admin,
@@ -23,6 +22,7 @@ from ckptd.daemon.http.common import SERVICE
 from ckptd.daemon.http.errors import not_supported
 from ckptd.daemon.http.middleware import api_key, cors, cors_headers, errors, observe, wake
 from ckptd.daemon.http.unsupported import UNSUPPORTED
+from ckptd.daemon.http.vertex import Vertex
 from ckptd.daemon.service import Service
 
 

@@ -13,6 +13,7 @@ from ckptd.model.sampling.dry import DEFAULT_BREAKERS, DryParams
 from ckptd.model.sampling.filters import CHARS, sampler_name
 from ckptd.model.sampling.grammar import GBNF, Constraint, schema_constraint
 from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.speculative.params import DraftLimits
 
 MAX_LOGIT_BIAS = 1024
 MAX_GRAMMAR = 256 * 1024            # characters of GBNF or schema JSON
@@ -167,7 +168,19 @@ def sampling(f: Fields, ctx: ParseContext, logprobs: int | None, llama: bool) ->
         dynatemp_exponent=f.float("dynatemp_exponent", 1.0, 0.0, 100.0),
         samplers=order, dry=dry(f, ctx), mirostat=f.int("mirostat", 0, 0, 2),
         mirostat_tau=f.float("mirostat_tau", 5.0, 0.0, 1e6),
-        mirostat_eta=f.float("mirostat_eta", 0.1, 0.0, 1e6), **penalties)
+        mirostat_eta=f.float("mirostat_eta", 0.1, 0.0, 1e6), draft=draft_limits(f),
+        **penalties)
+
+
+def draft_limits(f: Fields) -> DraftLimits | None:
+    """llama-server's speculative.n_max / n_min / p_min: this request's draft limits
+    (ignored without a draft model); None when it gives none."""
+    n_max = f.int("speculative.n_max", None, 0, 1 << 10)
+    n_min = f.int("speculative.n_min", None, 0, 1 << 10)
+    p_min = f.float("speculative.p_min", None, 0.0, 1.0)
+    if n_max is None and n_min is None and p_min is None:
+        return None
+    return DraftLimits(n_max, n_min, p_min)
 
 
 def _positive(f: Fields, name: str, default: float) -> float:

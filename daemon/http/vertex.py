@@ -12,15 +12,36 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from ckptd.daemon.config import Vertex
 from ckptd.daemon.http.common import BODY, json_response, read_json
 from ckptd.daemon.http.errors import ApiError, bad_request
 
 MAX_INSTANCES = 128
 log = logging.getLogger("ckptd.http")
+
+
+@dataclass(frozen=True)
+class Vertex:
+    """Vertex AI's custom-container settings (AIP_* variables; daemon/http/vertex.py)."""
+
+    enabled: bool = False
+    predict_route: str = "/predict"
+    health_route: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Vertex:
+        if env.get("AIP_MODE") != "PREDICTION":
+            return cls()
+        port = env.get("AIP_HTTP_PORT")
+        if port is not None and not port.isdigit():
+            raise ValueError(f"AIP_HTTP_PORT must be a port number, got {port!r}")
+        return cls(True, env.get("AIP_PREDICT_ROUTE") or "/predict",
+                   env.get("AIP_HEALTH_ROUTE") or None, int(port) if port else None)
 
 
 def alias(path: str) -> str:

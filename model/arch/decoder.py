@@ -108,4 +108,6 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, ctx)
         x = self.model.norm(x[batch.logits_index])
+        if self.lora is not None and batch.lora is not None:
+            self.lora.rows = batch.lora.at(batch.logits_index)
         return (self.lm_head(x) if self.head is None else self.head(x)).float()

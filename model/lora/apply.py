@@ -47,6 +47,10 @@ class Rows:
         rows = table.repeat_interleave(torch.tensor(q_lens), dim=0)
         return cls(rows.to(device, dtype))
 
+    def at(self, index: torch.Tensor) -> Rows:
+        """The scales of some rows only: lm_head runs on the logits' rows."""
+        return Rows(self.scales.index_select(0, index))
+
 
 def adaptable(model) -> set[str]:
     """Names of the linears a LoRA may adapt in this model."""

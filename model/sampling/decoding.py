@@ -58,10 +58,11 @@ class Decoding:
         self.n = 0
         self.finished = False
 
-    def accept(self, logits) -> TokenEvent:
-        """Sample the next token from logits [vocab] and apply the stop rules."""
+    def accept(self, logits, forced: int | None = None) -> TokenEvent:
+        """Sample the next token from logits [vocab] and apply the stop rules (forced:
+        Sampler's, for synthetic speculative acceptance)."""
         assert not self.finished, "accept after the sequence finished"
-        return self.take(self.sampler(logits))
+        return self.take(self.sampler(logits, forced))
 
     def take(self, s: Sampled) -> TokenEvent:
         """Apply the stop rules to a token this sequence's sampler chose (here, or batched

@@ -19,6 +19,7 @@ from ckptd.model.sampling.dry import Dry, DryParams
 from ckptd.model.sampling.grammar import Compiled
 from ckptd.model.sampling.mirostat import Mirostat
 from ckptd.model.sampling.penalties import Penalties
+from ckptd.model.speculative.params import DraftLimits
 
 MAX_LOGPROBS = 20
 
@@ -56,6 +57,7 @@ class SamplingParams:
     mirostat_eta: float = 0.1           # how fast mu follows the surprise seen
     dry: DryParams | None = None        # DRY (dry.py), after the penalties; None: off
     backend_sampling: bool = False      # sample on the model's device (backend.py) if it can
+    draft: DraftLimits | None = None    # speculative.n_max/n_min/p_min; None: the server's
 
     def __post_init__(self) -> None:
         # Accept a single string and lists, as the OpenAI API does; store tuples.
@@ -157,10 +159,12 @@ class Sampler:
         else:
             self.gen.seed()
 
-    def __call__(self, logits: torch.Tensor) -> Sampled:
+    def __call__(self, logits: torch.Tensor, forced: int | None = None) -> Sampled:
         """One token from logits [vocab], after logit bias and penalties. Logprobs are
         those of the model's distribution (before bias, penalties, temperature and
-        filters), as the OpenAI API reports them."""
+        filters), as the OpenAI API reports them. forced: the draw is made (the seeded
+        stream moves on as it would) but this token is taken instead, and the grammar
+        does not advance: llama.cpp's synthetic acceptance of a drafted token."""
         p = self.params
         logits = logits.detach().float().cpu()
         adjusted = self.penalties.adjust(logits)
@@ -169,10 +173,12 @@ class Sampler:
         if self.matcher is not None:
             adjusted = self.matcher.mask(adjusted)
         token = int(adjusted.argmax()) if p.greedy else self._draw(adjusted)
+        if forced is not None:
+            token = forced
         self.penalties.seen(token)
         if self.dry is not None:
             self.dry.seen(token)
-        if self.matcher is not None:
+        if self.matcher is not None and forced is None:
             self.matcher.accept(token)
         if p.logprobs is None:
             return Sampled(token)

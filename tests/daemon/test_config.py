@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptd.daemon.config import ServeConfig, add_arguments, from_args, parse_size
+from ckptd.daemon.config import ServeConfig, parse_size
+from ckptd.daemon.flags import add_arguments, from_args
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ckptd.daemon import config, lora
+from ckptd.daemon import flags, lora
 from ckptd.daemon.lora import Adapters, LoraFile, parse_scaled
 from ckptd.model.loader import load_model
 from ckptd.model.lora.adapter import Adapter
@@ -171,11 +171,11 @@ def test_a_slot_saved_with_an_adapter_restores_under_it(tiny_hybrid_dir, adapter
 def test_flags_read_as_llama_server_reads_them(tmp_path):
     import argparse
     p = argparse.ArgumentParser()
-    config.add_arguments(p)
+    flags.add_arguments(p)
     lora.add_arguments(p)
     args = p.parse_args(["--lora", "a.gguf,b.gguf", "--lora-scaled", "c.gguf", "0.5",
                          "--lora-scaled", "d.gguf:2,e:f.gguf:-1", "--lora-init-without-apply"])
-    cfg = config.from_args(args, env={"XDG_DATA_HOME": str(tmp_path)})
+    cfg = flags.from_args(args, env={"XDG_DATA_HOME": str(tmp_path)})
     assert cfg.lora == (LoraFile("a.gguf"), LoraFile("b.gguf"), LoraFile("c.gguf", 0.5),
                         LoraFile("d.gguf", 2.0), LoraFile("e:f.gguf", -1.0))
     assert cfg.lora_init_without_apply
@@ -212,5 +212,19 @@ def test_adapters_are_attached_again_after_a_sleep(tiny_hybrid_dir, adapter, tmp
         assert ref[0.0] != ref[1.0]
         _wait_asleep(d)
         assert {s: _complete(d, s, cache=False)[0] for s in (1.0, 0.0)} == ref
+    finally:
+        assert d.stop() == 0, d.output()
+
+
+def test_an_adapted_lm_head_in_prefill_and_decode(tiny_hybrid_dir, tmp_path):
+    """lm_head runs on the logits' rows only (a prefill's last token, every drafted
+    position): its adapter's scales are those rows', not the step's tokens'."""
+    model = load_model(tiny_hybrid_dir)
+    head = make_lora(model, tmp_path / "head", std=0.5, seed=5, targets=("lm_head", "q_proj"))
+    d = start(tiny_hybrid_dir, tmp_path / "cache", *ARGS, "--lora", str(head))
+    try:
+        ref = {s: _complete(d, s, cache=False)[0] for s in (0.0, 1.0)}
+        assert ref[0.0] != ref[1.0]
+        assert _complete(d, 1.0)[0] == ref[1.0] and _complete(d, 1.0)[0] == ref[1.0]
     finally:
         assert d.stop() == 0, d.output()

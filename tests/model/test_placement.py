@@ -73,7 +73,7 @@ def test_the_dtype_is_part_of_the_fingerprint(tiny_hybrid_dir):
 def test_enforce_eager_and_device_flags_reach_the_config():
     import argparse
 
-    from ckptd.daemon.config import add_arguments, from_args
+    from ckptd.daemon.flags import add_arguments, from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ckptd.daemon import config
+from ckptd.daemon import config, flags
 from tests.daemon.daemon_proc import ROOT, Daemon, start
 from tests.reliability.conftest import ARGS, ENV
 
@@ -19,8 +19,8 @@ KEY, ADMIN = "user-key", "admin-key"
 
 def _cfg(argv: list[str], env: dict | None = None) -> config.ServeConfig:
     p = argparse.ArgumentParser()
-    config.add_arguments(p)
-    return config.from_args(p.parse_args(argv), env or {})
+    flags.add_arguments(p)
+    return flags.from_args(p.parse_args(argv), env or {})
 
 
 def test_settings_for_admin_and_limits(tmp_path):
