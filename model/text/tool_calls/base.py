@@ -83,3 +83,10 @@ def schema_type(schemas: dict[str, dict], fn: str, param: str) -> object:
     props = (schemas.get(fn) or {}).get("properties")
     prop = props.get(param) if isinstance(props, dict) else None
     return prop.get("type") if isinstance(prop, dict) else None
+
+
+def schema_content(schema: dict, style: str = "json") -> dict:
+    """A structural tag's arguments held to `schema`; at most one whitespace character in
+    a row, as models write JSON (an unbounded run lets a sampled call never end)."""
+    return {"type": "json_schema", "json_schema": schema, "style": style,
+            "max_whitespace_cnt": 1}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, json_call
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, json_call, schema_content
 from ckptd.model.text.tool_calls.jsonscan import array_items, object_fields
 from ckptd.model.text.tool_calls.jsontext import parse_objects, partial_string
 
@@ -50,7 +50,7 @@ class Generic(ToolFormat):
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag",
                 "begin": f'{{"tool_call": {{"name": {json.dumps(name)}, "arguments": ',
-                "content": {"type": "json_schema", "json_schema": schema}, "end": "}}"}
+                "content": schema_content(schema), "end": "}}"}
 
 
 def instructions(tools: list[dict]) -> str:

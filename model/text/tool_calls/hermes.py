@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, json_call
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, json_call, schema_content
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
@@ -58,5 +58,5 @@ class Hermes(ToolFormat):
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{START}\n{{"name": {json.dumps(name)}, "arguments": ',
-                "content": {"type": "json_schema", "json_schema": schema},
+                "content": schema_content(schema),
                 "end": f"}}\n{END}"}

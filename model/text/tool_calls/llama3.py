@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, schema_content
 from ckptd.model.text.tool_calls.jsontext import one_call, parse_objects
 
 STARTS = ('{"name":', '{"type":"function","name":')
@@ -25,4 +25,4 @@ class Llama3(ToolFormat):
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{{"name": {json.dumps(name)}, "parameters": ',
-                "content": {"type": "json_schema", "json_schema": schema}, "end": "}"}
+                "content": schema_content(schema), "end": "}"}

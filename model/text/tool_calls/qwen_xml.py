@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, schema_type
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, schema_content, schema_type
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
 FUNC, FUNC_END = "<function=", "</function>"
 PARAM, PARAM_END = "<parameter=", "</parameter>"
+_WS = (" ", "\t", "\r", "\n")
 
 
 class Incomplete(Exception):
@@ -41,9 +42,10 @@ def _expect(s: str, i: int, lit: str) -> int:
 
 
 def _value(raw: str, typ: object) -> object:
-    # one newline around the value is the format's, not the value's
-    raw = raw[1:] if raw.startswith("\n") else raw
-    raw = raw[:-1] if raw.endswith("\n") else raw
+    # one whitespace character (a newline, as models write it) around the value is the
+    # format's, not the value's: more would cut a code value's indentation
+    raw = raw[1:] if raw[:1] in _WS else raw
+    raw = raw[:-1] if raw[-1:] in _WS else raw
     if typ == "string" or (isinstance(typ, list) and "string" in typ):
         return raw
     try:
@@ -136,8 +138,7 @@ class QwenXml(ToolFormat):
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f"{START}\n{FUNC}{name}>\n",
-                "content": {"type": "json_schema", "json_schema": schema,
-                            "style": "qwen_xml"},
+                "content": schema_content(schema, "qwen_xml"),
                 "end": f"\n{FUNC_END}\n{END}"}
 
 
