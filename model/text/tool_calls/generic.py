@@ -55,8 +55,6 @@ class Generic(ToolFormat):
 
 def instructions(tools: list[dict]) -> str:
     """What the system message tells a model whose template shows no tools."""
-    listed = json.dumps([t["function"] for t in tools], indent=2, ensure_ascii=False)
-    return ("You can call these tools (each with a JSON schema of its arguments):\n"
-            f"{listed}\n\nTo call a tool, answer with only a JSON object: "
-            '{"tool_call": {"name": "<tool name>", "arguments": {<its arguments>}}}. '
-            "Otherwise answer the user as usual.")
+    listed = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return (f"Tools (JSON schemas of their arguments):\n{listed}\nTo call one, answer "
+            'only {"tool_call": {"name": ..., "arguments": {...}}}.')
