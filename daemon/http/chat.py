@@ -13,6 +13,7 @@ from ckptd.daemon.http.fields import Fields, type_error
 
 TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOOLS = 128
+REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ChatPrompt:
     prefill: str | None = None          # a last assistant message: continued, not answered
     kwargs: dict = field(default_factory=dict)          # chat_template_kwargs
     enable_thinking: bool | None = None                 # None: the server's --reasoning
+    reasoning_format: str = "auto"      # llama-server's: "none" leaves thinking in content
 
     @classmethod
     def parse(cls, f: Fields, allow_empty: bool = False) -> ChatPrompt:
@@ -50,8 +52,12 @@ class ChatPrompt:
         tools = parse_tools(f.data.get("tools"))
         kwargs, thinking = _template_kwargs(f)
         choice, name = _tool_choice(f.data.get("tool_choice"), tools)
+        fmt = f.str("reasoning_format") or "auto"
+        if fmt not in REASONING_FORMATS:
+            raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}"
+                              f", got {fmt!r}", "reasoning_format")
         return cls(msgs, tools, choice, name, f.bool("parallel_tool_calls", True), add,
-                   prefill, kwargs, thinking)
+                   prefill, kwargs, thinking, fmt)
 
     def with_messages(self, messages: list[dict], add_generation_prompt: bool,
                       prefill: str | None = None) -> ChatPrompt:

@@ -150,6 +150,7 @@ class ResponsesFormat:
         self.spec = spec if spec is not None and spec.active else None
         self.parser = ReplyParser(self.spec) if self.spec else None
         self.calls: list[tuple[str, ToolCall]] = []
+        self.reasoning = ""
         self.id = f"resp_{uuid.uuid4().hex}"
         self.msg_id = f"msg_{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -187,7 +188,7 @@ class ResponsesFormat:
         out.update(status="incomplete" if cut else "completed",
                    incomplete_details={"reason": "max_output_tokens"} if cut else None,
                    output=[self._message("incomplete" if cut else "completed")] +
-                   [self._call(cid, c) for cid, c in self.calls],
+                   [self._call(cid, c) for cid, c in self.calls] + self._reasoning(),
                    usage={"input_tokens": st.prompt_n, "output_tokens": st.predicted_n,
                           "total_tokens": st.prompt_n + st.predicted_n,
                           "input_tokens_details": {"cached_tokens": st.cache_n},
@@ -195,6 +196,14 @@ class ResponsesFormat:
         if not cut:
             out["completed_at"] = int(time.time())
         return out
+
+    def _reasoning(self) -> list[dict]:
+        """The thinking block as a reasoning item (after the others: a stream has sent
+        the message as item 0 before the end tells the rest)."""
+        if not self.reasoning:
+            return []
+        return [{"type": "reasoning", "id": f"rs_{self.id[5:]}", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": self.reasoning}]}]
 
     @staticmethod
     def _call(cid: str, c: ToolCall) -> dict:
@@ -238,6 +247,7 @@ class ResponsesFormat:
                                        output_index=0, content_index=0, delta=rest,
                                        logprobs=[]))
             self.calls = self.parser.calls
+            self.reasoning = self.parser.sent.reasoning
         final = self.response(fin)
         out += [self._event("response.output_text.done", item_id=self.msg_id, output_index=0,
                            content_index=0, text=self.text, logprobs=[]),
@@ -246,6 +256,10 @@ class ResponsesFormat:
                self._event("response.output_item.done", output_index=0,
                            item=final["output"][0])]
         for k, item in enumerate(final["output"][1:], 1):
+            if item["type"] != "function_call":
+                out += [self._event("response.output_item.added", output_index=k, item=item),
+                        self._event("response.output_item.done", output_index=k, item=item)]
+                continue
             added = {**item, "status": "in_progress", "arguments": ""}
             out += [self._event("response.output_item.added", output_index=k, item=added),
                     self._event("response.function_call_arguments.delta", item_id=item["id"],
@@ -269,7 +283,7 @@ class ResponsesFormat:
         self.text = "".join(e.text for e in res.events)
         if self.spec is not None:
             parsed = self.spec.parse(self.text)
-            self.text = parsed.content
+            self.text, self.reasoning = parsed.content, parsed.reasoning
             self.calls = [(call_id(), c) for c in parsed.calls]
         out = self.response(res.finished)
         out["timings"] = res.finished.stats.timings()

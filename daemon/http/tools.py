@@ -24,7 +24,8 @@ def reply_spec(svc, chat: ChatPrompt, tokens: list[int]) -> ReplySpec:
     calls = bool(chat.tools) and chat.tool_choice != "none"
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
                for t in chat.tools}
-    return ReplySpec(syntax.fmt if calls else None, schemas, syntax.thinking, open_thinking,
+    thinking = syntax.thinking and chat.reasoning_format != "none"
+    return ReplySpec(syntax.fmt if calls else None, schemas, thinking, open_thinking,
                      chat.parallel_tool_calls and chat.tool_name is None)
 
 

@@ -129,3 +129,15 @@ def test_detect_from_template_source(tmp_path):
     assert detect("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}").name == "hermes"
     assert detect("<|start_header_id|>{% if tools %}{% endif %}").name == "llama3"
     assert detect(None).name == "generic"
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("llama3", '{\n  "type": "function",\n  "name": "test123", "parameters": {"a": 1}}'),
+    ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'),
+    ("qwen_xml", "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>"),
+    ("generic", '{"tool_call": {"name": "rm_rf", "arguments": {}}}')])
+def test_a_call_of_no_tool_is_content(fmt, text):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS)
+    assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
+    got = _stream(spec, text, random.Random(0))
+    assert got["calls"] == [] and got["content"] == text.strip()

@@ -51,12 +51,13 @@ def held(text: str, marker: str) -> int:
     return 0
 
 
-def json_call(s: str, i: int) -> tuple[ToolCall | None, int | None]:
+def json_call(s: str, i: int, names=()) -> tuple[ToolCall | None, int | None]:
     """A call written as a JSON object at s[i] — {"name": ..., "arguments" (or
     "parameters"): {...}} — as far as it goes, and the object's end (None: unfinished).
     The call is None until its name is complete. The arguments are the model's own
     JSON text (a JSON string holding JSON is read as that text); ValueError when s[i]
-    is not an object with a string name."""
+    is not an object with a string name, or (given `names`) one that names no tool:
+    text that only looks like a call stays content."""
     fields, end = object_fields(s, i)
     span = fields.get("name")
     if span is None or span[1] is None:
@@ -66,6 +67,8 @@ def json_call(s: str, i: int) -> tuple[ToolCall | None, int | None]:
     name = json.loads(s[span[0]:span[1]])
     if not isinstance(name, str) or not name:
         raise ValueError("a call's name must be a non-empty string")
+    if names and name not in names:
+        raise ValueError(f"{name!r} is not a tool")
     args = fields.get("arguments") or fields.get("parameters")
     if args is None:
         return ToolCall(name, "{}" if end is not None else "", end is not None), end

@@ -18,13 +18,13 @@ from ckptd.model.text.tool_calls.jsontext import parse_objects, partial_string
 STARTS = ('{"tool_call":', '{"tool_calls":', '{"response":', '{"name":')
 
 
-def _read(text: str, i: int) -> tuple[str, list[ToolCall], int | None]:
+def _read(text: str, i: int, names) -> tuple[str, list[ToolCall], int | None]:
     fields, end = object_fields(text, i)
     if not fields:
         return "", [], end
     key, (a, b) = next(iter(fields.items()))
     if key == "name":
-        call, end = json_call(text, i)
+        call, end = json_call(text, i, names)
         return "", [] if call is None else [call], end
     if key == "response":
         if text[a] != '"':
@@ -33,7 +33,7 @@ def _read(text: str, i: int) -> tuple[str, list[ToolCall], int | None]:
     items = [(a, b)] if key == "tool_call" else array_items(text, a)[0]
     calls = []
     for start, _ in items:
-        call, _ = json_call(text, start)
+        call, _ = json_call(text, start, names)
         if call is not None:
             calls.append(call)
     return "", calls, end
@@ -45,7 +45,7 @@ class Generic(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        return parse_objects(text, partial, STARTS, _read)
+        return parse_objects(text, partial, STARTS, lambda t, i: _read(t, i, schemas))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag",

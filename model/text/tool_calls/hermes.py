@@ -33,7 +33,7 @@ class Hermes(ToolFormat):
                 break
             j = i + len(START)
             try:
-                call, end = json_call(text, j)
+                call, end = json_call(text, j, schemas)
             except ValueError:                  # not a call: the markup stays text
                 content.append(text[pos:j])
                 pos = j

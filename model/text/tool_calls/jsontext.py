@@ -59,9 +59,9 @@ def parse_objects(text: str, partial: bool, starts: tuple[str, ...], read
     return "".join(content), calls
 
 
-def one_call(text: str, i: int) -> tuple[str, list[ToolCall], int | None]:
+def one_call(text: str, i: int, names=()) -> tuple[str, list[ToolCall], int | None]:
     """A `read` for objects that are one call each."""
-    call, end = json_call(text, i)
+    call, end = json_call(text, i, names)
     return "", [] if call is None else [call], end
 
 

@@ -21,7 +21,8 @@ class Llama3(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        return parse_objects(text, partial, STARTS, one_call)
+        return parse_objects(text, partial, STARTS,
+                             lambda t, i: one_call(t, i, schemas))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{{"name": {json.dumps(name)}, "parameters": ',

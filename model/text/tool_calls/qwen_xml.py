@@ -68,8 +68,8 @@ class QwenXml(ToolFormat):
                 raise Incomplete(None)
             raise ValueError("a function name runs on")
         name = s[j:close]
-        if not name:
-            raise ValueError("an empty function name")
+        if not name or (schemas and name not in schemas):
+            raise ValueError(f"{name!r} is not a tool")
         j, parts = close + 1, []
         while True:
             try:
