@@ -1,7 +1,6 @@
 """Tool calls and thinking on the chat routes: how an answer is read (a ReplySpec for
 the template's call syntax, model/text/tool_calls/) and the grammar tool_choice adds
-to the request (required or a named function: a well-formed call must come; auto: a
-call, once started, must be well-formed)."""
+to the request (required or a named function: a well-formed call must come)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,6 @@ def with_tool_grammar(chat: ChatPrompt, spec: ReplySpec, g: Generate) -> Generat
     if src is None:
         return g
     if g.constraint is not None:
-        if chat.tool_choice == "auto" and chat.tool_name is None:
-            return g
         raise bad_request(f"{g.constraint[0]} can not be combined with a tool_choice that "
                           "forces a tool call", g.constraint[0])
     return replace(g, constraint=("tools", Constraint(STRUCTURAL_TAG, src)))

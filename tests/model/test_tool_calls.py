@@ -141,3 +141,32 @@ def test_a_call_of_no_tool_is_content(fmt, text):
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
     got = _stream(spec, text, random.Random(0))
     assert got["calls"] == [] and got["content"] == text.strip()
+
+
+def _accepts(src: str, text: str) -> bool:
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+    return _is_grammar_accept_string(xgr.Grammar.from_structural_tag(src), text)
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
+         for n, s in SCHEMAS.items()]
+
+
+@pytest.mark.parametrize("fmt,call", [
+    ("hermes", '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'),
+    ("qwen_xml", "<tool_call>\n<function=ping>\n\n</function>\n</tool_call>"),
+    ("llama3", '{"name": "ping", "parameters": {}}'),
+    ("generic", '{"tool_call": {"name": "ping", "arguments": {}}}')])
+def test_required_grammar_takes_calls_only(fmt, call):
+    from ckptd.model.text.tool_calls.constrain import structural_tag
+    f = FORMATS[fmt]
+    src = structural_tag(f, TOOLS, "required", None, True, False, False)
+    assert _accepts(src, call) and _accepts(src, call + "\n" + call)
+    assert not _accepts(src, "Sure! " + call) and not _accepts(src, "")
+    assert ReplySpec(f, SCHEMAS).parse(call).calls[0].name == "ping"
+    one = structural_tag(f, TOOLS, "required", "ping", True, False, False)
+    assert _accepts(one, call) and not _accepts(one, call + "\n" + call)
+    thinking = structural_tag(f, TOOLS, "required", None, False, True, True)
+    assert _accepts(thinking, "let me see</think>\n\n" + call)
+    assert structural_tag(f, TOOLS, "auto", None, True, False, False) is None

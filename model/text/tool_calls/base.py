@@ -25,11 +25,9 @@ class ToolCall:
 
 class ToolFormat:
     """One family's call syntax. `tag(name, schema)` is the structural tag (xgrammar's
-    `tag` format) a call of that function is; `trigger` is the text a call starts with,
-    `separator` what goes between parallel calls."""
+    `tag` format) a call of that function is; `separator` goes between parallel calls."""
 
     name = ""
-    trigger = ""
     separator = "\n"
 
     def parse(self, text: str, partial: bool,

@@ -41,7 +41,6 @@ def _read(text: str, i: int, names) -> tuple[str, list[ToolCall], int | None]:
 
 class Generic(ToolFormat):
     name = "generic"
-    trigger = '{"tool_call": '
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:

@@ -18,7 +18,6 @@ START, END = "<tool_call>", "</tool_call>"
 
 class Hermes(ToolFormat):
     name = "hermes"
-    trigger = START
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:

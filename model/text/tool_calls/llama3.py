@@ -17,7 +17,6 @@ STARTS = ('{"name":', '{"type":"function","name":')
 
 class Llama3(ToolFormat):
     name = "llama3"
-    trigger = '{"name": '
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:

@@ -56,7 +56,6 @@ def _value(raw: str, typ: object) -> object:
 
 class QwenXml(ToolFormat):
     name = "qwen_xml"
-    trigger = START
 
     def _call(self, s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall | None, int]:
         """The call after START at s[i] and the index after it. When the text ends
