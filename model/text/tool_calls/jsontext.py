@@ -5,24 +5,33 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 from ckptd.model.text.tool_calls.base import ToolCall, json_call
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
 _WS = re.compile(r"\s+")
-_LOOK = 96                  # characters read to tell whether a '{' opens a call
+_LOOK = 96          # the longest a start may run on with whitespace, while streaming
+
+
+@lru_cache(maxsize=8)
+def _pattern(starts: tuple[str, ...]) -> re.Pattern:
+    # each start with any whitespace between its characters
+    return re.compile("|".join(r"\s*".join(re.escape(c) for c in s) for s in starts))
 
 
 def next_start(text: str, pos: int, starts: tuple[str, ...]) -> tuple[int, bool]:
     """(i, False): text[i] opens an object that begins like one of `starts` (written
     without whitespace, e.g. '{"name":'); (i, True): the text ends on what may still
-    become one; (-1, False): neither."""
-    i = text.find("{", pos)
+    become one; (-1, False): neither. One regex scan: a stream re-reads its text on
+    every piece, so a '{' that is not a start must not cost Python steps each time."""
+    m = _pattern(starts).search(text, pos)
+    if m is not None:
+        return m.start(), False
+    i = text.find("{", max(pos, len(text) - _LOOK))
     while i >= 0:
-        head = _WS.sub("", text[i:i + _LOOK])
-        if any(head.startswith(s) for s in starts):
-            return i, False
-        if len(text) - i < _LOOK and any(s.startswith(head) for s in starts):
+        head = _WS.sub("", text[i:])
+        if any(s.startswith(head) for s in starts):
             return i, True
         i = text.find("{", i + 1)
     return -1, False
