@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -32,12 +32,25 @@ from ckptd.model.sampling.dry import DEFAULT_BREAKERS, BreakerTable
 from ckptd.model.sampling.grammar import GrammarError, Grammars
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text import templates
+from ckptd.model.text.tool_calls import generic
+from ckptd.model.text.tool_calls.base import ToolFormat
+from ckptd.model.text.tool_calls.detect import FORMATS, detect, shows_tools
+from ckptd.model.text.tool_calls.reasoning import uses_thinking
 
 VERSION = "0.1.0"
 
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
 # between the other files of an /infill request when the vocabulary has no file separator
 _SNIPPET = "\n\n--- snippet ---\n\n"
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """What the chat template teaches: its call format, whether it writes the tools it
+    is given into the prompt, whether answers may open with a thinking block."""
+    fmt: ToolFormat
+    shows_tools: bool
+    thinking: bool
 
 
 def model_name(path: str | Path) -> str:
@@ -63,6 +76,7 @@ class Service:
         self.started = time.time()
         self.inflight = 0
         self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)
+        self._syntax: ToolSyntax | None = None
 
     # ---- lifecycle (blocking: call from a thread) ------------------------------------
     def load(self, start: bool = True) -> None:
@@ -182,6 +196,9 @@ class Service:
                      "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
         if chat.tools:
             variables["tools"] = chat.tools
+            syntax = self.tool_syntax()
+            if not syntax.shows_tools and chat.tool_choice != "none":
+                messages = _with_system(messages, generic.instructions(chat.tools))
         # what llama.cpp gives templates that list tools as text (FireFunction's)
         variables["functions"] = json.dumps(chat.tools, indent=2) if chat.tools else ""
         variables.update(chat.kwargs)
@@ -190,6 +207,18 @@ class Service:
         except TemplateError as e:
             raise bad_request(f"the chat template rejected the messages: {e}",
                               "messages") from None
+
+    def tool_syntax(self) -> ToolSyntax:
+        """Read from the template once (it is fixed at start-up)."""
+        if self._syntax is None:
+            src = self.tokenizer.chat_template
+            render = lambda tools: self.tokenizer.apply_chat_template(   # noqa: E731
+                [{"role": "user", "content": "hi"}], True, tools=tools)
+            shown = shows_tools(render)
+            # a template that shows no tools teaches no syntax: the generic one is described
+            self._syntax = ToolSyntax(detect(src) if shown else FORMATS["generic"], shown,
+                                      uses_thinking(src))
+        return self._syntax
 
     def context_tokens(self, ctx: Context) -> list[int]:
         """A context's tokens; the same ids every time, so the same cache keys."""
@@ -320,3 +349,11 @@ class Service:
 
     def _closed(self) -> None:
         self.inflight -= 1
+
+
+def _with_system(messages: list[dict], text: str) -> list[dict]:
+    """`text` at the end of the system message (one put first when there is none)."""
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{text}"}] + messages[1:]
+    return [{"role": "system", "content": text}] + messages

@@ -10,6 +10,7 @@ documentation: "stop_sequence" (with the string) when a stop sequence ended it.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from aiohttp import web
@@ -22,9 +23,11 @@ from ckptd.daemon.http.llama import stop_type
 from ckptd.daemon.http.respond import run
 from ckptd.daemon.http.schemas import ChatRequest
 from ckptd.daemon.http.sse import Named
+from ckptd.daemon.http.tools import reply_spec, with_tool_grammar
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
+from ckptd.model.text.tool_calls.reply import Delta, ReplyParser, ReplySpec, call_id
 
 DEFAULT_MAX_TOKENS = 4096          # required by Anthropic; llama-server's default without it
 _PASS = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs", "seed",
@@ -68,6 +71,8 @@ def to_chat(body: object) -> dict:
         kind = choice.get("type")
         chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) \
             or {"type": "function", "function": {"name": choice.get("name")}}
+        if choice.get("disable_parallel_tool_use"):
+            chat["parallel_tool_calls"] = False
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
         kwargs = dict(chat.get("chat_template_kwargs") or {})
@@ -131,15 +136,21 @@ def _result_text(c: object, where: str) -> object:
 
 
 class MessagesFormat:
+    """Answers as content blocks: thinking, text and tool_use (from the answer read by
+    its ReplySpec), streamed as each block's start, deltas and stop."""
     done_marker = False
     timings = None
 
-    def __init__(self, svc: Service, jobs) -> None:
+    def __init__(self, svc: Service, jobs, spec: ReplySpec | None = None) -> None:
         self.svc, self.jobs = svc, jobs
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.generated: list[int] = []
         self.text = ""
-        self.open = False
+        self.spec = spec if spec is not None and spec.active else None
+        self.parser = ReplyParser(self.spec) if self.spec else None
+        self.block: str | None = None       # the kind of the open block
+        self.index = -1                     # and its index
+        self.calls = False
 
     def _usage(self, fin: Finished | None) -> dict:
         tokens = self.jobs[0][0]
@@ -152,6 +163,8 @@ class MessagesFormat:
         kind, word = stop_type(self.svc, self.jobs[0][1], self.generated, self.text, fin)
         if kind == "limit":
             return "max_tokens", None
+        if self.calls:
+            return "tool_use", None
         return ("stop_sequence", word) if kind == "word" else ("end_turn", None)
 
     def _message(self, content: list, fin: Finished | None) -> dict:
@@ -167,31 +180,59 @@ class MessagesFormat:
     def progress(self, i: int, ev: Progress) -> None:
         return None
 
+    def _open(self, kind: str, block: dict) -> list[Named]:
+        out = self._close()
+        self.block, self.index = kind, self.index + 1
+        return out + [Named("content_block_start", {"type": "content_block_start",
+                                                    "index": self.index,
+                                                    "content_block": block})]
+
+    def _close(self) -> list[Named]:
+        if self.block is None:
+            return []
+        self.block = None
+        return [Named("content_block_stop", {"type": "content_block_stop",
+                                             "index": self.index})]
+
+    def _delta(self, delta: dict) -> Named:
+        return Named("content_block_delta", {"type": "content_block_delta",
+                                             "index": self.index, "delta": delta})
+
+    def _events(self, d: Delta) -> list[Named]:
+        out = []
+        if d.reasoning:
+            if self.block != "thinking":
+                out += self._open("thinking", {"type": "thinking", "thinking": "",
+                                               "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": d.reasoning}))
+        if d.content:
+            if self.block != "text":
+                out += self._open("text", {"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": d.content}))
+        for c in d.calls:
+            if c.id is not None:
+                self.calls = True
+                out += self._open("tool_use", {"type": "tool_use", "id": _tool_id(c.id),
+                                               "name": c.name, "input": {}})
+            if c.arguments:
+                out.append(self._delta({"type": "input_json_delta",
+                                        "partial_json": c.arguments}))
+        return out
+
     def chunk(self, i: int, ev: TokenEvent) -> list[Named] | None:
         self.generated.append(ev.token)
         if not ev.text:
             return None
         self.text += ev.text
-        out = []
-        if not self.open:
-            self.open = True
-            out.append(Named("content_block_start", {"type": "content_block_start", "index": 0,
-                                                     "content_block": {"type": "text",
-                                                                       "text": ""}}))
-        out.append(Named("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                 "delta": {"type": "text_delta",
-                                                           "text": ev.text}}))
-        return out
+        d = self.parser.feed(ev.text) if self.parser else Delta(content=ev.text)
+        return self._events(d) or None
 
     def closing(self, i: int, fin: Finished) -> list[Named]:
-        out = []
-        if not self.open:               # an empty answer still has its (empty) text block
-            out.append(Named("content_block_start", {"type": "content_block_start", "index": 0,
-                                                     "content_block": {"type": "text",
-                                                                       "text": ""}}))
+        out = self._events(self.parser.finish()) if self.parser else []
+        if self.index < 0:              # an empty answer still has its (empty) text block
+            out += self._open("text", {"type": "text", "text": ""})
         reason, seq = self._stop(fin)
-        return out + [
-            Named("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        return out + self._close() + [
             Named("message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": reason, "stop_sequence": seq},
                                     "usage": {"output_tokens": fin.stats.predicted_n}}),
@@ -208,7 +249,29 @@ class MessagesFormat:
         res = results[0]
         self.generated = list(res.tokens)
         self.text = res.text
-        return self._message([{"type": "text", "text": self.text}], res.finished)
+        if self.spec is None:
+            return self._message([{"type": "text", "text": self.text}], res.finished)
+        parsed = self.spec.parse(self.text)
+        blocks = [{"type": "thinking", "thinking": parsed.reasoning, "signature": ""}] \
+            if parsed.reasoning else []
+        if parsed.content or not parsed.calls:
+            blocks.append({"type": "text", "text": parsed.content})
+        for c in parsed.calls:
+            blocks.append({"type": "tool_use", "id": _tool_id(call_id()), "name": c.name,
+                           "input": _input(c.arguments)})
+        self.calls = bool(parsed.calls)
+        return self._message(blocks, res.finished)
+
+
+def _tool_id(cid: str) -> str:
+    return "toolu_" + cid.removeprefix("call_")
+
+
+def _input(arguments: str) -> object:
+    try:
+        return json.loads(arguments)
+    except ValueError:              # a call cut short reads as text, not as an input
+        return {}
 
 
 def _request(svc: Service, body: object) -> ChatRequest:
@@ -219,8 +282,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
     req = _request(svc, await read_json(request))
     tokens, salt = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
-    return await run(request, svc, [tokens], salt, req.gen,
-                     lambda jobs: MessagesFormat(svc, jobs), "messages")
+    spec = reply_spec(svc, req.chat, tokens)
+    return await run(request, svc, [tokens], salt, with_tool_grammar(req.chat, spec, req.gen),
+                     lambda jobs: MessagesFormat(svc, jobs, spec), "messages")
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -5,7 +5,7 @@ into text."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptd.daemon.http import prompts
 from ckptd.daemon.http.errors import bad_request
@@ -13,17 +13,21 @@ from ckptd.daemon.http.fields import Fields, type_error
 
 TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOOLS = 128
+REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
 
 
 @dataclass(frozen=True)
 class ChatPrompt:
     messages: list[dict]
     tools: list[dict] = field(default_factory=list)     # OpenAI tool definitions
-    tool_choice: str = "auto"           # none, auto, required, or a tool's name
+    tool_choice: str = "auto"           # none, auto, required
+    tool_name: str | None = None        # tool_choice naming one function: a call of it
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     prefill: str | None = None          # a last assistant message: continued, not answered
     kwargs: dict = field(default_factory=dict)          # chat_template_kwargs
     enable_thinking: bool | None = None                 # None: the server's --reasoning
+    reasoning_format: str = "auto"      # llama-server's: "none" leaves thinking in content
 
     @classmethod
     def parse(cls, f: Fields, allow_empty: bool = False) -> ChatPrompt:
@@ -47,14 +51,19 @@ class ChatPrompt:
             msgs = msgs[:-1]
         tools = parse_tools(f.data.get("tools"))
         kwargs, thinking = _template_kwargs(f)
-        return cls(msgs, tools, _tool_choice(f.data.get("tool_choice"), tools), add, prefill,
-                   kwargs, thinking)
+        choice, name = _tool_choice(f.data.get("tool_choice"), tools)
+        fmt = f.str("reasoning_format") or "auto"
+        if fmt not in REASONING_FORMATS:
+            raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}"
+                              f", got {fmt!r}", "reasoning_format")
+        return cls(msgs, tools, choice, name, f.bool("parallel_tool_calls", True), add,
+                   prefill, kwargs, thinking, fmt)
 
     def with_messages(self, messages: list[dict], add_generation_prompt: bool,
                       prefill: str | None = None) -> ChatPrompt:
         """The same options over other messages (a named context's, before these)."""
-        return ChatPrompt(messages, self.tools, self.tool_choice, add_generation_prompt,
-                          prefill, self.kwargs, self.enable_thinking)
+        return replace(self, messages=messages, add_generation_prompt=add_generation_prompt,
+                       prefill=prefill)
 
 
 def parse_tools(v: object, name: str = "tools") -> list[dict]:
@@ -87,9 +96,10 @@ def parse_tools(v: object, name: str = "tools") -> list[dict]:
     return out
 
 
-def _tool_choice(v: object, tools: list[dict]) -> str:
+def _tool_choice(v: object, tools: list[dict]) -> tuple[str, str | None]:
+    """(none | auto | required, the function a named choice forces or None)."""
     if v is None:
-        return "auto"
+        return "auto", None
     if isinstance(v, str):
         if v not in TOOL_CHOICES:
             raise bad_request(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or "
@@ -97,15 +107,15 @@ def _tool_choice(v: object, tools: list[dict]) -> str:
                               "tool_choice")
         if v == "required" and not tools:
             raise bad_request("tool_choice 'required' needs tools", "tool_choice")
-        return v
+        return v, None
     fn = v.get("function") if isinstance(v, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
         raise type_error("tool_choice", "a string or {type: function, function: {name}}", v)
     if name not in {t["function"]["name"] for t in tools}:
         raise bad_request(f"tool_choice names {name!r}, which is not among the tools",
-                          "tool_choice")
-    return name
+                          "tool_choice.function.name")
+    return "required", name
 
 
 def _template_kwargs(f: Fields) -> tuple[dict, bool | None]:

@@ -19,10 +19,12 @@ from ckptd.daemon.http.errors import ApiError
 from ckptd.daemon.http.llama import verbose
 from ckptd.daemon.http.respond import prompt_progress, run
 from ckptd.daemon.http.schemas import ChatRequest, CompletionRequest
+from ckptd.daemon.http.tools import openai_calls, openai_delta, reply_spec, with_tool_grammar
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_id
 
 
 def usage(fins: list[Finished], jobs: list[tuple[list[int], SamplingParams]],
@@ -141,9 +143,17 @@ class CompletionFormat(_Base):
 
 
 class ChatFormat(_Base):
+    """Chat answers; with a ReplySpec that reads something (tools, thinking), the text is
+    split into reasoning_content, content and tool_calls, in the stream as it comes."""
     prefix = "chatcmpl"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
+
+    def __init__(self, svc: Service, jobs, prefill_only: bool, verbose: bool = False,
+                 spec: ReplySpec | None = None) -> None:
+        super().__init__(svc, jobs, prefill_only, verbose)
+        self.spec = spec if spec is not None and spec.active else None
+        self.parsers = [ReplyParser(self.spec) for _ in jobs] if self.spec else None
 
     def _entry(self, token: int, lp: float) -> dict:
         text = self.piece(token)
@@ -164,22 +174,52 @@ class ChatFormat(_Base):
         return self._chunk(i, {"role": "assistant", "content": None})
 
     def chunk(self, i: int, ev: TokenEvent) -> dict | None:
-        if self.prefill_only or (not ev.text and ev.sampled.logprob is None):
+        if self.prefill_only:
             return None
-        return self.timed(i, self._chunk(i, {"content": ev.text}, self._logprobs([ev])))
+        lps = self._logprobs([ev])
+        if self.parsers is not None:
+            delta = openai_delta(self.parsers[i].feed(ev.text))
+            if not delta and lps is None:
+                return None
+        elif not ev.text and lps is None:
+            return None
+        else:
+            delta = {"content": ev.text}
+        return self.timed(i, self._chunk(i, delta, lps))
 
-    def closing(self, i: int, fin: Finished) -> dict:
-        return {**self._chunk(i, {}, None, self.finish_reason(fin)),
+    def _reason(self, fin: Finished, calls: bool) -> str:
+        reason = self.finish_reason(fin)
+        return "tool_calls" if calls and reason == "stop" else reason
+
+    def closing(self, i: int, fin: Finished) -> dict | list[dict]:
+        if self.parsers is None:
+            return {**self._chunk(i, {}, None, self.finish_reason(fin)),
+                    "timings": fin.stats.timings()}
+        parser = self.parsers[i]
+        rest = openai_delta(parser.finish())
+        last = {**self._chunk(i, {}, None, self._reason(fin, bool(parser.calls))),
                 "timings": fin.stats.timings()}
+        return [self._chunk(i, rest), last] if rest else last
+
+    def _message(self, text: str) -> tuple[dict, bool]:
+        if self.spec is None:
+            return {"role": "assistant", "content": text}, False
+        parsed = self.spec.parse(text)
+        calls = [(call_id(), c) for c in parsed.calls]
+        msg = {"role": "assistant", "content": parsed.content or (None if calls else "")}
+        if parsed.reasoning:
+            msg["reasoning_content"] = parsed.reasoning
+        if calls:
+            msg["tool_calls"] = openai_calls(calls)
+        return msg, bool(calls)
 
     def body(self, results: list[Result]) -> dict:
         choices = []
         for i, res in enumerate(results):
             evs = [] if self.prefill_only else res.events
-            choices.append({"index": i, "message": {"role": "assistant",
-                                                    "content": "".join(e.text for e in evs)},
-                            "logprobs": self._logprobs(evs),
-                            "finish_reason": self.finish_reason(res.finished)})
+            msg, calls = self._message("".join(e.text for e in evs))
+            choices.append({"index": i, "message": msg, "logprobs": self._logprobs(evs),
+                            "finish_reason": self._reason(res.finished, calls)})
         return self._whole(results, choices)
 
 
@@ -200,11 +240,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
     req = ChatRequest.parse(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
-    g = req.gen
-    tokens, salt = await blocking(svc.chat_tokens, req.chat, g.cache)
-    resp = await run(request, svc, [tokens], salt, g,
-                     lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0, g.verbose), "messages")
-    return resp
+    tokens, salt = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
+    spec = reply_spec(svc, req.chat, tokens)
+    g = with_tool_grammar(req.chat, spec, req.gen)
+    return await run(request, svc, [tokens], salt, g,
+                     lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0, g.verbose, spec),
+                     "messages")
 
 
 async def chat_input_tokens(request: web.Request) -> web.Response:

@@ -23,9 +23,12 @@ from ckptd.daemon.http.fields import type_error
 from ckptd.daemon.http.respond import prompt_progress, run
 from ckptd.daemon.http.schemas import ChatRequest
 from ckptd.daemon.http.sse import Named
+from ckptd.daemon.http.tools import reply_spec, with_tool_grammar
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
+from ckptd.model.text.tool_calls.base import ToolCall
+from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_id
 
 _ROLES = ("user", "system", "developer", "assistant")
 
@@ -141,8 +144,13 @@ class ResponsesFormat:
     done_marker = False
     timings = None
 
-    def __init__(self, svc: Service, jobs, request_body: dict) -> None:
+    def __init__(self, svc: Service, jobs, request_body: dict,
+                 spec: ReplySpec | None = None) -> None:
         self.svc, self.jobs, self.asked = svc, jobs, request_body
+        self.spec = spec if spec is not None and spec.active else None
+        self.parser = ReplyParser(self.spec) if self.spec else None
+        self.calls: list[tuple[str, ToolCall]] = []
+        self.reasoning = ""
         self.id = f"resp_{uuid.uuid4().hex}"
         self.msg_id = f"msg_{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -179,7 +187,8 @@ class ResponsesFormat:
         st = fin.stats
         out.update(status="incomplete" if cut else "completed",
                    incomplete_details={"reason": "max_output_tokens"} if cut else None,
-                   output=[self._message("incomplete" if cut else "completed")],
+                   output=[self._message("incomplete" if cut else "completed")] +
+                   [self._call(cid, c) for cid, c in self.calls] + self._reasoning(),
                    usage={"input_tokens": st.prompt_n, "output_tokens": st.predicted_n,
                           "total_tokens": st.prompt_n + st.predicted_n,
                           "input_tokens_details": {"cached_tokens": st.cache_n},
@@ -187,6 +196,20 @@ class ResponsesFormat:
         if not cut:
             out["completed_at"] = int(time.time())
         return out
+
+    def _reasoning(self) -> list[dict]:
+        """The thinking block as a reasoning item (after the others: a stream has sent
+        the message as item 0 before the end tells the rest)."""
+        if not self.reasoning:
+            return []
+        return [{"type": "reasoning", "id": f"rs_{self.id[5:]}", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": self.reasoning}]}]
+
+    @staticmethod
+    def _call(cid: str, c: ToolCall) -> dict:
+        return {"type": "function_call", "id": "fc_" + cid.removeprefix("call_"),
+                "call_id": cid, "name": c.name, "arguments": c.arguments,
+                "status": "completed"}
 
     def opening(self, i: int) -> list[Named]:
         first = self.response(None)
@@ -204,24 +227,47 @@ class ResponsesFormat:
         return out
 
     def chunk(self, i: int, ev: TokenEvent) -> Named | None:
-        if not ev.text:
+        text = self.parser.feed(ev.text).content if self.parser else ev.text
+        if not text:
             return None
-        self.text += ev.text
+        self.text += text
         out = self._event("response.output_text.delta", item_id=self.msg_id, output_index=0,
-                          content_index=0, delta=ev.text, logprobs=[])
+                          content_index=0, delta=text, logprobs=[])
         if self.timings is not None:
             out.data["timings"] = self.timings[i].timings()
         return out
 
     def closing(self, i: int, fin: Finished) -> list[Named]:
+        out = []
+        if self.parser is not None:
+            rest = self.parser.finish().content
+            if rest:
+                self.text += rest
+                out.append(self._event("response.output_text.delta", item_id=self.msg_id,
+                                       output_index=0, content_index=0, delta=rest,
+                                       logprobs=[]))
+            self.calls = self.parser.calls
+            self.reasoning = self.parser.sent.reasoning
         final = self.response(fin)
-        out = [self._event("response.output_text.done", item_id=self.msg_id, output_index=0,
+        out += [self._event("response.output_text.done", item_id=self.msg_id, output_index=0,
                            content_index=0, text=self.text, logprobs=[]),
                self._event("response.content_part.done", item_id=self.msg_id,
                            output_index=0, content_index=0, part=self._part()),
                self._event("response.output_item.done", output_index=0,
-                           item=final["output"][0]),
-               self._event("response.incomplete" if final["status"] == "incomplete"
+                           item=final["output"][0])]
+        for k, item in enumerate(final["output"][1:], 1):
+            if item["type"] != "function_call":
+                out += [self._event("response.output_item.added", output_index=k, item=item),
+                        self._event("response.output_item.done", output_index=k, item=item)]
+                continue
+            added = {**item, "status": "in_progress", "arguments": ""}
+            out += [self._event("response.output_item.added", output_index=k, item=added),
+                    self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                output_index=k, delta=item["arguments"]),
+                    self._event("response.function_call_arguments.done", item_id=item["id"],
+                                output_index=k, arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=k, item=item)]
+        out += [self._event("response.incomplete" if final["status"] == "incomplete"
                            else "response.completed", response=final)]
         out[-1].data["timings"] = fin.stats.timings()
         return out
@@ -235,6 +281,10 @@ class ResponsesFormat:
     def body(self, results: list[Result]) -> dict:
         res = results[0]
         self.text = "".join(e.text for e in res.events)
+        if self.spec is not None:
+            parsed = self.spec.parse(self.text)
+            self.text, self.reasoning = parsed.content, parsed.reasoning
+            self.calls = [(call_id(), c) for c in parsed.calls]
         out = self.response(res.finished)
         out["timings"] = res.finished.stats.timings()
         return out
@@ -247,8 +297,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
     if req.gen.n != 1:
         raise bad_request("n is not a field of the Responses API", "n")
     tokens, salt = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
-    return await run(request, svc, [tokens], salt, req.gen,
-                     lambda jobs: ResponsesFormat(svc, jobs, body), "input")
+    spec = reply_spec(svc, req.chat, tokens)
+    return await run(request, svc, [tokens], salt, with_tool_grammar(req.chat, spec, req.gen),
+                     lambda jobs: ResponsesFormat(svc, jobs, body, spec), "input")
 
 
 async def input_tokens(request: web.Request) -> web.Response:

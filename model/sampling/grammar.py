@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 GBNF, JSON_SCHEMA, ANY_JSON = "gbnf", "json_schema", "json"
-KINDS = (GBNF, JSON_SCHEMA, ANY_JSON)
+STRUCTURAL_TAG = "structural_tag"       # xgrammar's structural tag (tool calls)
+KINDS = (GBNF, JSON_SCHEMA, ANY_JSON, STRUCTURAL_TAG)
 CACHE_SIZE = 64
 
 
@@ -117,6 +118,8 @@ class Grammars:
                     g = compiler.compile_grammar(c.source)
                 elif c.kind == JSON_SCHEMA:
                     g = compiler.compile_json_schema(c.source, any_whitespace=False)
+                elif c.kind == STRUCTURAL_TAG:
+                    g = compiler.compile_structural_tag(c.source)
                 else:
                     g = compiler.compile_builtin_json_grammar()
             except Exception as e:  # xgrammar raises RuntimeError/ValueError of its own kinds
@@ -132,20 +135,20 @@ def schema_constraint(schema: object) -> Constraint:
     """A JSON schema (a dict, or True for any JSON) as a Constraint, keyed canonically."""
     if schema is True or schema == {}:
         return Constraint(ANY_JSON)
-    return Constraint(JSON_SCHEMA, json.dumps(_modern(schema), sort_keys=True,
+    return Constraint(JSON_SCHEMA, json.dumps(modern_schema(schema), sort_keys=True,
                                               separators=(",", ":")))
 
 
-def _modern(schema: object) -> object:
+def modern_schema(schema: object) -> object:
     """Draft-7 tuple `items: [...]` as draft 2020-12's `prefixItems` (what the compiler
     reads), everywhere in the schema, and an object schema naming no properties as any
     object (llama.cpp's reading; the compiler's strict mode would allow only `{}`); the
     rest as is."""
     if isinstance(schema, list):
-        return [_modern(s) for s in schema]
+        return [modern_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _modern(v) for k, v in schema.items()}
+    out = {k: modern_schema(v) for k, v in schema.items()}
     if isinstance(out.get("items"), list) and "prefixItems" not in out:
         out["prefixItems"] = out.pop("items")
         if "additionalItems" in out:

@@ -1,0 +1,93 @@
+"""What every tool-call format shares: a parsed call, the parse result, and the
+pieces a format is built from.
+
+A format reads a model's text in two modes: `partial` while it streams (an unfinished
+call is reported as far as it goes, and text that may be the start of call markup is
+held back), and final. What a partial parse reports only grows as text is added: the
+content and each call's arguments of a later parse start with those of an earlier
+one, so a stream can send the difference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ckptd.model.text.tool_calls.jsonscan import object_fields
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str              # JSON text of an object; while streaming, as far as written
+    done: bool = True
+
+
+class ToolFormat:
+    """One family's call syntax. `tag(name, schema)` is the structural tag (xgrammar's
+    `tag` format) a call of that function is; `separator` goes between parallel calls."""
+
+    name = ""
+    separator = "\n"
+
+    def parse(self, text: str, partial: bool,
+              schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of `text` (no reasoning in it); `schemas`: each tool's
+        parameters, for formats that write values without JSON types."""
+        raise NotImplementedError
+
+    def tag(self, name: str, schema: dict) -> dict:
+        raise NotImplementedError
+
+
+def held(text: str, marker: str) -> int:
+    """How many characters at the end of `text` could be the start of `marker`: held
+    back from a stream until the next piece tells."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def json_call(s: str, i: int, names=()) -> tuple[ToolCall | None, int | None]:
+    """A call written as a JSON object at s[i] — {"name": ..., "arguments" (or
+    "parameters"): {...}} — as far as it goes, and the object's end (None: unfinished).
+    The call is None until its name is complete. The arguments are the model's own
+    JSON text (a JSON string holding JSON is read as that text); ValueError when s[i]
+    is not an object with a string name, or (given `names`) one that names no tool:
+    text that only looks like a call stays content."""
+    fields, end = object_fields(s, i)
+    span = fields.get("name")
+    if span is None or span[1] is None:
+        if end is not None:
+            raise ValueError("a call object without a name")
+        return None, None
+    name = json.loads(s[span[0]:span[1]])
+    if not isinstance(name, str) or not name:
+        raise ValueError("a call's name must be a non-empty string")
+    if names and name not in names:
+        raise ValueError(f"{name!r} is not a tool")
+    args = fields.get("arguments") or fields.get("parameters")
+    if args is None:
+        return ToolCall(name, "{}" if end is not None else "", end is not None), end
+    a, b = args
+    if b is None:                       # still being written
+        return ToolCall(name, "" if s[a] == '"' else s[a:], False), None
+    raw = s[a:b]
+    if raw.startswith('"'):
+        raw = json.loads(raw)
+    return ToolCall(name, raw, end is not None), end
+
+
+def schema_type(schemas: dict[str, dict], fn: str, param: str) -> object:
+    """The JSON type the schema of `fn` gives `param` (None when it names none)."""
+    props = (schemas.get(fn) or {}).get("properties")
+    prop = props.get(param) if isinstance(props, dict) else None
+    return prop.get("type") if isinstance(prop, dict) else None
+
+
+def schema_content(schema: dict, style: str = "json") -> dict:
+    """A structural tag's arguments held to `schema`; at most one whitespace character in
+    a row, as models write JSON (an unbounded run lets a sampled call never end)."""
+    return {"type": "json_schema", "json_schema": schema, "style": style,
+            "max_whitespace_cnt": 1}

@@ -1,0 +1,148 @@
+"""Qwen3-Coder / Qwen3.5 (also Nemotron Nano 3): calls in XML, one parameter a tag,
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+A value is text; it becomes a JSON string when the function's schema types the
+parameter as a string, else the JSON it reads as (text when it reads as none). The
+arguments are written as JSON one whole parameter at a time, so a stream sends each
+parameter once it is closed."""
+
+from __future__ import annotations
+
+import json
+
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, schema_content, schema_type
+from ckptd.model.text.tool_calls.jsonscan import skip_ws
+
+START, END = "<tool_call>", "</tool_call>"
+FUNC, FUNC_END = "<function=", "</function>"
+PARAM, PARAM_END = "<parameter=", "</parameter>"
+_WS = (" ", "\t", "\r", "\n")
+
+
+class Incomplete(Exception):
+    """The text ends inside the call."""
+
+
+def _expect(s: str, i: int, lit: str) -> int:
+    """The index after `lit` at s[i] (after whitespace); Incomplete when the text ends
+    on a prefix of it, ValueError when something else is there."""
+    i = skip_ws(s, i)
+    if s.startswith(lit, i):
+        return i + len(lit)
+    if lit.startswith(s[i:]):
+        raise Incomplete
+    raise ValueError(f"expected {lit!r} at {i}")
+
+
+def _value(raw: str, typ: object) -> object:
+    # one whitespace character (a newline, as models write it) around the value is the
+    # format's, not the value's: more would cut a code value's indentation
+    raw = raw[1:] if raw[:1] in _WS else raw
+    raw = raw[:-1] if raw[-1:] in _WS else raw
+    if typ == "string" or (isinstance(typ, list) and "string" in typ):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+class QwenXml(ToolFormat):
+    name = "qwen_xml"
+
+    def _call(self, s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall | None, int]:
+        """The call after START at s[i] and the index after it. When the text ends
+        inside it: Incomplete carrying (call so far or None,) as its argument."""
+        j = _expect(s, i, FUNC)
+        close = s.find(">", j)
+        if close < 0 or "\n" in s[j:close]:
+            if close < 0 and "\n" not in s[j:]:
+                raise Incomplete(None)
+            raise ValueError("a function name runs on")
+        name = s[j:close]
+        if not name or (schemas and name not in schemas):
+            raise ValueError(f"{name!r} is not a tool")
+        j, parts = close + 1, []
+        while True:
+            try:
+                k = skip_ws(s, j)
+                rest = s[k:]
+                if rest.startswith(FUNC_END):
+                    j = k + len(FUNC_END)
+                    break
+                if not rest.startswith(PARAM):
+                    if FUNC_END.startswith(rest) or PARAM.startswith(rest):
+                        raise Incomplete
+                    raise ValueError(f"expected a parameter or {FUNC_END!r} at {k}")
+                k += len(PARAM)
+                gt = s.find(">", k)
+                if gt < 0:
+                    raise Incomplete
+                param = s[k:gt]
+                end = s.find(PARAM_END, gt + 1)
+                if end < 0:
+                    raise Incomplete
+            except Incomplete:
+                raise Incomplete(ToolCall(name, _args(parts, False), False)) from None
+            value = _value(s[gt + 1:end], schema_type(schemas, name, param))
+            parts.append(f"{json.dumps(param, ensure_ascii=False)}: "
+                         f"{json.dumps(value, ensure_ascii=False)}")
+            j = end + len(PARAM_END)
+        call = ToolCall(name, _args(parts, True))
+        try:
+            j = _expect(s, j, END)
+        except Incomplete:
+            raise Incomplete(call) from None
+        return call, j
+
+    def parse(self, text: str, partial: bool,
+              schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
+        content: list[str] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        while True:
+            i = text.find(START, pos)
+            if i < 0:
+                tail = text[pos:]
+                content.append(tail[:len(tail) - held(tail, START)] if partial else tail)
+                break
+            try:
+                call, end = self._call(text, i + len(START), schemas)
+            except ValueError:
+                content.append(text[pos:i + len(START)])
+                pos = i + len(START)
+                continue
+            except Incomplete as e:
+                so_far = e.args[0] if e.args else None
+                if partial:
+                    content.append(text[pos:i])
+                    calls += [so_far] if so_far is not None else []
+                elif so_far is not None and so_far.done:
+                    content.append(text[pos:i])     # only the closing tag is missing
+                    calls.append(so_far)
+                else:
+                    content.append(text[pos:])      # cut off: its text stays content
+                break
+            content.append(text[pos:i])
+            calls.append(call)
+            pos = end
+        return "".join(content), calls
+
+    def tag(self, name: str, schema: dict) -> dict:
+        return {"type": "tag", "begin": f"{START}\n{FUNC}{name}>\n",
+                "content": schema_content(schema, "qwen_xml"),
+                "end": f"\n{FUNC_END}\n{END}"}
+
+
+def _args(parts: list[str], done: bool) -> str:
+    """The arguments as JSON text: the closed parameters, and the brace once done."""
+    if not parts:
+        return "{}" if done else ""
+    return "{" + ", ".join(parts) + ("}" if done else "")

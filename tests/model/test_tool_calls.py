@@ -1,0 +1,172 @@
+"""Tool-call parsers (model/text/tool_calls/): each format read whole, and streamed in
+arbitrary splits, gives the same calls and content; markup never reaches content."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from ckptd.model.text.tool_calls.detect import FORMATS, detect
+from ckptd.model.text.tool_calls.reply import Delta, ReplyParser, ReplySpec
+
+SCHEMAS = {"get_weather": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"}}},
+    "ping": {"type": "object", "properties": {}}}
+
+# (format, model text, content, [(name, arguments as parsed JSON)])
+CASES = [
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": '
+               '{"city": "Paris", "days": 3}}\n</tool_call>',
+     "Let me check.", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "O\\"slo {x}"}}'
+               '\n</tool_call>\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>',
+     "", [("get_weather", {"city": 'O"slo {x}'}), ("ping", {})]),
+    ("hermes", '<tool_call>{"name": "ping", "arguments": "{\\"a\\": 1}"}</tool_call>',
+     "", [("ping", {"a": 1})]),
+    ("hermes", "a < b, and <tool_call> is how I call tools", "a < b, and <tool_call> is how "
+     "I call tools", []),
+    ("qwen_xml", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n"
+                 "</parameter>\n<parameter=days>\n2\n</parameter>\n<parameter=zip>\n10001\n"
+                 "</parameter>\n</function>\n</tool_call>",
+     "Sure.", [("get_weather", {"city": "New York", "days": 2, "zip": "10001"})]),
+    ("qwen_xml", "<tool_call>\n<function=ping>\n</function>\n</tool_call>\n<tool_call>\n"
+                 "<function=get_weather>\n<parameter=city>\na <b> c\n</parameter>\n"
+                 "</function>\n</tool_call>",
+     "", [("ping", {}), ("get_weather", {"city": "a <b> c"})]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Rome"}}',
+     "", [("get_weather", {"city": "Rome"})]),
+    ("llama3", 'Calling: {"type": "function", "name": "ping", "parameters": {}}; '
+               '{"name": "get_weather", "parameters": {"days": 1}}',
+     "Calling:", [("ping", {}), ("get_weather", {"days": 1})]),
+    ("llama3", 'Use {"x": 1} as the body.', 'Use {"x": 1} as the body.', []),
+    ("generic", '{"tool_call": {"name": "get_weather", "arguments": {"city": "Lima"}}}',
+     "", [("get_weather", {"city": "Lima"})]),
+    ("generic", '{"tool_calls": [{"name": "ping", "arguments": {}}, {"name": "get_weather", '
+                '"arguments": {"days": 4}}]}',
+     "", [("ping", {}), ("get_weather", {"days": 4})]),
+    ("generic", '{"response": "Hello \\"world\\"\\n"}', 'Hello "world"', []),
+    ("generic", "Just text {with braces}.", "Just text {with braces}.", []),
+]
+
+
+def _calls(parsed) -> list:
+    return [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+
+
+def _stream(spec: ReplySpec, text: str, rng: random.Random) -> dict:
+    """The text fed in random pieces; the deltas put back together."""
+    parser, deltas, i = ReplyParser(spec), [], 0
+    while i < len(text):
+        n = rng.choice([1, 1, 2, 3, 5, 8])
+        deltas.append(parser.feed(text[i:i + n]))
+        i += n
+    deltas.append(parser.finish())
+    return _assemble(deltas)
+
+
+def _assemble(deltas: list[Delta]) -> dict:
+    out = {"content": "", "reasoning": "", "calls": []}
+    for d in deltas:
+        out["content"] += d.content
+        out["reasoning"] += d.reasoning
+        for c in d.calls:
+            if c.index == len(out["calls"]):
+                assert c.id and c.name, "a call's first delta carries its id and name"
+                out["calls"].append([c.name, ""])
+            else:
+                assert c.id is None and c.name is None
+            out["calls"][c.index][1] += c.arguments
+    return out
+
+
+@pytest.mark.parametrize("fmt,text,content,calls", CASES)
+def test_whole_and_streamed_give_the_same_calls(fmt, text, content, calls):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS)
+    whole = spec.parse(text)
+    assert whole.content == content
+    assert _calls(whole) == calls
+    for seed in range(20):
+        got = _stream(spec, text, random.Random(seed))
+        assert got["content"] == content, seed
+        assert [(n, json.loads(a)) for n, a in got["calls"]] == calls, seed
+        assert [a for _, a in got["calls"]] == [c.arguments for c in whole.calls]
+
+
+def test_markup_never_reaches_streamed_content():
+    text = CASES[0][1]
+    parser = ReplyParser(ReplySpec(FORMATS["hermes"], SCHEMAS))
+    sent = "".join(parser.feed(ch).content for ch in text) + parser.finish().content
+    assert sent == "Let me check."
+
+
+def test_single_call_kept_without_parallel_calls():
+    spec = ReplySpec(FORMATS["hermes"], SCHEMAS, parallel=False)
+    assert [c.name for c in spec.parse(CASES[1][1]).calls] == ["get_weather"]
+
+
+def test_cut_off_call_stays_text():
+    text = '<tool_call>\n{"name": "ping", "arguments": {"a": '
+    parsed = ReplySpec(FORMATS["hermes"], SCHEMAS).parse(text)
+    assert parsed.calls == () and parsed.content == text.strip()
+
+
+@pytest.mark.parametrize("open_at_start", [False, True])
+def test_thinking_goes_to_reasoning(open_at_start):
+    text = ("" if open_at_start else "<think>") + "\nfirst, the city.\n</think>\n\n" \
+        '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+    spec = ReplySpec(FORMATS["hermes"], SCHEMAS, thinking=True, open_thinking=open_at_start)
+    whole = spec.parse(text)
+    assert whole.reasoning == "first, the city." and whole.content == ""
+    assert _calls(whole) == [("ping", {})]
+    got = _stream(spec, text, random.Random(1))
+    assert got["reasoning"] == "first, the city." and got["content"] == ""
+
+
+def test_detect_from_template_source(tmp_path):
+    assert detect("{{ '<tool_call>\\n<function=' }}<parameter=").name == "qwen_xml"
+    assert detect("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}").name == "hermes"
+    assert detect("<|start_header_id|>{% if tools %}{% endif %}").name == "llama3"
+    assert detect(None).name == "generic"
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("llama3", '{\n  "type": "function",\n  "name": "test123", "parameters": {"a": 1}}'),
+    ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'),
+    ("qwen_xml", "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>"),
+    ("generic", '{"tool_call": {"name": "rm_rf", "arguments": {}}}')])
+def test_a_call_of_no_tool_is_content(fmt, text):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS)
+    assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
+    got = _stream(spec, text, random.Random(0))
+    assert got["calls"] == [] and got["content"] == text.strip()
+
+
+def _accepts(src: str, text: str) -> bool:
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+    return _is_grammar_accept_string(xgr.Grammar.from_structural_tag(src), text)
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
+         for n, s in SCHEMAS.items()]
+
+
+@pytest.mark.parametrize("fmt,call", [
+    ("hermes", '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'),
+    ("qwen_xml", "<tool_call>\n<function=ping>\n\n</function>\n</tool_call>"),
+    ("llama3", '{"name": "ping", "parameters": {}}'),
+    ("generic", '{"tool_call": {"name": "ping", "arguments": {}}}')])
+def test_required_grammar_takes_calls_only(fmt, call):
+    from ckptd.model.text.tool_calls.constrain import structural_tag
+    f = FORMATS[fmt]
+    src = structural_tag(f, TOOLS, "required", None, True, False, False)
+    assert _accepts(src, call) and _accepts(src, call + "\n" + call)
+    assert not _accepts(src, "Sure! " + call) and not _accepts(src, "")
+    assert ReplySpec(f, SCHEMAS).parse(call).calls[0].name == "ping"
+    one = structural_tag(f, TOOLS, "required", "ping", True, False, False)
+    assert _accepts(one, call) and not _accepts(one, call + "\n" + call)
+    thinking = structural_tag(f, TOOLS, "required", None, False, True, True)
+    assert _accepts(thinking, "let me see</think>\n\n" + call)
+    assert structural_tag(f, TOOLS, "auto", None, True, False, False) is None
