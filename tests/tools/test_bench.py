@@ -53,7 +53,10 @@ def test_bench_hybrid_cold_warm_restart(tiny_hybrid_dir, tmp_path):
     for length in (40, 150):
         for rep in (0, 1):
             cold, warm = ctx[length, "cold", rep], ctx[length, "warm", rep]
-            assert cold["cache_n"] == 0 and cold["cache_tier"] is None
+            # a cold prompt shares nothing but, by chance, its first token or two with an
+            # earlier one (the openings are random letters); a branch point there is a
+            # real, tiny hit
+            assert cold["cache_n"] < 4 and cold["cache_tier"] in (None, "host")
             assert abs(cold["prompt_n"] - length) <= max(4, length // 50)
             assert warm["cache_n"] == warm["prompt_n"] == ctx[length, "cold", 1]["prompt_n"]
             assert warm["cache_tier"] == "host"
