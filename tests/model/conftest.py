@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ckptd.tools.fetch_llamacpp import fetch_converter
 from tests.model import moe_models
+
+
+@pytest.fixture(scope="session")
+def llamacpp() -> Path:
+    """llama.cpp's converter scripts (third_party/, fetched once): a failure, not a skip,
+    when they can't be had, so CI never passes without the comparison."""
+    try:
+        return fetch_converter(Path(__file__).resolve().parents[2] / "third_party")
+    except RuntimeError as e:
+        pytest.fail(f"cannot fetch llama.cpp's converter: {e}")
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from ckptd.model.testing import prompt_logits
 from ckptd.model.text.tokenizer import load_tokenizer
 from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
-ROOT = Path(__file__).resolve().parents[2]
 TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France; "
         "def add(a, b):\n    return a + b\n東京 🤖 naïve")
 STRINGS = [TEXT, "  many   spaces  \n\n\t", "<|im_start|>user\nhi<|im_end|>\n", "ÿ€ 123456"]
@@ -43,12 +42,9 @@ def _tied_copy(src: Path, dst: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def converted(tiny_hybrid_dir, tiny_llama_dir, tmp_path_factory):
+def converted(tiny_hybrid_dir, tiny_llama_dir, tmp_path_factory, llamacpp):
     """{case: (HF folder, GGUF path)}, every case converted in one converter process."""
-    try:
-        root = fetch_converter(ROOT / "third_party")
-    except RuntimeError as e:
-        pytest.fail(f"cannot fetch llama.cpp's converter: {e}")
+    root = llamacpp
     out = tmp_path_factory.mktemp("llamacpp-gguf")
     tied = _tied_copy(Path(tiny_hybrid_dir), out / "hybrid-tied")
     folders = {("hybrid", ""): Path(tiny_hybrid_dir), ("hybrid", "tied"): tied,

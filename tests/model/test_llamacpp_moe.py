@@ -5,7 +5,6 @@ logits of their Hugging Face folders."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import gguf
 import pytest
@@ -15,20 +14,16 @@ from ckptd.model.config import ModelConfig
 from ckptd.model.gguf.load import field, open_gguf
 from ckptd.model.loader import load_model
 from ckptd.model.testing import prompt_logits
-from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
+from ckptd.tools.fetch_llamacpp import Conversion, convert
 
-ROOT = Path(__file__).resolve().parents[2]
 # kind -> (GGUF architecture, converter flags): "moe" keeps its MTP layer in the GGUF
 CASES = {"moe": ("qwen35moe", ()), "moe-nested": ("qwen35moe", ("--no-mtp",)),
          "next": ("qwen3next", ("--no-mtp",))}
 
 
 @pytest.fixture(scope="session")
-def moe_ggufs(moe_reference_dirs, tmp_path_factory):
-    try:
-        root = fetch_converter(ROOT / "third_party")
-    except RuntimeError as e:
-        pytest.fail(f"cannot fetch llama.cpp's converter: {e}")
+def moe_ggufs(moe_reference_dirs, tmp_path_factory, llamacpp):
+    root = llamacpp
     out = tmp_path_factory.mktemp("llamacpp-moe")
     files = {kind: out / f"{kind}.gguf" for kind in CASES}
     jobs = [Conversion(moe_reference_dirs[k], files[k], "f32", CASES[k][1]) for k in CASES]

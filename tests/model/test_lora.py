@@ -18,11 +18,10 @@ from ckptd.model.loader import load_model
 from ckptd.model.lora.adapter import read_adapter
 from ckptd.model.lora.apply import Lora, LoraMatmul
 from ckptd.model.testing import Scratch, prompt_logits
-from ckptd.tools.fetch_llamacpp import convert_lora, fetch_converter
+from ckptd.tools.fetch_llamacpp import convert_lora
 from ckptd.tools.make_lora import make_lora
 from tests.kernels.quant_data import FIXTURE
 
-ROOT = Path(__file__).resolve().parents[2]
 IDS = list(range(3, 60, 2))
 TARGETS = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                      "down_proj"]}
@@ -31,14 +30,11 @@ TARGETS["hybrid"] = TARGETS["llama"] + ["in_proj_qkv", "in_proj_z", "in_proj_b",
 
 
 @pytest.fixture(scope="module")
-def adapters(tiny_llama_dir, tiny_hybrid_dir, tmp_path_factory):
+def adapters(tiny_llama_dir, tiny_hybrid_dir, tmp_path_factory, llamacpp):
     """{kind: (base folder, PEFT model, PEFT folder, converted GGUF)}."""
     import peft
     import transformers
-    try:
-        root = fetch_converter(ROOT / "third_party")
-    except RuntimeError as e:
-        pytest.fail(f"cannot fetch llama.cpp's converter: {e}")
+    root = llamacpp
     out = tmp_path_factory.mktemp("lora")
     cases = {}
     for kind, base in (("llama", Path(tiny_llama_dir)), ("hybrid", Path(tiny_hybrid_dir))):
