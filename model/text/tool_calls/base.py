@@ -49,6 +49,40 @@ def held(text: str, marker: str) -> int:
     return 0
 
 
+def scan_tagged(text: str, partial: bool, start: str, read) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a format whose calls each open with the tag `start`.
+    read(text, j) reads the call just after a tag at j: (call, where the text goes on
+    after it), or (the call as far as it goes or None, None) when the text ends inside
+    it; ValueError when it is no call, and the tag stays text."""
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    pos = 0
+    while True:
+        i = text.find(start, pos)
+        if i < 0:
+            tail = text[pos:]
+            content.append(tail[:len(tail) - held(tail, start)] if partial else tail)
+            break
+        j = i + len(start)
+        try:
+            call, end = read(text, j)
+        except ValueError:
+            content.append(text[pos:j])
+            pos = j
+            continue
+        if end is None:                     # the text ends inside the call
+            if partial:
+                content.append(text[pos:i])
+                calls += [call] if call is not None else []
+            else:
+                content.append(text[pos:])  # cut off: its text stays content
+            break
+        content.append(text[pos:i])
+        calls.append(call)
+        pos = end
+    return "".join(content), calls
+
+
 def json_call(s: str, i: int, names=()) -> tuple[ToolCall | None, int | None]:
     """A call written as a JSON object at s[i] — {"name": ..., "arguments" (or
     "parameters"): {...}} — as far as it goes, and the object's end (None: unfinished).

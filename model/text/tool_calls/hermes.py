@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, json_call, schema_content
+from ckptd.model.text.tool_calls.base import (
+    ToolCall,
+    ToolFormat,
+    json_call,
+    scan_tagged,
+    schema_content,
+)
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
@@ -21,39 +27,17 @@ class Hermes(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            i = text.find(START, pos)
-            if i < 0:
-                tail = text[pos:]
-                content.append(tail[:len(tail) - held(tail, START)] if partial else tail)
-                break
-            j = i + len(START)
-            try:
-                call, end = json_call(text, j, schemas)
-            except ValueError:                  # not a call: the markup stays text
-                content.append(text[pos:j])
-                pos = j
-                continue
-            if end is None:                     # the text ends inside the call
-                if partial:
-                    content.append(text[pos:i])
-                    calls += [call] if call is not None else []
-                else:
-                    content.append(text[pos:])  # cut off: its text stays content
-                break
-            content.append(text[pos:i])
-            calls.append(call)
+        def read(text: str, j: int):
+            call, end = json_call(text, j, schemas)
+            if end is None:
+                return call, None
             k = skip_ws(text, end)
             if text.startswith(END, k):
-                pos = k + len(END)
-            elif END.startswith(text[k:]):
-                break                           # the text ends in (or before) the closing tag
-            else:
-                pos = k                         # a call without its closing tag
-        return "".join(content), calls
+                return call, k + len(END)
+            if END.startswith(text[k:]):
+                return call, len(text)          # the text ends in (or before) the closing tag
+            return call, k                      # a call without its closing tag
+        return scan_tagged(text, partial, START, read)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{START}\n{{"name": {json.dumps(name)}, "arguments": ',

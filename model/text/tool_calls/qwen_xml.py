@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, schema_content, schema_type
+from ckptd.model.text.tool_calls.base import (
+    ToolCall,
+    ToolFormat,
+    scan_tagged,
+    schema_content,
+    schema_type,
+)
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
@@ -104,36 +110,15 @@ class QwenXml(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            i = text.find(START, pos)
-            if i < 0:
-                tail = text[pos:]
-                content.append(tail[:len(tail) - held(tail, START)] if partial else tail)
-                break
+        def read(text: str, j: int):
             try:
-                call, end = self._call(text, i + len(START), schemas)
-            except ValueError:
-                content.append(text[pos:i + len(START)])
-                pos = i + len(START)
-                continue
+                return self._call(text, j, schemas)
             except Incomplete as e:
                 so_far = e.args[0] if e.args else None
-                if partial:
-                    content.append(text[pos:i])
-                    calls += [so_far] if so_far is not None else []
-                elif so_far is not None and so_far.done:
-                    content.append(text[pos:i])     # only the closing tag is missing
-                    calls.append(so_far)
-                else:
-                    content.append(text[pos:])      # cut off: its text stays content
-                break
-            content.append(text[pos:i])
-            calls.append(call)
-            pos = end
-        return "".join(content), calls
+                if so_far is not None and so_far.done:
+                    return so_far, len(text)    # only the closing tag is missing
+                return so_far, None
+        return scan_tagged(text, partial, START, read)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f"{START}\n{FUNC}{name}>\n",
