@@ -22,7 +22,8 @@ from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.fingerprint import model_fingerprint
-from ckptd.model.quant import attach_kept, is_kept
+from ckptd.model.kept_swap import attach_kept
+from ckptd.model.quant import is_kept
 from ckptd.model.weights import SafetensorsSource
 
 WEIGHTS = ("keep", "expand")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ckptd.model.lora.apply import adaptable
+from ckptd.model.lora.targets import adaptable
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

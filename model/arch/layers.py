@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ckptd.kernels import ops
+from ckptd.kernels.quant.formats import QuantTensor, cat_rows
 from ckptd.model.batch import StepBatch
 from ckptd.model.config import ModelConfig
-from ckptd.model.quant import KeptLinear, fuse_kept
+from ckptd.model.quant import KeptLinear, KeptMatmul
 from ckptd.model.state import DeviceState
 
 
@@ -109,6 +110,45 @@ def matmul_of(linear: nn.Linear) -> Matmul:
         return fuse_kept([linear])
     bias = None if linear.bias is None else linear.bias.detach()
     return Matmul(linear.weight.detach(), bias)
+
+
+def fuse_kept(linears: list[nn.Module]) -> KeptMatmul:
+    """One KeptMatmul for linears (some kept) that read the same input."""
+    parts: list = []
+    run: list[KeptLinear] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        if len(run) == 1:
+            parts.append(run[0].qweight)
+            run.clear()
+            return
+        fused = cat_rows([m.qweight for m in run])
+        row = 0
+        for m in run:     # views of the fused rows: no second copy stays
+            n = m.out_features
+            m.qweight = QuantTensor(fused.data[row:row + n], fused.fmt, (n, fused.shape[1]))
+            row += n
+        parts.append(fused)
+        run.clear()
+
+    for m in linears:
+        if isinstance(m, KeptLinear) and m.in_index is None and \
+                (not run or run[0].qweight.fmt == m.qweight.fmt):
+            run.append(m)
+            continue
+        flush()
+        if isinstance(m, KeptLinear) and m.in_index is None:
+            run.append(m)
+        elif isinstance(m, KeptLinear):
+            parts.append(m.matmul)          # permutes its own input
+        else:
+            parts.append(Matmul(m.weight.detach()))
+    flush()
+    biases = [m.bias for m in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return KeptMatmul(parts, bias)
 
 
 class MLP(nn.Module):
