@@ -65,6 +65,7 @@ class LocalSource:
 
     @contextmanager
     def open(self, write: bool = False, create: bool = False, **config):
+        # imported here: the store imports torch, which `--url` never needs
         import lmdb
 
         from ckptd.cache.store.store import CacheStore
@@ -213,6 +214,7 @@ def is_hybrid(store) -> bool:
 def decoder(model: str | None, source):
     """ids -> text: the --model tokenizer, else a daemon's /detokenize, else None."""
     if model:
+        # imported here: the tokenizer's module imports torch (GGUF), wanted with --model only
         from ckptd.model.text.tokenizer import load_tokenizer
 
         tok = load_tokenizer(model)
