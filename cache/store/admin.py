@@ -1,19 +1,17 @@
 """The store's admin API (daemon endpoints, inspector): stats, listing, pin, delete,
 verify, export/import. Keys are taken and given as hex strings. Held by the
-CacheStore, whose parts it works through."""
+CacheStore (store.py), whose parts, checks (writable, need_model), sync and flush it
+works through; store.py imports this module, so the store it is given goes unnamed
+here."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import key_from_hex
-
-if TYPE_CHECKING:
-    from ckptd.cache.store.store import CacheStore
 from ckptd.cache.tiers.disk import DiskTier
 
 _SORTS = {"last_used": lambda m: m.last_used, "size": lambda m: m.stored_bytes or m.logical_bytes,
@@ -56,7 +54,7 @@ class VerifyReport:
 
 
 class StoreAdmin:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store) -> None:
         self.store = store
         self.catalog, self.host, self.disk = store.catalog, store.host, store.disk
 

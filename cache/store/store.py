@@ -93,10 +93,6 @@ class CacheStore:
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
         self.host = HostTier(0 if readonly else cfg.host_budget)
         self.catalog = Catalog(self._read_index(), self.host)
-        self.link = RemoteLink(self, remote) if remote is not None else None
-        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
-                             cfg.read_threads, readonly, remote.fetcher if remote else None,
-                             self.link.adopt if self.link else None)
         self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
                                    spec.is_hybrid if spec is not None else None,
                                    remote.offer if remote else None)
@@ -107,6 +103,11 @@ class CacheStore:
         self.writer = None if readonly else Writer(
             self.committer.encode, self.committer.commit, cfg.queue_bytes, cfg.write_threads,
             cfg.batch, cfg.block_when_full, on_shed=self._shed)
+        self.link = None if remote is None else RemoteLink(
+            self.catalog, self.host, self.disk, self.writer, self.put_lock)
+        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
+                             cfg.read_threads, readonly, remote.fetcher if remote else None,
+                             self.link.adopt if self.link else None)
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
         self.admin = StoreAdmin(self)
         if remote is not None and not readonly:
