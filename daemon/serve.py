@@ -96,7 +96,7 @@ def _run(cfg: config.ServeConfig) -> int:
         svc.rt.engine.run()                  # until the HTTP side's shutdown stops it
     http.thread.join()
     if svc.rt is not None and svc.rt.engine.broken:
-        from ckptd.daemon.runtime import CHECK_FAILED_EXIT
+        from ckptd.daemon.runtime import CHECK_FAILED_EXIT  # (torch: see above)
         log.error("exiting with %d: a cache invariant was broken", CHECK_FAILED_EXIT)
         return CHECK_FAILED_EXIT
     return http.code
@@ -122,6 +122,7 @@ def _setup_logging(fmt: str) -> None:
 
 
 async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
+    # imported here, as in _run: the flags are checked before torch is imported
     from ckptd.daemon.console import ConsoleProgress
     from ckptd.daemon.http.app import build_app
     from ckptd.daemon.service import FAILED
@@ -190,7 +191,7 @@ async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
 
 
 async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
-    from ckptd.daemon.service import DRAINING, FAILED
+    from ckptd.daemon.service import DRAINING, FAILED  # (torch: see serve)
 
     loaded = loaded and svc.state != FAILED
     svc.state = DRAINING                   # new generation requests now get 503

@@ -32,12 +32,20 @@ from pathlib import Path
 
 import torch
 
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.model.sequence import Sequence
+from ckptd.tools.make_tiny import make_tiny
+
 QUESTION = 20
 B = 16
 
 
 def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
-    from ckptd.cache.snapshot import Snapshot
 
     n_blocks = len(context) // B
     chain = store.chain(context)
@@ -59,8 +67,6 @@ def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
 
 def _admit(cache, tokens: list[int]) -> tuple[float, float, int]:
     """(ms for keys + admit, ms for the keys, tokens restored) of one new request."""
-    from ckptd.cache.work import Work
-    from ckptd.model.sequence import Sequence
 
     t0 = time.perf_counter()
     chain = cache.chain(tokens, None)
@@ -73,9 +79,6 @@ def _admit(cache, tokens: list[int]) -> tuple[float, float, int]:
 
 
 def bench(length: int, n_snapshots: int, repeat: int, root: Path, model) -> dict:
-    from ckptd.cache.manager import CacheManager
-    from ckptd.cache.store import CacheStore
-    from ckptd.model.runner import Runner
 
     gen = torch.Generator().manual_seed(length)
     vocab = model.config.vocab_size
@@ -134,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         print("admission: each length needs at least 16 tokens per snapshot, --repeat >= 1",
               file=sys.stderr)
         return 2
-    from ckptd.model.loader import load_model
-    from ckptd.tools.make_tiny import make_tiny
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

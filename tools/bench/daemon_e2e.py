@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +27,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ckptd.tools.bench.store import english_text
+
 
 def _free_port() -> int:
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -76,7 +78,6 @@ class _Daemon:
 
 
 def run(args) -> int:
-    from ckptd.tools.bench.store import english_text
 
     # a time limit's SIGTERM unwinds through the finally blocks: no daemon outlives us
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

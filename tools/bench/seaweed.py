@@ -83,6 +83,7 @@ class SeaweedS3:
                 "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1"}
 
     def client(self, key: str = KEY, secret: str = SECRET):
+        # optional (extra s3)
         import boto3
         from botocore.config import Config
 

@@ -198,7 +198,7 @@ class HttpSource:
 def is_hybrid(store) -> bool:
     """Whether the store's model has recurrent layers, from a snapshot's stored tensors
     (gc ranks leaf blocks by it, as the daemon does); False when there is no snapshot."""
-    from ckptd.cache import codec
+    from ckptd.cache import codec  # imported here: it imports torch (see open)
 
     with store.catalog.lock:
         snaps = [k for k, m in store.catalog.index.rows.items() if m.kind == "snapshot"]
