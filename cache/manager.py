@@ -14,14 +14,12 @@ sequence gets a plan of where its prefill stops to leave a snapshot (branch
 points, interval positions within a byte budget) and the end of its prompt; the
 checkpoints are captured after the step that reaches them and stored off the
 first token's path (cache/checkpoints.py). The runner owns the state tensors; the
-manager reads and writes them only through StateIO.
+manager reads and writes them only through StateIO (model/spec.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import AbstractContextManager
-from typing import Protocol
 
 import torch
 
@@ -33,28 +31,7 @@ from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
 from ckptd.cache.work import RestoreInfo, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
-from ckptd.model.spec import StateSpec
-from ckptd.model.state import OutOfSlots
-
-
-class StateIO(Protocol):
-    """What the manager asks of the runner, which owns the state tensors."""
-
-    vocab_size: int
-
-    def attach(self, seq: Sequence) -> None: ...
-    def detach(self, seq: Sequence) -> None: ...
-    def live_slots(self) -> set[int]: ...
-    def copy_page(self, src: int, dst: int) -> None: ...
-    def page_views(self, pages: list[int]) -> list[torch.Tensor] | None: ...
-    def read_pages(self, pages: list[int]) -> torch.Tensor: ...
-    def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
-    def read_partial(self, page: int, n: int) -> torch.Tensor: ...
-    def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
-    def read_recurrent(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
-    def deferred_reads(self) -> AbstractContextManager: ...
-    def settle_reads(self) -> None: ...
+from ckptd.model.spec import OutOfSlots, StateIO, StateSpec
 
 
 class CacheManager:

@@ -7,7 +7,7 @@ a step writes must already be the sequence's own (the cache manager hands them
 out, copying a shared page before it is written).
 
 The methods after `step` are the state I/O the cache manager restores and
-records checkpoints through (cache/manager.py: StateIO).
+records checkpoints through (model/spec.py: StateIO).
 """
 
 from __future__ import annotations

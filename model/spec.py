@@ -1,4 +1,6 @@
-"""The state contract between model/ and cache/.
+"""The contract between model/ and cache/: the state's layout (StateSpec), what the
+runner offers the cache to read and write it (StateIO), and the error a full state pool
+raises (OutOfSlots).
 
 A sequence state at position P is: the K/V of every attention layer for tokens
 [0, P), plus every recurrent layer's conv state and delta-rule state at P.
@@ -18,9 +20,13 @@ the order they appear in the model.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+from ckptd.model.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -113,3 +119,29 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+class OutOfSlots(RuntimeError):
+    """No free recurrent state slot: the request waits, it never crashes anything."""
+
+
+class StateIO(Protocol):
+    """What the cache asks of the runner (model/runner.py), which owns the state tensors:
+    a sequence's slot, copy-on-write of a page, and host copies in and out of pages,
+    partial pages and recurrent slots, for restores and checkpoints."""
+
+    vocab_size: int
+
+    def attach(self, seq: Sequence) -> None: ...
+    def detach(self, seq: Sequence) -> None: ...
+    def live_slots(self) -> set[int]: ...
+    def copy_page(self, src: int, dst: int) -> None: ...
+    def page_views(self, pages: list[int]) -> list[torch.Tensor] | None: ...
+    def read_pages(self, pages: list[int]) -> torch.Tensor: ...
+    def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
+    def read_partial(self, page: int, n: int) -> torch.Tensor: ...
+    def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
+    def read_recurrent(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
+    def deferred_reads(self) -> AbstractContextManager: ...
+    def settle_reads(self) -> None: ...

@@ -13,7 +13,7 @@ import threading
 import torch
 
 from ckptd.kernels.paged_attention import layout
-from ckptd.model.spec import StateSpec
+from ckptd.model.spec import OutOfSlots, StateSpec
 
 
 class DeviceState:
@@ -54,10 +54,6 @@ class DeviceState:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.conv, self.ssm)
                    if t is not None)
-
-
-class OutOfSlots(RuntimeError):
-    """No free recurrent state slot: the request waits, it never crashes anything."""
 
 
 class SlotPool:

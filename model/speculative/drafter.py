@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ckptd.model.runner import Mark, Runner
 from ckptd.model.sequence import Sequence
+from ckptd.model.spec import OutOfSlots
 from ckptd.model.speculative.params import DraftLimits
-from ckptd.model.state import OutOfSlots
 
 TOP_K = 10      # the draft's probability of a token is over its top 10 (llama.cpp's)
 VOCAB_SLACK = 128   # vocabularies may differ in size by this much (llama.cpp's limit)

@@ -13,7 +13,7 @@ from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Work
 from ckptd.model.runner import Runner
 from ckptd.model.sequence import Sequence
-from ckptd.model.state import OutOfSlots
+from ckptd.model.spec import OutOfSlots
 from ckptd.model.testing import prompt_logits
 
 TOL = 1e-5
