@@ -1,8 +1,10 @@
 """The cache manager: every tier behind one door, for the engine's loop.
 
-    cache.admit(batch)          new sequences: a slot and the longest cached prefix;
-                                every sequence: pages for this step's tokens
-    runner.step(...)
+    cache.restore(seq, chain)   a new sequence (the scheduler admits it): a slot, the
+                                longest cached prefix, its planned snapshot stops
+    cache.chunk(seq, budget)    how much of it a step computes (the scheduler asks)
+    cache.admit(batch)          pages for every work's tokens, or why not (refused)
+    runner.run(...)
     cache.after_step(batch)     publish full pages, capture checkpoints
     ...
     cache.finish(seq)           the answer's checkpoint; pages and slot given back
@@ -21,17 +23,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
-
 from ckptd.cache.checkpoints import Checkpointer, interval_stops, snapshot_budget
 from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.entry import BRANCH, END, INTERVAL
 from ckptd.cache.keys import KeyChain, root_key
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
-from ckptd.cache.work import RestoreInfo, Tracked, Work
+from ckptd.cache.work import Deferred, Failed, RestoreInfo, Stalled, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
-from ckptd.model.spec import OutOfSlots, StateIO, StateSpec
+from ckptd.model.spec import StateIO, StateSpec, StepLogits
 
 
 class CacheManager:
@@ -106,49 +106,44 @@ class CacheManager:
 
     # ---- the step --------------------------------------------------------------------
     def admit(self, batch: list[Work]) -> None:
-        """Restore each new sequence, decide what each computes this step (ending at
-        its next planned stop) and give it the pages to hold it. A new sequence without
-        room is set back (deferred); a running one waits a step (stalled)."""
+        """Pages for each work's n tokens, running sequences first (they must go on), new
+        ones with what is left; a shared page the step writes is copied first. A work
+        that can't have them is refused: a new sequence Deferred (it holds nothing), a
+        running one Stalled; and when no work can run at all, the newest stalled one
+        gives its pages back (a prefill is Deferred, its checkpoints make the next try
+        cheap; a decode fails)."""
         self.checkpoints.store_pending()
-        for w in batch:
-            if w.new:
-                self._admit_new(w)
-        # running sequences first: they must go on; new ones only with what is left
         for w in sorted(batch, key=lambda w: w.new):
-            if w.deferred or w.error is not None:
-                continue
-            left = len(w.seq.tokens) - w.seq.num_computed
-            w.n = self._chunk(w.seq, min(left, w.budget)) if left and w.budget else 0
-            if not w.n:
+            if not w.runs:
                 continue
             try:
                 self._make_writable(w.seq, w.seq.num_computed + w.n)
             except OutOfPages:
-                w.n = 0
                 if w.new:
                     self.release(w.seq)
-                    w.deferred = True
+                    w.refused = Deferred()
                 else:
-                    w.stalled = True
+                    w.refused = Stalled()
+        if not any(w.runs for w in batch):
+            self._preempt(batch)
 
-    def after_step(self, batch: list[Work], logits: torch.Tensor | None) -> None:
-        """After runner.step over the batch's work (logits: one row per work with n > 0,
-        in order): publish the pages that filled up, capture the checkpoints planned
-        at the positions reached."""
-        row = 0
+    def after_step(self, batch: list[Work], logits: StepLogits) -> None:
+        """After the model step over the batch's work: publish the pages that filled up
+        (up to the tokens a draft leaves in doubt: those are verified after the step),
+        capture the checkpoints planned at the positions reached."""
         for w in batch:
-            if not w.n:
+            if not w.runs:
                 continue
-            rec, row = self.live[w.seq.id], row + 1
+            rec = self.live[w.seq.id]
             if rec.chain is None:
                 continue
-            self._publish(rec)
-            P = w.seq.num_computed
+            P = w.seq.num_computed - w.drafted
+            self._publish(rec, P)
             if rec.prompt_done:
                 continue
             if P == rec.prompt_len:
                 rec.prompt_done = True
-                self.checkpoints.capture(rec, logits[row - 1], END)
+                self.checkpoints.capture(rec, logits.last(w.seq), END)
             elif P in rec.stops:
                 self.checkpoints.capture(rec, None, rec.stops.pop(P))
 
@@ -158,7 +153,7 @@ class CacheManager:
         pages and slot. Finishing twice is harmless."""
         rec = self.live.get(seq.id)
         if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
-            self._publish(rec)
+            self._publish(rec, seq.num_computed)
             self.checkpoints.capture(rec, None, END)
             self.checkpoints.store_pending()
         self.release(seq)
@@ -189,10 +184,8 @@ class CacheManager:
         """A new sequence with a slot, restored from the longest cached prefix. Raises
         OutOfPages / OutOfSlots, holding nothing, when there is no room."""
         check_token_ids(tokens, self.io.vocab_size)
-        self.checkpoints.store_pending()
         seq = Sequence(list(tokens), salt, use_cache)
-        info = self._start(seq, chain)
-        return seq, info
+        return seq, self.restore(seq, chain)
 
     def fork(self, seq: Sequence) -> Sequence:
         """A new sequence with seq's tokens and state, sharing all its pages (the partial
@@ -217,16 +210,12 @@ class CacheManager:
         for seq, n in work:
             self._make_writable(seq, seq.num_computed + n)
 
-    # ---- internals -------------------------------------------------------------------
-    def _admit_new(self, w: Work) -> None:
-        try:
-            w.restored = self._start(w.seq, w.chain)
-        except (OutOfPages, OutOfSlots):
-            w.deferred = True
-        except Exception as e:           # this request fails, the step goes on
-            w.error = e
-
-    def _start(self, seq: Sequence, chain: KeyChain | None) -> RestoreInfo:
+    def restore(self, seq: Sequence, chain: KeyChain | None = None) -> RestoreInfo:
+        """Attach a new sequence (a slot) and bring it to the longest cached prefix of its
+        tokens, planning where its prefill stops for snapshots. chain: its block keys,
+        when hashed already. OutOfPages / OutOfSlots when there is no room, and any
+        other failure, leave nothing held."""
+        self.checkpoints.store_pending()    # a restore may want what the last step captured
         self.io.attach(seq)
         use = seq.use_cache and self.enabled
         if use and chain is None:
@@ -243,9 +232,25 @@ class CacheManager:
             raise
         rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
         self._plan_stops(rec)
-        self._publish(rec)                               # restored pages serve the next
+        self._publish(rec, seq.num_computed)             # restored pages serve the next
         return info
 
+    def chunk(self, seq: Sequence, budget: int) -> int:
+        """How many of seq's tokens not computed yet a step of at most `budget` of them
+        computes: up to its next planned stop, where a snapshot is captured; 0 when none
+        is left or the budget is 0."""
+        P = seq.num_computed
+        n = min(len(seq.tokens) - P, budget)
+        if n <= 0:
+            return 0
+        rec = self.live[seq.id]
+        if rec.stops and not rec.prompt_done:
+            ahead = [p for p in rec.stops if p > P]
+            if ahead:
+                n = min(n, min(ahead) - P)
+        return n
+
+    # ---- internals -------------------------------------------------------------------
     def _plan_stops(self, rec: Tracked) -> None:
         """Where this prefill stops for a snapshot: where the prompt parts from what is
         cached (or from a prompt waiting for this one), and, for a hybrid, interval
@@ -260,15 +265,19 @@ class CacheManager:
             for p in interval_stops(P, end, self.interval, budget):
                 rec.stops.setdefault(p, INTERVAL)
 
-    def _chunk(self, seq: Sequence, n: int) -> int:
-        """At most n tokens, ending at the next planned stop when that comes first."""
-        rec = self.live[seq.id]
-        if rec.stops and not rec.prompt_done:
-            P = seq.num_computed
-            ahead = [p for p in rec.stops if p > P]
-            if ahead:
-                n = min(n, min(ahead) - P)
-        return max(n, 1)
+    def _preempt(self, batch: list[Work]) -> None:
+        """No work can run: the newest stalled one gives its pages back. A prefill is
+        deferred (back to the queue); a decode can't go back, and fails."""
+        stalled = [w for w in batch if isinstance(w.refused, Stalled)]
+        if not stalled:
+            return
+        w = stalled[-1]
+        if w.seq.num_computed >= self.live[w.seq.id].prompt_len:
+            w.refused = Failed(OutOfPages("out of KV cache memory: the running sequences "
+                                          "need more pages than the pool holds (--kv-budget)"))
+        else:
+            self.release(w.seq)
+            w.refused = Deferred()
 
     def _make_writable(self, seq: Sequence, end: int) -> None:
         """Give seq private pages up to `end` tokens: pages it shares that the step will
@@ -287,12 +296,13 @@ class CacheManager:
             seq.pages[i] = new
         seq.pages += fresh[len(copies):]
 
-    def _publish(self, rec: Tracked) -> None:
-        """Register the sequence's computed full pages on the device. Where an equal page
-        is there already (two sequences computed the same prefix at once), the sequence
-        switches to it and its own copy is freed: the prefix is held once."""
+    def _publish(self, rec: Tracked, upto: int) -> None:
+        """Register the sequence's full pages of its first `upto` computed tokens on the
+        device. Where an equal page is there already (two sequences computed the same
+        prefix at once), the sequence switches to it and its own copy is freed: the
+        prefix is held once."""
         seq, B = rec.seq, self.B
-        n = seq.num_computed // B
+        n = upto // B
         if n <= rec.published or rec.chain is None:
             return
         chain = rec.chain

@@ -1,10 +1,12 @@
 """Runs steps of many sequences (prefill chunks and decodes mixed) on one model.
 
 The runner owns the state tensors (DeviceState: the KV page pool and the
-recurrent slots); nothing outside writes them. `step` appends tokens to several
-sequences in one model call and returns each one's last-token logits; the pages
-a step writes must already be the sequence's own (the cache manager hands them
-out, copying a shared page before it is written).
+recurrent slots); nothing outside writes them. `run` appends tokens to several
+sequences in one model call and returns their logits with the rows each one owns
+(StepLogits, model/spec.py: one row a sequence, its last token's, or every computed token's where
+asked); `step` is the same call for callers that want just the tensor. The pages a
+step writes must already be the sequence's own (the cache manager hands them out,
+copying a shared page before it is written).
 
 The methods after `step` are the state I/O the cache manager restores and
 records checkpoints through (model/spec.py: StateIO).
@@ -19,6 +21,7 @@ import torch
 from ckptd.model.batch import SeqChunk, StepBatch
 from ckptd.model.graphs import DecodeGraphs
 from ckptd.model.sequence import Sequence
+from ckptd.model.spec import StepLogits
 from ckptd.model.state import DeviceState, SlotPool
 from ckptd.model.transfers import Transfers
 
@@ -89,15 +92,48 @@ class Runner:
         Returns float32 logits [len(work), vocab] of each sequence's last computed token,
         on the CPU, or where the model ran with on_device (backend sampling).
         """
-        return self.step_rows(work, on_device=on_device)[0]
-
-    def step_rows(self, work: list[tuple[Sequence, int]], wide: frozenset[int] = frozenset(),
-                  on_device: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """step(), and for each sequence whose id is in `wide` the logits of every token
-        it computed ([n, vocab]: row i predicts the token after its i-th one), as a
-        speculative step's verification reads them."""
         if not work:
             raise ValueError("step needs at least one (sequence, n_tokens)")
+        return self.run(work, on_device=on_device).rows
+
+    def run(self, work: list[tuple[Sequence, int]], every: frozenset[int] = frozenset(),
+            on_device: bool = False) -> StepLogits:
+        """step() for the engine's loop: the logits with the rows of each sequence, every
+        computed token's for the ids in `every` (a speculative step's verification reads
+        them); no work is no model call (an empty StepLogits)."""
+        if not work:
+            return StepLogits()
+        self._check(work)
+        B = self.block_size
+        ids, chunks, rows, spans = [], [], [], {}
+        for seq, n in work:
+            start, end = seq.num_computed, seq.num_computed + n
+            table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
+            chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
+            first = len(ids) if seq.id in every else len(ids) + n - 1
+            ids += seq.tokens[start:end]
+            spans[seq.id] = slice(len(rows), len(rows) + len(ids) - first)
+            rows.extend(range(first, len(ids)))
+        lora = [seq.lora for seq, _ in work]
+        # a captured graph computes the base model: steps using an adapter run eagerly
+        if self.graphs is not None and not any(any(s) for s in lora) \
+                and self.graphs.fits(chunks):
+            logits = self.graphs.run(chunks, ids)
+        else:
+            batch = StepBatch.build(chunks, ids, rows, B, self.device, lora=lora,
+                                    dtype=self.model.dtype)
+            logits = self.model(batch, self.state)
+        # the step's one wait for the device: its logits, for sampling on the host (a
+        # copy: a graph's output buffer is overwritten by its next replay)
+        where = self.device if on_device else "cpu"
+        logits = logits.to(where, copy=self.graphs is not None)
+        for seq, n in work:
+            seq.num_computed += n
+        return StepLogits(logits, spans)
+
+    def _check(self, work: list[tuple[Sequence, int]]) -> None:
+        """ValueError for a step that can't run: a detached or repeated sequence, tokens
+        it lacks or has no pages for, more than max_batch_tokens in all."""
         seen = set()
         B = self.block_size
         for seq, n in work:
@@ -116,36 +152,6 @@ class Runner:
         if total > self.max_batch_tokens:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
-        ids, chunks, last, rows = [], [], [], []
-        for seq, n in work:
-            start, end = seq.num_computed, seq.num_computed + n
-            table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
-            chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
-            first = len(ids) if seq.id in wide else len(ids) + n - 1
-            ids += seq.tokens[start:end]
-            rows.extend(range(first, len(ids)))
-            last.append(len(rows) - 1)
-        lora = [seq.lora for seq, _ in work]
-        # a captured graph computes the base model: steps using an adapter run eagerly
-        if self.graphs is not None and not any(any(s) for s in lora) \
-                and self.graphs.fits(chunks):
-            logits = self.graphs.run(chunks, ids)
-        else:
-            batch = StepBatch.build(chunks, ids, rows, B, self.device, lora=lora,
-                                    dtype=self.model.dtype)
-            logits = self.model(batch, self.state)
-        # the step's one wait for the device: its logits, for sampling on the host (a
-        # copy: a graph's output buffer is overwritten by its next replay)
-        where = self.device if on_device else "cpu"
-        logits = logits.to(where, copy=self.graphs is not None)
-        out: dict[int, torch.Tensor] = {}
-        for (seq, n), end in zip(work, last):
-            seq.num_computed += n
-            if seq.id in wide:
-                out[seq.id] = logits[end - n + 1:end + 1]
-        if wide:
-            logits = logits[torch.tensor(last)]
-        return logits, out
 
     # ---- speculative steps: back to the last accepted token ----------------------------
 

@@ -1,6 +1,6 @@
 """The contract between model/ and cache/: the state's layout (StateSpec), what the
-runner offers the cache to read and write it (StateIO), and the error a full state pool
-raises (OutOfSlots).
+runner offers the cache to read and write it (StateIO), the error a full state pool
+raises (OutOfSlots), and a step's logits with the rows each sequence owns (StepLogits).
 
 A sequence state at position P is: the K/V of every attention layer for tokens
 [0, P), plus every recurrent layer's conv state and delta-rule state at P.
@@ -21,7 +21,7 @@ the order they appear in the model.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -119,6 +119,29 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """A step's logits and whose rows they are, worked out once, where the rows are
+    chosen: rows [n, vocab] float32 (on the CPU, or where the model ran for backend
+    sampling), and for each sequence of the step the slice of its rows: its last
+    token's, or every token it computed where the step was asked for them (row i then
+    predicts the token after its i-th). Empty (false) when no model call was made."""
+    rows: torch.Tensor | None = None
+    spans: dict[int, slice] = field(default_factory=dict)     # sequence id -> its rows
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def of(self, seq: Sequence) -> torch.Tensor:
+        """seq's rows [k, vocab]."""
+        return self.rows[self.spans[seq.id]]
+
+    def last(self, seq: Sequence) -> torch.Tensor:
+        """The logits [vocab] after seq's last computed token."""
+        return self.rows[self.spans[seq.id].stop - 1]
+
 
 
 class OutOfSlots(RuntimeError):

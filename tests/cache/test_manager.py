@@ -10,7 +10,7 @@ import torch
 from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.store import CacheStore
-from ckptd.cache.work import Work
+from ckptd.cache.work import Deferred, Failed, Stalled, Work
 from ckptd.model.runner import Runner
 from ckptd.model.sequence import Sequence
 from ckptd.model.spec import OutOfSlots
@@ -49,11 +49,11 @@ def make(tiny_model, tmp_path):
 
 def _run(runner, cache, seq, n):
     """One step of n tokens for seq, as the engine runs it."""
-    work = Work(seq, n, n=n)
+    work = Work(seq, n)
     cache.prepare([(seq, n)])
-    out = runner.step([(seq, n)])
-    cache.after_step([work], out)
-    return out[0]
+    logits = runner.run([(seq, n)])
+    cache.after_step([work], logits)
+    return logits.last(seq)
 
 
 def test_adopted_prefix_pages_match_unshared(tiny_model, make):
@@ -142,16 +142,38 @@ def test_admit_defers_a_new_sequence_without_room_and_stalls_a_running_one(tiny_
     runner, cache = make(num_pages=3, num_slots=2)
     first, _ = cache.start(_prompt(48, 2), use_cache=False)
     _run(runner, cache, first, 48)                         # all three pages
-    late = Work(Sequence(_prompt(20, 3)), 20, new=True)
-    going = Work(first, 1)
+    late_seq = Sequence(_prompt(20, 3))
+    cache.restore(late_seq)
+    late = Work(late_seq, cache.chunk(late_seq, 20), new=True)
+    going = Work(first, cache.chunk(first, 1))
     cache.admit([going, late])
-    assert late.deferred and late.seq.slot < 0 and late.seq.id not in cache.live
-    assert going.n == 0 and going.error is None            # 48 of 48 computed: nothing left
+    assert isinstance(late.refused, Deferred) and late.seq.slot < 0 \
+        and late.seq.id not in cache.live
+    assert going.n == 0 and going.refused is None          # 48 of 48 computed: nothing left
     first.tokens.append(7)                                 # a 49th token needs a 4th page
-    going = Work(first, 1)
-    cache.admit([going])
-    assert going.stalled and going.error is None and going.n == 0   # the engine decides
+    going = Work(first, cache.chunk(first, 1))
+    cache.admit([going])                                   # nothing else runs: it can't wait
+    assert isinstance(going.refused, Failed) and "out of KV cache" in str(going.refused.error)
     cache.release(first)
+
+
+def test_admit_stalls_a_running_sequence_while_others_run_else_sends_a_prefill_back(
+        tiny_model, make):
+    runner, cache = make(num_pages=3, num_slots=3)
+    a, _ = cache.start(_prompt(32, 4), use_cache=False)
+    b, _ = cache.start(_prompt(20, 5), use_cache=False)
+    _run(runner, cache, a, 32)                             # two full pages
+    _run(runner, cache, b, 5)                              # the third, 5 of its 16 used
+    a.tokens.append(7)                                     # a decodes: it needs a 4th page
+    wa, wb = Work(a, cache.chunk(a, 1)), Work(b, cache.chunk(b, 1))
+    cache.admit([wa, wb])
+    assert isinstance(wa.refused, Stalled) and wa.n == 1   # it waits: b runs
+    assert wb.runs
+    wa, wb = Work(a, cache.chunk(a, 1)), Work(b, cache.chunk(b, 16))
+    cache.admit([wa, wb])                                  # b's 15 tokens need a 4th page too
+    assert isinstance(wb.refused, Deferred) and b.id not in cache.live and b.pages == []
+    assert isinstance(wa.refused, Stalled)                 # the pages b gave back are a's next
+    cache.release(a)
 
 
 def test_publish_switches_to_an_equal_registered_page(tiny_model, make):
@@ -160,10 +182,10 @@ def test_publish_switches_to_an_equal_registered_page(tiny_model, make):
     a, _ = cache.start(tokens + [1])
     b, _ = cache.start(tokens + [2])
     cache.prepare([(a, 16), (b, 16)])
-    out = runner.step([(a, 16), (b, 16)])
+    out = runner.run([(a, 16), (b, 16)])
     assert a.pages != b.pages
     own = b.pages[0]
-    cache.after_step([Work(a, 16, n=16), Work(b, 16, n=16)], out)
+    cache.after_step([Work(a, 16), Work(b, 16)], out)
     assert b.pages == a.pages and cache.device.refs[own] == 0
     assert cache.device.refs[a.pages[0]] == 3              # table + both
     cache.release(a)

@@ -28,12 +28,12 @@ class RecordingRunner(Runner):
         self.prompt_len: dict[int, int] = {}
         self.steps: list[list[str]] = []
 
-    def step(self, work, on_device=False):
+    def run(self, work, every=frozenset(), on_device=False):
         for s, _ in work:
             self.prompt_len.setdefault(s.id, len(s.tokens))
         self.steps.append(["decode" if s.num_computed >= self.prompt_len[s.id] else "prefill"
                            for s, _ in work])
-        return super().step(work, on_device)
+        return super().run(work, every, on_device)
 
 
 def engine(model, tokenizer, num_pages, num_slots, step_tokens=256, runner_class=Runner):

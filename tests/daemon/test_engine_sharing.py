@@ -123,8 +123,8 @@ def test_long_prefix_is_held_once_while_requests_run(tiny_dir, tiny_model, tmp_p
 def _compute(eng, seq, n):
     """A step of n tokens for seq, as the engine runs it."""
     eng.cache.prepare([(seq, n)])
-    out = eng.runner.step([(seq, n)])
-    eng.cache.after_step([Work(seq, n, n=n)], out)
+    out = eng.runner.run([(seq, n)])
+    eng.cache.after_step([Work(seq, n)], out)
 
 
 def test_published_keys_are_the_stores(tiny_dir, tiny_model, tmp_path):

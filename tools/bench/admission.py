@@ -8,8 +8,9 @@ For each length L, a store is filled as a long prefill leaves it, without runnin
 the model: the tiny hybrid's state shapes, every block of an L-token context (random
 KV) and `--snapshots` snapshots spread over it plus one at its end. Then questions
 of 20 new tokens after the context are admitted the way the engine does it (the
-scheduler hashes the prompt's block keys once, `cache.admit` restores and gives the
-pages for the first step), each phase with new questions:
+scheduler hashes the prompt's block keys once, restores the sequence (cache.restore)
+and decides its first chunk; `cache.admit` gives the pages for it), each phase with
+new questions:
 
     device  the context's pages are still on the device: nothing is read but the
             snapshot, from RAM. This is the bookkeeping alone.
@@ -71,11 +72,12 @@ def _admit(cache, tokens: list[int]) -> tuple[float, float, int]:
     t0 = time.perf_counter()
     chain = cache.chain(tokens, None)
     t1 = time.perf_counter()
-    work = Work(Sequence(tokens), 256, new=True, chain=chain)
-    cache.admit([work])
+    seq = Sequence(tokens)
+    info = cache.restore(seq, chain)
+    cache.admit([Work(seq, cache.chunk(seq, 256), new=True, restored=info)])
     t2 = time.perf_counter()
-    cache.finish(work.seq, checkpoint=False)
-    return (t2 - t0) * 1000, (t1 - t0) * 1000, work.restored.cached_tokens
+    cache.finish(seq, checkpoint=False)
+    return (t2 - t0) * 1000, (t1 - t0) * 1000, info.cached_tokens
 
 
 def bench(length: int, n_snapshots: int, repeat: int, root: Path, model) -> dict:

@@ -225,17 +225,17 @@ def first_token(cache, runner, tokens: list[int], step: int):
 
     t0 = time.perf_counter()
     seq = Sequence(list(tokens))
-    work = Work(seq, step, new=True)
+    info = cache.restore(seq)
+    work = Work(seq, cache.chunk(seq, step), new=True, restored=info)
     cache.admit([work])
-    info = work.restored
     logits = info.logits
     while logits is None:
-        out = runner.step([(seq, work.n)])
+        out = runner.run([(seq, work.n)])
         cache.after_step([work], out)
         if seq.num_computed == len(tokens):
-            logits = out[0]
+            logits = out.last(seq)
         else:
-            work = Work(seq, step)
+            work = Work(seq, cache.chunk(seq, step))
             cache.admit([work])
     int(logits.argmax())                  # the first token (greedy; logits are on the host)
     seconds = time.perf_counter() - t0
