@@ -8,6 +8,7 @@ import torch
 
 from ckptd.cache.manager import CacheManager
 from ckptd.daemon.engine import Engine
+from ckptd.daemon.request import Finished, Request
 from ckptd.model.runner import Runner
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text.tokenizer import load_tokenizer
@@ -139,4 +140,30 @@ def test_prefills_that_outgrow_the_pool_take_turns(tiny_model, tokenizer):
     alone = [_tokens(eng.stream(p, GREEDY)) for p in prompts]
     assert [_tokens(t) for t in got] == alone
     assert eng.counters["errors"] == 0
+    eng.cache.sanity_check()
+
+
+def test_a_decode_without_pages_waits_while_a_prefill_goes_on(tiny_model, tokenizer):
+    """A decoding sequence whose next token needs a page the pool no longer has waits
+    (Stalled) while a prefill that fits its own pages computes: nobody fails, and both
+    answer as they do alone once pages come back."""
+    eng = engine(tiny_model, tokenizer, num_pages=8, num_slots=2, step_tokens=20)
+    prompts = [_prompt(16, 31), _prompt(26, 32)]
+    got: list[list[int]] = [[], []]
+    ended: list = []
+    for i, p in enumerate(prompts):
+        eng.submit(Request(list(p), GREEDY, lambda ev, i=i: (
+            ended.append(ev) if isinstance(ev, Finished) else got[i].append(ev.token))))
+    eng.step()                   # 10 + 10 tokens: A's 16 take two steps, B's 26 three
+    eng.step()                   # A's prompt done (one page, 16 of 16), B at 20 of 26
+    assert len(got[0]) == 1 and not got[1]
+    dev = eng.cache.device
+    held = dev.alloc(dev.num_free)         # A's next token needs a page; B's 6 fit in its own
+    eng.step()
+    assert len(got[0]) == 1 and len(got[1]) == 1 and not ended   # A waited, B went on
+    dev.decref(held)
+    while len(ended) < 2:
+        eng.step()
+    assert all(f.reason == "length" for f in ended)
+    assert got == [_tokens(eng.stream(p, GREEDY)) for p in prompts]
     eng.cache.sanity_check()
