@@ -99,7 +99,7 @@ class Checkpointer:
             if P % B and kv:
                 snap.kv = io.read_partial(seq.pages[n_full], P % B)
             if self.spec.is_hybrid:
-                snap.conv, snap.ssm = io.read_recurrent(seq.slot)
+                snap.conv, snap.ssm = io.read_recurrent(seq.cell)
         rec.stored_blocks = max(first, n_full)
         if logits is not None:
             snap.logits = logits.detach().float().to("cpu", copy=True)   # kept on the host

@@ -1,13 +1,13 @@
 """The cache manager: every tier behind one door, for the engine's loop.
 
-    cache.restore(seq, chain)   a new sequence (the scheduler admits it): a slot, the
+    cache.restore(seq, chain)   a new sequence (the scheduler admits it): a cell, the
                                 longest cached prefix, its planned snapshot stops
     cache.chunk(seq, budget)    how much of it a step computes (the scheduler asks)
     cache.admit(batch)          pages for every work's tokens, or why not (refused)
     runner.run(...)
     cache.after_step(batch)     publish full pages, capture checkpoints
     ...
-    cache.finish(seq)           the answer's checkpoint; pages and slot given back
+    cache.finish(seq)           the answer's checkpoint; pages and cell given back
 
 Tiers, fastest first: device pages (cache/device.py, shared in place), then the
 store (cache/store/: RAM, LMDB). A restore (cache/restorer.py) adopts the device
@@ -150,7 +150,7 @@ class CacheManager:
     def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
         """A sequence is done: store its final state (checkpoint; the client has had
         its last token, and the next turn looks for this state), then give back its
-        pages and slot. Finishing twice is harmless."""
+        pages and cell. Finishing twice is harmless."""
         rec = self.live.get(seq.id)
         if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
             self._publish(rec, seq.num_computed)
@@ -181,8 +181,8 @@ class CacheManager:
     # ---- building blocks (also for tests and tools that drive a runner directly) -----
     def start(self, tokens: list[int], salt: str | None = None, use_cache: bool = True,
               chain: KeyChain | None = None) -> tuple[Sequence, RestoreInfo]:
-        """A new sequence with a slot, restored from the longest cached prefix. Raises
-        OutOfPages / OutOfSlots, holding nothing, when there is no room."""
+        """A new sequence with a cell, restored from the longest cached prefix. Raises
+        OutOfPages / OutOfCells, holding nothing, when there is no room."""
         check_token_ids(tokens, self.io.vocab_size)
         seq = Sequence(list(tokens), salt, use_cache)
         return seq, self.restore(seq, chain)
@@ -198,7 +198,7 @@ class CacheManager:
         self.device.incref(child.pages)
         child.num_computed = seq.num_computed
         if self.spec.is_hybrid and seq.num_computed:
-            self.io.load_recurrent(child.slot, *self.io.read_recurrent(seq.slot))
+            self.io.load_recurrent(child.cell, *self.io.read_recurrent(seq.cell))
         full = seq.num_computed // self.B
         chain = None if parent.chain is None else parent.chain.copy(full)
         self.live[child.id] = Tracked(child, chain, parent.prompt_len, parent.prompt_done,
@@ -211,9 +211,9 @@ class CacheManager:
             self._make_writable(seq, seq.num_computed + n)
 
     def restore(self, seq: Sequence, chain: KeyChain | None = None) -> RestoreInfo:
-        """Attach a new sequence (a slot) and bring it to the longest cached prefix of its
+        """Attach a new sequence (a cell) and bring it to the longest cached prefix of its
         tokens, planning where its prefill stops for snapshots. chain: its block keys,
-        when hashed already. OutOfPages / OutOfSlots when there is no room, and any
+        when hashed already. OutOfPages / OutOfCells when there is no room, and any
         other failure, leave nothing held."""
         self.checkpoints.store_pending()    # a restore may want what the last step captured
         self.io.attach(seq)
@@ -321,18 +321,18 @@ class CacheManager:
     # ---- invariants ------------------------------------------------------------------
     def sanity_check(self) -> None:
         """Check what must always hold, between steps: every page reference has a holder
-        (a live sequence or the prefix table), slots belong to live sequences, and the
+        (a live sequence or the prefix table), cells belong to live sequences, and the
         store's index, pins and byte counts add up. AssertionError names what broke."""
         holders: Counter[int] = Counter()
         for rec in self.live.values():
             seq = rec.seq
             holders.update(seq.pages)
-            assert seq.slot >= 0, f"live sequence {seq.id} has no slot"
+            assert seq.cell >= 0, f"live sequence {seq.id} has no cell"
             assert rec.published <= seq.num_computed // self.B
             assert len(seq.pages) * self.B >= seq.num_computed
         self.device.sanity_check(holders)
-        slots = {rec.seq.slot for rec in self.live.values()}
-        assert slots == self.io.live_slots(), \
-            f"slots in use {sorted(self.io.live_slots())}, held by sequences {sorted(slots)}"
+        cells = {rec.seq.cell for rec in self.live.values()}
+        assert cells == self.io.live_cells(), \
+            f"cells in use {sorted(self.io.live_cells())}, held by sequences {sorted(cells)}"
         if self.store is not None:
             self.store.sanity_check()

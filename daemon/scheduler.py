@@ -27,7 +27,7 @@ from ckptd.cache.work import Failed, RestoreInfo, Work
 from ckptd.daemon.request import Live, QueueFull, Request
 from ckptd.daemon.speculation import Speculation
 from ckptd.model.sequence import Sequence
-from ckptd.model.spec import OutOfSlots
+from ckptd.model.spec import OutOfCells
 
 
 @dataclass
@@ -177,7 +177,7 @@ class Scheduler:
             seq = Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora)
             try:
                 got = self.cache.restore(seq, req.chain)
-            except (OutOfPages, OutOfSlots):
+            except (OutOfPages, OutOfCells):
                 no_room.append(req)
                 continue
             except Exception as e:       # this request fails, the step goes on

@@ -1,8 +1,8 @@
 """A sequence: one request's tokens and where their state lives.
 
-The runner reads `tokens`, `num_computed`, `pages` (the KV page table) and `slot`
-(the recurrent state slot) and advances `num_computed`. The cache manager
-(cache/manager.py) attaches the slot, hands out the pages and keeps its own
+The runner reads `tokens`, `num_computed`, `pages` (the KV page table) and `cell`
+(the recurrent state cell) and advances `num_computed`. The cache manager
+(cache/manager.py) attaches the cell, hands out the pages and keeps its own
 bookkeeping of the sequence; nothing else writes these fields.
 """
 
@@ -33,7 +33,7 @@ class Sequence:
     tokens: list[int]            # the prompt, then generated tokens as they are appended
     salt: str | bytes | None = None  # cache entries are namespaced by it (tenant, LoRA)
     use_cache: bool = True       # restore from the cache and leave checkpoints in it
-    slot: int = -1               # recurrent state slot; -1 while detached
+    cell: int = -1               # recurrent state cell; -1 while detached
     pages: list[int] = field(default_factory=list)   # page i holds tokens [iB, (i+1)B)
     num_computed: int = 0        # leading tokens whose state (KV, recurrent) is computed
     id: int = field(default_factory=lambda: next(_ids))

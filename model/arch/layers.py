@@ -220,7 +220,7 @@ class Attention(nn.Module):
         q = ops.apply_rotary(q, ctx.cos, ctx.sin)
         k = ops.apply_rotary(k, ctx.cos, ctx.sin)
         kv = ctx.state.kv
-        ops.write_kv(kv, self.attn_index, ctx.batch.kv_slots, k, v)
+        ops.write_kv(kv, self.attn_index, ctx.batch.kv_index, k, v)
         out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale)
         out = out.reshape(N, self.h * self.d)
         if gate is not None:

@@ -2,7 +2,7 @@
 few tokens greedily, for the target to verify in one step (llama.cpp's draft-simple).
 
 The drafter keeps one sequence of its own per target sequence (its own runner, pages
-and recurrent slots; nothing of it is cached) and follows the target's tokens: each
+and recurrent cells; nothing of it is cached) and follows the target's tokens: each
 `propose` first computes what the target accepted since the last one, then drafts.
 `settle` takes back what the target did not accept."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ckptd.model.runner import Mark, Runner
 from ckptd.model.sequence import Sequence
-from ckptd.model.spec import OutOfSlots
+from ckptd.model.spec import OutOfCells
 from ckptd.model.speculative.params import DraftLimits
 
 TOP_K = 10      # the draft's probability of a token is over its top 10 (llama.cpp's)
@@ -27,9 +27,9 @@ class _Track:
 
 
 class Drafter:
-    def __init__(self, model, num_pages: int, num_slots: int, block_size: int = 16,
+    def __init__(self, model, num_pages: int, num_cells: int, block_size: int = 16,
                  step_tokens: int = 256, max_seq_pages: int | None = None) -> None:
-        self.runner = Runner(model, num_pages, num_slots, block_size,
+        self.runner = Runner(model, num_pages, num_cells, block_size,
                              max_batch_tokens=step_tokens, max_seq_pages=max_seq_pages)
         self.B, self.step_tokens = block_size, step_tokens
         self.free = list(range(num_pages - 1, -1, -1))
@@ -95,7 +95,7 @@ class Drafter:
             seq = Sequence([])
             try:
                 self.runner.attach(seq)
-            except OutOfSlots:
+            except OutOfCells:
                 return None
             t = self.tracks[key] = _Track(seq)
         seq = t.seq
@@ -124,7 +124,7 @@ class Drafter:
         t.mark, t.drafted = None, 0
 
     def release(self, key: int) -> None:
-        """The target sequence ended: its draft's pages and slot go back."""
+        """The target sequence ended: its draft's pages and cell go back."""
         t = self.tracks.pop(key, None)
         if t is not None:
             self.free += t.seq.pages

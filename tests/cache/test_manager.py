@@ -1,5 +1,5 @@
 """The cache manager over a real runner and store: device pages shared between
-sequences, copy-on-write, running out of pages and slots, publishing, invariants.
+sequences, copy-on-write, running out of pages and cells, publishing, invariants.
 Every output is compared with an uncached computation."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Deferred, Failed, Stalled, Work
 from ckptd.model.runner import Runner
 from ckptd.model.sequence import Sequence
-from ckptd.model.spec import OutOfSlots
+from ckptd.model.spec import OutOfCells
 from ckptd.model.testing import prompt_logits
 
 TOL = 1e-5
@@ -30,12 +30,12 @@ def _close(a, b):
 
 @pytest.fixture
 def make(tiny_model, tmp_path):
-    """make(num_pages, num_slots) -> (runner, cache); the cache is checked and closed
+    """make(num_pages, num_cells) -> (runner, cache); the cache is checked and closed
     after the test."""
     made = []
 
-    def build(num_pages: int, num_slots: int):
-        runner = Runner(tiny_model, num_pages, num_slots, B)
+    def build(num_pages: int, num_cells: int):
+        runner = Runner(tiny_model, num_pages, num_cells, B)
         store = CacheStore(tmp_path / f"store{len(made)}", runner.spec, tiny_model.fingerprint)
         cache = CacheManager(runner, runner.spec, num_pages, tiny_model.fingerprint, store,
                              snapshot_interval=B)
@@ -59,7 +59,7 @@ def _run(runner, cache, seq, n):
 def test_adopted_prefix_pages_match_unshared(tiny_model, make):
     prefix = _prompt(32, 4)
     suffixes = [_prompt(9, 5), _prompt(21, 6)]
-    runner, cache = make(num_pages=10, num_slots=3)
+    runner, cache = make(num_pages=10, num_cells=3)
     owner, _ = cache.start(prefix + [1])
     _run(runner, cache, owner, 32)
     cache.finish(owner)                                   # snapshot at 32, pages cached
@@ -82,12 +82,12 @@ def test_adopted_prefix_pages_match_unshared(tiny_model, make):
         cache.release(s)
     assert cache.device.num_cached == 2 and cache.device.num_free == 8
     assert cache.device.evict_cached() == 2
-    assert cache.device.refs == [0] * 10 and runner.slots.num_free == 3
+    assert cache.device.refs == [0] * 10 and runner.cells.num_free == 3
 
 
 def test_copy_on_write_of_shared_partial_page(tiny_model, make):
     base = _prompt(20, 8)                                  # page 0 full, page 1 holds 4
-    runner, cache = make(num_pages=8, num_slots=2)
+    runner, cache = make(num_pages=8, num_cells=2)
     parent, _ = cache.start(base + [11, 12, 13], use_cache=False)
     _run(runner, cache, parent, 20)
     child = cache.fork(parent)
@@ -109,7 +109,7 @@ def test_copy_on_write_of_shared_partial_page(tiny_model, make):
 
 def test_both_sharers_writing_in_one_step(tiny_model, make):
     base = _prompt(19, 9)
-    runner, cache = make(num_pages=8, num_slots=2)
+    runner, cache = make(num_pages=8, num_cells=2)
     a, _ = cache.start(base + [5], use_cache=False)
     _run(runner, cache, a, 19)
     b = cache.fork(a)
@@ -124,13 +124,13 @@ def test_both_sharers_writing_in_one_step(tiny_model, make):
     assert cache.device.num_free == 8
 
 
-def test_out_of_pages_and_slots_change_nothing(tiny_model, make):
-    runner, cache = make(num_pages=2, num_slots=1)
+def test_out_of_pages_and_cells_change_nothing(tiny_model, make):
+    runner, cache = make(num_pages=2, num_cells=1)
     seq, _ = cache.start(_prompt(40, 1))
     with pytest.raises(OutOfPages):
         cache.prepare([(seq, 40)])
     assert seq.pages == [] and seq.num_computed == 0 and cache.device.num_free == 2
-    with pytest.raises(OutOfSlots):
+    with pytest.raises(OutOfCells):
         cache.start([1, 2, 3])
     assert len(cache.live) == 1
     _run(runner, cache, seq, 32)                           # what fits still runs
@@ -139,7 +139,7 @@ def test_out_of_pages_and_slots_change_nothing(tiny_model, make):
 
 
 def test_admit_defers_a_new_sequence_without_room_and_stalls_a_running_one(tiny_model, make):
-    runner, cache = make(num_pages=3, num_slots=2)
+    runner, cache = make(num_pages=3, num_cells=2)
     first, _ = cache.start(_prompt(48, 2), use_cache=False)
     _run(runner, cache, first, 48)                         # all three pages
     late_seq = Sequence(_prompt(20, 3))
@@ -147,7 +147,7 @@ def test_admit_defers_a_new_sequence_without_room_and_stalls_a_running_one(tiny_
     late = Work(late_seq, cache.chunk(late_seq, 20), new=True)
     going = Work(first, cache.chunk(first, 1))
     cache.admit([going, late])
-    assert isinstance(late.refused, Deferred) and late.seq.slot < 0 \
+    assert isinstance(late.refused, Deferred) and late.seq.cell < 0 \
         and late.seq.id not in cache.live
     assert going.n == 0 and going.refused is None          # 48 of 48 computed: nothing left
     first.tokens.append(7)                                 # a 49th token needs a 4th page
@@ -159,7 +159,7 @@ def test_admit_defers_a_new_sequence_without_room_and_stalls_a_running_one(tiny_
 
 def test_admit_stalls_a_running_sequence_while_others_run_else_sends_a_prefill_back(
         tiny_model, make):
-    runner, cache = make(num_pages=3, num_slots=3)
+    runner, cache = make(num_pages=3, num_cells=3)
     a, _ = cache.start(_prompt(32, 4), use_cache=False)
     b, _ = cache.start(_prompt(20, 5), use_cache=False)
     _run(runner, cache, a, 32)                             # two full pages
@@ -178,7 +178,7 @@ def test_admit_stalls_a_running_sequence_while_others_run_else_sends_a_prefill_b
 
 def test_publish_switches_to_an_equal_registered_page(tiny_model, make):
     tokens = _prompt(16, 12)
-    runner, cache = make(num_pages=4, num_slots=2)
+    runner, cache = make(num_pages=4, num_cells=2)
     a, _ = cache.start(tokens + [1])
     b, _ = cache.start(tokens + [2])
     cache.prepare([(a, 16), (b, 16)])
@@ -193,7 +193,7 @@ def test_publish_switches_to_an_equal_registered_page(tiny_model, make):
 
 
 def test_sanity_check_fails_on_a_leaked_page(tiny_model, make):
-    runner, cache = make(num_pages=4, num_slots=1)
+    runner, cache = make(num_pages=4, num_cells=1)
     seq, _ = cache.start(_prompt(20, 13))
     _run(runner, cache, seq, 20)
     cache.sanity_check()

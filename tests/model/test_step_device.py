@@ -64,9 +64,9 @@ def test_a_batch_of_requests_under_a_meta_default_device(which, tiny_hybrid_dir,
                                                           tiny_llama_dir, tiny_moe_dir):
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
     model = load_model(path)
-    want = _steps(Runner(model, num_pages=32, num_slots=3, block_size=16))
+    want = _steps(Runner(model, num_pages=32, num_cells=3, block_size=16))
     with torch.device("meta"):
-        got = _steps(Runner(model, num_pages=32, num_slots=3, block_size=16))
+        got = _steps(Runner(model, num_pages=32, num_cells=3, block_size=16))
     for g, w in zip(got, want):
         assert g.device.type == "cpu"
         torch.testing.assert_close(g, w, rtol=0, atol=0)

@@ -153,7 +153,7 @@ def _warm_up(model, n: int, args) -> None:
 
     B = args.block_size
     pages = -(-(n + args.question) // B) + 1
-    runner = Runner(model, num_pages=pages, num_slots=1, block_size=B,
+    runner = Runner(model, num_pages=pages, num_cells=1, block_size=B,
                     max_batch_tokens=args.step_tokens)
     cache = CacheManager(runner, runner.spec, pages, model.fingerprint)   # pages only
     ids = torch.randint(3, model.config.vocab_size, (n + args.question,),
@@ -186,7 +186,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     gen = torch.Generator().manual_seed(n)
     row = Row(name, n, n + q)
     pages = -(-(n + q) // B) * 2 + 4
-    runner = Runner(model, num_pages=pages, num_slots=2, block_size=B,
+    runner = Runner(model, num_pages=pages, num_cells=2, block_size=B,
                     max_batch_tokens=args.step_tokens)
 
     def manager(**options) -> CacheManager:

@@ -45,7 +45,7 @@ def bench(model, batch: int, context: int, steps: int, graphs: bool) -> dict:
 
     B = 16
     per_seq = -(-(context + steps + 4) // B)
-    runner = Runner(model, num_pages=batch * per_seq, num_slots=batch, block_size=B,
+    runner = Runner(model, num_pages=batch * per_seq, num_cells=batch, block_size=B,
                     max_batch_tokens=max(context, batch), graphs=graphs,
                     max_seq_pages=per_seq)
     gen = torch.Generator().manual_seed(batch)

@@ -126,7 +126,7 @@ def _ours(model, ids: list[int], n_decode: int) -> tuple[float, float, torch.Ten
 
     B = 16
     pages = -(-(len(ids) + n_decode) // B) + 1
-    runner = Runner(model, num_pages=pages, num_slots=1, block_size=B,
+    runner = Runner(model, num_pages=pages, num_cells=1, block_size=B,
                     max_batch_tokens=len(ids))
     cache = CacheManager(runner, runner.spec, pages, model.fingerprint)   # pages only
     seq, _ = cache.start(ids)
