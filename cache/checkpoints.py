@@ -109,7 +109,7 @@ class Checkpointer:
     def store_pending(self) -> None:
         pending, self.pending = self.pending, []
         if pending:
-            self.io.settle_reads()
+            self.io.wait_reads()
         for cp in pending:
             if cp.pages is not None:
                 self.store.put_blocks(cp.tokens, cp.first_block, cp.pages, cp.salt,

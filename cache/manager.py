@@ -169,7 +169,7 @@ class CacheManager:
         seq.pages = []
         self.io.detach(seq)
 
-    def settle(self) -> None:
+    def store_pending(self) -> None:
         """Put captured checkpoints into the store now (the engine is idle)."""
         self.checkpoints.store_pending()
 

@@ -30,7 +30,7 @@ from ckptd.cache.work import (
     RestoreInfo,
     Stalled,
 )
-from ckptd.daemon.heap import Heap
+from ckptd.daemon.gc_pacer import GcPacer
 from ckptd.daemon.inprocess import InProcess
 from ckptd.daemon.progress import PrefillLog
 from ckptd.daemon.request import (
@@ -72,7 +72,7 @@ class Engine(InProcess):
                          "predicted_ms": 0.0, "max_sequence_tokens": 0}
         self.cached_by_tier: dict[str, int] = {}        # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []  # (histogram, seconds), for metrics
-        self.heap = Heap()                                # collects while idle (daemon/heap.py)
+        self.gc_pacer = GcPacer()                         # collects while idle
         self.progress = PrefillLog()                      # INFO lines for long prefills
         self.slots = Slots()            # the last sequence of each slot: what /slots saves
         self.sleep: Sleep | None = None   # --sleep-idle-seconds (daemon/sleep.py)
@@ -257,7 +257,7 @@ class Engine(InProcess):
         elif reason == FinishReason.ERROR:
             self.counters["errors"] += 1
         self.scheduler.remove(live)
-        self.heap.worked()
+        self.gc_pacer.worked()
         live.req.emit(Finished(reason, st, error))
 
     # ---- the worker thread -----------------------------------------------------------
@@ -278,7 +278,7 @@ class Engine(InProcess):
         try:
             self._loop()
         finally:
-            self.cache.settle()
+            self.cache.store_pending()
             self._check()
             self.done.set()
 
@@ -290,13 +290,13 @@ class Engine(InProcess):
 
     def _loop(self) -> None:
         sched = self.scheduler
-        unsettled = False           # work done since the loop last went idle
+        worked = False              # work done since the loop last went idle
         while True:
             with sched.cond:
                 idle = not sched.waiting and not sched.running
                 if idle and sched.stopping:
                     return
-                rest = idle and not unsettled and not self.heap.due()
+                rest = idle and not worked and not self.gc_pacer.due()
                 if rest and not (self.sleep is not None and self.sleep.due()):
                     sched.cond.wait(0.1)
                     continue
@@ -304,14 +304,14 @@ class Engine(InProcess):
                 self._sleep()
                 continue
             if idle:                          # outside the lock: submit() is not held up
-                self.cache.settle()           # checkpoints captured by the last steps
-                if unsettled:
+                self.cache.store_pending()     # checkpoints captured by the last steps
+                if worked:
                     self._check()
-                    unsettled = False
-                if self.heap.due():
-                    self.heap.settle()
+                    worked = False
+                if self.gc_pacer.due():
+                    self.gc_pacer.collect()
                 continue
-            unsettled = True
+            worked = True
             try:
                 self.step()
             except Exception as e:  # keep serving: fail the running requests, not the daemon
@@ -324,7 +324,7 @@ class Engine(InProcess):
         """Free the model until a request comes or a wake-up is asked for. The captured
         checkpoints are stored first and the device's prefix pages forgotten: the store
         holds what they held."""
-        self.cache.settle()
+        self.cache.store_pending()
         self.cache.device.evict_cached()
         for req in self.sleep.doze(self.scheduler):      # the model did not load again
             self.counters["errors"] += 1

@@ -104,7 +104,7 @@ class Runtime:
                  Path(cfg.model_draft) if draft is not None else None)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
-        engine.heap.freeze()           # the loaded objects leave the collector's walks
+        engine.gc_pacer.freeze()       # the loaded objects leave the collector's walks
         log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
                  "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
                  time.perf_counter() - t0, where, model.config.arch,

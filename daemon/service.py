@@ -288,7 +288,7 @@ class Service:
             suffix = self.render_chat(chat)
         return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
 
-    def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
+    def fit_to_context(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
                prompt_param: str = "prompt") -> SamplingParams:
         """Check the prompt against the context limit (or what the KV memory holds, when
         that is less) and fix max_tokens: at most what the server allows (--max-tokens)

@@ -129,7 +129,7 @@ class Sleep:
 def _give_back_memory() -> None:
     """Collect the freed model's cycles and hand glibc's free pages back to the system,
     so that RSS drops (the point of sleeping)."""
-    gc.unfreeze()                # daemon/heap.py froze the loaded model's objects
+    gc.unfreeze()                # daemon/gc_pacer.py froze the loaded model's objects
     gc.collect()
     gc.freeze()
     try:

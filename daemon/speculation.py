@@ -126,7 +126,7 @@ class Speculation:
         e = len(events)         # the state keeps the last token and e - 1 drafted ones
         del seq.tokens[d.base + e - 1:]
         self.runner.rewind(seq, d.mark, d.base + e - 1)
-        self.drafter.settle(seq.id, e - 1)
+        self.drafter.keep(seq.id, e - 1)
         st.draft_n += k
         st.draft_n_accepted += hits
         return events

@@ -77,7 +77,7 @@ class DecodeGraphs:
         if not self.capture:
             g = _Graph(static, self.model(static, self.state).clone(), None)
         else:
-            # a first run compiles the Triton kernels and settles lazy allocations, off
+            # a first run compiles the Triton kernels and makes its lazy allocations, off
             # the capture (only padded rows: no real sequence's state moves)
             side = torch.cuda.Stream(self.state.device)
             side.wait_stream(torch.cuda.current_stream(self.state.device))

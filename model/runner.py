@@ -261,11 +261,11 @@ class Runner:
 
     def deferred_reads(self):
         """Inside: read_* return before their copies to the host are done (CUDA); the
-        caller calls settle_reads() before it reads them."""
+        caller calls wait_reads() before it reads them."""
         return self.transfers.deferred()
 
-    def settle_reads(self) -> None:
-        self.transfers.settle()
+    def wait_reads(self) -> None:
+        self.transfers.wait()
 
     def _need_recurrent(self) -> None:
         if self.state.conv is None:

@@ -271,7 +271,7 @@ class DiskTier:
             raise _write_error(e, str(self.map_bytes())) from None
         return written
 
-    def settle(self) -> None:
+    def commit_empty(self) -> None:
         """Commit an empty-ish transaction. LMDB reuses the pages a transaction freed only
         from the second transaction after it, so call this between evicting for room
         and retrying a write that found the map full."""

@@ -4,7 +4,7 @@ few tokens greedily, for the target to verify in one step (llama.cpp's draft-sim
 The drafter keeps one sequence of its own per target sequence (its own runner, pages
 and recurrent cells; nothing of it is cached) and follows the target's tokens: each
 `propose` first computes what the target accepted since the last one, then drafts.
-`settle` takes back what the target did not accept."""
+`keep` takes back what the target did not accept."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class Drafter:
         for i, (key, _, limits) in enumerate(asks):
             if len(out[i]) < max(limits.n_min, 1):
                 out[i] = []
-                self.settle(key, 0)           # what it computed of a dropped draft
+                self.keep(key, 0)             # what it computed of a dropped draft
         return out
 
     def _follow(self, key: int, tokens: list[int]) -> _Track | None:
@@ -100,7 +100,7 @@ class Drafter:
             t = self.tracks[key] = _Track(seq)
         seq = t.seq
         new = tokens[seq.num_computed:]
-        # none left to compute never happens (settle keeps one); an id only the model
+        # none left to compute never happens (keep leaves one); an id only the model
         # has (the draft's vocabulary may be shorter): either way, start anew
         if not new or max(new) >= self.runner.vocab_size:
             self.release(key)
@@ -109,7 +109,7 @@ class Drafter:
         seq.tokens += new
         return t
 
-    def settle(self, key: int, kept: int) -> None:
+    def keep(self, key: int, kept: int) -> None:
         """The target kept `kept` of the last draft's tokens: the draft's state goes back
         to the last of them it computed (a hybrid's to where the draft started: the
         next propose computes the kept ones with the target's next token)."""

@@ -136,7 +136,7 @@ def test_published_keys_are_the_stores(tiny_dir, tiny_model, tmp_path):
     seq.tokens += _prompt(2 * B, 5)                       # generated tokens, computed later
     _compute(eng, seq, 2 * B)
     cache.finish(seq)
-    cache.settle()
+    cache.store_pending()
     want = block_keys(cache.store.root("s"), seq.tokens, B)
     assert cache.device.find(cache.chain(seq.tokens, "s")) == seq_pages(cache, want)
     assert [cache.store.has(k) for k in want] == [True] * len(want)

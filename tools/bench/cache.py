@@ -210,7 +210,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
                 row.cached[phase], row.tier[phase] = info.cached_tokens, info.tier
         if phase == "cold":
             eng.rates.update_prefill(n + q, row.ttft_ms["cold"] / 1000)   # plan by cost
-            eng.settle()
+            eng.store_pending()
             eng.store.flush()
             disk = eng.store.stats()["disk"]
             row.stored_per_token = disk["stored_bytes"] / (n + q)
@@ -240,7 +240,7 @@ def first_token(cache, runner, tokens: list[int], step: int):
     int(logits.argmax())                  # the first token (greedy; logits are on the host)
     seconds = time.perf_counter() - t0
     cache.finish(seq, checkpoint=False)
-    cache.settle()              # the prompt's checkpoint, stored outside the timing
+    cache.store_pending()       # the prompt's checkpoint, stored outside the timing
     return seconds, info
 
 

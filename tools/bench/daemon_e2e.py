@@ -98,7 +98,7 @@ def run(args) -> int:
             rows["cold"] = d.ask(context + q1, True, args.max_tokens)
             rows["warm"] = d.ask(context + q1, True, args.max_tokens)
             rows["branch"] = d.ask(context + q2, True, args.max_tokens)
-            time.sleep(args.settle)          # let the writer put the checkpoints on disk
+            time.sleep(args.write_wait)      # let the writer put the checkpoints on disk
         finally:
             d.kill()
         d = _Daemon(args.model, Path(tmp) / "cache", log, extra)
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--settle", type=float, default=3.0, help="seconds before the SIGKILL")
+    p.add_argument("--write-wait", type=float, default=3.0,
+                   help="seconds before the SIGKILL (for the writer)")
     p.add_argument("--serve-arg", action="append", default=[])
     p.add_argument("--json")
     p.add_argument("--log")

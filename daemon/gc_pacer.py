@@ -1,4 +1,4 @@
-"""Keeps the cyclic garbage collector's full passes out of requests.
+"""Paces the cyclic garbage collector: its full passes are kept out of requests.
 
 A loaded daemon holds ~300K objects the collector tracks (torch's modules, the model,
 the store's index: an entry per cached block), and a full pass walks them all: 100-120
@@ -18,41 +18,41 @@ from __future__ import annotations
 import gc
 import time
 
-SETTLE_AFTER_S = 1.0      # idle collect + freeze at most this often
-FULL_AFTER_S = 60.0       # idle this long after a settle: one full pass
+COLLECT_AFTER_S = 1.0     # idle collect + freeze at most this often
+FULL_AFTER_S = 60.0       # idle this long after a collect: one full pass
 
 
-class Heap:
+class GcPacer:
     def __init__(self) -> None:
-        self.dirty = False                # work was done since the last settle
-        self.settled = time.monotonic()
-        self.full_due = False             # a settle happened since the last full pass
+        self.dirty = False                # work was done since the last collect
+        self.collected = time.monotonic()
+        self.full_due = False             # a collect happened since the last full pass
 
     def freeze(self) -> None:
         """Collect in full, then freeze every object alive (after loading)."""
         gc.collect()
         gc.freeze()
-        self.settled = time.monotonic()
+        self.collected = time.monotonic()
         self.dirty = self.full_due = False
 
     def worked(self) -> None:
-        """A request finished: there are new objects to settle."""
+        """A request finished: there are new objects to collect or freeze."""
         self.dirty = True
 
     def due(self) -> bool:
         now = time.monotonic()
-        return (self.dirty and now - self.settled >= SETTLE_AFTER_S) or \
-            (self.full_due and now - self.settled >= FULL_AFTER_S)
+        return (self.dirty and now - self.collected >= COLLECT_AFTER_S) or \
+            (self.full_due and now - self.collected >= FULL_AFTER_S)
 
-    def settle(self) -> None:
-        """Called while idle: collect the objects made since the last settle and freeze
+    def collect(self) -> None:
+        """Called while idle: collect the objects made since the last collect and freeze
         the survivors; after a long idle spell, a full pass over everything."""
         now = time.monotonic()
-        if self.full_due and not self.dirty and now - self.settled >= FULL_AFTER_S:
+        if self.full_due and not self.dirty and now - self.collected >= FULL_AFTER_S:
             gc.unfreeze()
             self.freeze()
             return
         gc.collect()
         gc.freeze()
-        self.settled = time.monotonic()
+        self.collected = time.monotonic()
         self.dirty, self.full_due = False, True
