@@ -26,7 +26,7 @@ from collections import Counter
 from ckptd.cache.checkpoints import Checkpointer, interval_stops, snapshot_budget
 from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.entry import BRANCH, END, INTERVAL
-from ckptd.cache.keys import KeyChain, root_key
+from ckptd.cache.keys import KeyChain
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Deferred, Failed, RestoreInfo, Stalled, Tracked, Work
@@ -43,6 +43,9 @@ class CacheManager:
         B = spec.block_size
         if store is not None and store.B != B:
             raise ValueError("store and runner must use the same block size")
+        if store is not None and store.fp != fingerprint:
+            # the store names its keys with its fingerprint (chain): they must be the model's
+            raise ValueError("the store was opened for another model's fingerprint")
         if snapshot_interval <= 0 or snapshot_interval % B:
             raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a positive "
                              f"multiple of block_size ({B})")
@@ -50,7 +53,7 @@ class CacheManager:
             # 1 would keep only the newest: an answer's snapshot would delete the one at
             # the end of its prompt, which the next question on that prompt restores from
             raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
-        self.io, self.spec, self.B, self.fp = io, spec, B, fingerprint
+        self.io, self.spec, self.B = io, spec, B
         self.store = store
         if snapshot_budget <= 0:
             raise ValueError(f"snapshot_budget must be positive, got {snapshot_budget}")
@@ -75,8 +78,9 @@ class CacheManager:
 
     # ---- keys and branch points ------------------------------------------------------
     def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
-        """A prompt's block keys: hashed here once per request, carried on it after."""
-        return KeyChain(root_key(self.fp, self.B, salt), self.B, tokens)
+        """A prompt's block keys (the store's: CacheStore.chain), hashed once per request
+        and carried on it after."""
+        return self.store.chain(tokens, salt)
 
     def common_prefix(self, a: KeyChain, a_tokens: list[int], b: KeyChain,
                       b_tokens: list[int]) -> int:

@@ -202,3 +202,13 @@ def test_sanity_check_fails_on_a_leaked_page(tiny_model, make):
         cache.sanity_check()
     cache.device.decref(seq.pages[:1])
     cache.release(seq)
+
+
+def test_a_store_of_another_fingerprint_is_refused(tiny_model, tmp_path):
+    """The manager's keys are the store's (CacheStore.chain, under the store's
+    fingerprint): a store opened for another model would name them for that one."""
+    runner = Runner(tiny_model, 4, 1, B)
+    store = CacheStore(tmp_path / "other", runner.spec, "another model")
+    with pytest.raises(ValueError, match="fingerprint"):
+        CacheManager(runner, runner.spec, 4, tiny_model.fingerprint, store)
+    store.close()
