@@ -44,10 +44,6 @@ class StepBatch:
     buffers: tuple              # (int64, int32) device buffers every tensor above views
     lora: Rows | None = None    # LoRA scales per token (model/lora); None: none is used
 
-    @property
-    def is_decode_only(self) -> bool:
-        return self.varlen.decode_only
-
     @classmethod
     def build(cls, seqs: list[SeqChunk], input_ids: list[int], logits_index: list[int],
               block_size: int, device: torch.device, pad: Padding | None = None,

@@ -17,12 +17,6 @@ from contextlib import contextmanager
 import torch
 
 
-def host_empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """A host buffer for state bound for a device: pinned where there is CUDA, so its
-    copy up is asynchronous (disk reads decode into these: cache/store/reader.py)."""
-    return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available())
-
-
 class Transfers:
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -182,9 +182,6 @@ class RemoteClient:
             if op in ("head", "list"):        # small requests: latency without transfer
                 self.latency_ema = 0.8 * self.latency_ema + 0.2 * seconds
 
-    def _missing(self, e: Exception) -> bool:
-        return isinstance(e, self._exc.ClientError)
-
     def get(self, name: str) -> bytes | None:
         """An object's body; None when there is no such object."""
         def fetch() -> bytes:

@@ -60,9 +60,6 @@ class DiskIndex:
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
         return [(k, self.rows[k]) for k in self.children.get(parent, ())]
 
-    def is_leaf(self, key: bytes) -> bool:
-        return not self.children.get(key)
-
     def subtree(self, key: bytes) -> list[bytes]:
         """`key` and everything below it, parents before children."""
         out, todo = [], [key]
