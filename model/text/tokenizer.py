@@ -4,7 +4,7 @@ Built on the `tokenizers` library. Special tokens written in the text (the chat
 template's `<|im_start|>`, ...) always encode to their ids, as in llama.cpp's
 server and transformers. `encode(add_special_tokens=True)` adds what the model's
 own post-processor adds (a BOS for llama-3, nothing for ChatML models). A long text
-that starts like a recent one re-encodes only its end (`model/prefix_encode.py`).
+that starts like a recent one re-encodes only its end (`model/text/prefix_encode.py`).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class LocalSource:
 
 
 class HttpSource:
-    """A running daemon's cache admin endpoints (see daemon/handlers_admin.py)."""
+    """A running daemon's cache admin endpoints (see daemon/http/admin.py)."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         parts = urllib.parse.urlsplit(url)
