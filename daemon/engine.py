@@ -272,8 +272,8 @@ class Engine(InProcess):
         """Run the loop on the calling thread until stop(). The daemon calls this on the
         process's main thread: there libgomp lets torch's thread team spin between
         parallel regions. A team led by any other thread counts one thread more, and on
-        a machine with no core to spare each of the ~600 regions of a step then sleeps
-        and wakes (a 4K-context question: 130-150 ms instead of ~100)."""
+        a machine with no core to spare each of the hundreds of regions of a step then
+        sleeps and wakes (docs/BENCHMARKS.md, Measurements behind the code)."""
         self.worker = threading.current_thread()
         try:
             self._loop()

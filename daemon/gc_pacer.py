@@ -1,10 +1,10 @@
 """Paces the cyclic garbage collector: its full passes are kept out of requests.
 
-A loaded daemon holds ~300K objects the collector tracks (torch's modules, the model,
-the store's index: an entry per cached block), and a full pass walks them all: 100-120
-ms on the development VM. Python runs one whenever enough new objects have survived, so
-after a restart (the index just read in) the first restores paid for it: a hybrid's
-1K-token restore from disk took 110-140 ms where it takes ~10.
+A loaded daemon holds hundreds of thousands of objects the collector tracks (torch's
+modules, the model, the store's index: an entry per cached block), and a full pass
+walks them all, for longer than a restore takes. Python runs one whenever enough new
+objects have survived, so after a restart (the index just read in) the first restores
+paid for it, several times over (docs/BENCHMARKS.md, Measurements behind the code).
 
 So the daemon collects once after loading and freezes what is alive (`gc.freeze`: the
 collector no longer walks those objects), and does the same whenever the scheduler

@@ -93,8 +93,8 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
 @contextmanager
 def _one_thread() -> Iterator[None]:
     """Loading is copies and dtype conversions, bound by memory: a second OpenMP thread
-    adds nothing, and on a busy machine the two wait on each other (a MoE checkpoint
-    loaded ~4x slower on two threads; docs/BENCHMARKS.md)."""
+    adds nothing, and on a busy machine the two wait on each other (docs/BENCHMARKS.md:
+    a MoE checkpoint's load)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

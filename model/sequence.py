@@ -42,8 +42,8 @@ class Sequence:
 
 
 def check_token_ids(tokens: list[int], vocab_size: int) -> None:
-    """ValueError naming the first id outside [0, vocab_size). In C loops: a 256K-token
-    prompt takes ~1 ms (min() and max() over the list took ~3.5)."""
+    """ValueError naming the first id outside [0, vocab_size), in C loops (min() and
+    max() over the list are slower: docs/BENCHMARKS.md, Measurements behind the code)."""
     if not tokens:
         return
     try:

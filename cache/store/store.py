@@ -394,6 +394,6 @@ class CacheStore:
 
 def _ints(tokens) -> list[int]:
     """tokens as a list of ints. The daemon's lists pass as they are: converting a
-    long prompt again costs ~1 ms per call (16K tokens), and it makes several calls."""
+    long prompt again costs time on every call, and it makes several calls."""
     return tokens if type(tokens) is list else list(map(int, tokens))
 

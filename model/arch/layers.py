@@ -47,19 +47,17 @@ class RMSNorm(nn.Module):
 
 
 _FEW_ROWS = 256        # steps of up to this many tokens multiply by the packed weight
-_PACK_MIN = 1 << 18    # weights of fewer elements stay plain (oneDNN costs ~25 us a call)
+_PACK_MIN = 1 << 18    # weights of fewer elements stay plain (a oneDNN call's own cost)
 
 
 class Matmul:
     """x @ weight.T (+ bias) for a weight [out, in].
 
     On an fp32 CPU it also keeps oneDNN's packed (blocked) copy of a large weight for
-    steps of a few tokens, where MKL on the plain weight is slow: SmolLM2's 30 layers at
-    14 tokens 59 -> 37 ms, at one token 30 -> 20 ms, its lm_head's one row 10.5 -> 6.7
-    ms (AMD EPYC, 2 threads). From ~512 tokens MKL is as fast or faster (a 1K prefill
-    was 8% slower on the packed weight alone), so long steps keep it; and a small
-    weight stays plain, since each oneDNN call costs ~25 us where MKL takes 3-30 (64 x
-    64 to 512 x 512, one row). The copy costs the weight's memory once more."""
+    steps of a few tokens, where MKL on the plain weight is slow. From a few hundred
+    tokens MKL is as fast or faster, so long steps keep it; and a small weight stays
+    plain, since a oneDNN call costs more than MKL takes on it (docs/BENCHMARKS.md,
+    Measurements behind the code). The copy costs the weight's memory once more."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
