@@ -47,7 +47,6 @@ class DevicePages:
         self._clock = 0
         self._lock = threading.Lock()
 
-    # ---- counts ----------------------------------------------------------------------
     @property
     def num_free(self) -> int:
         """Pages on the free list (not counting cached pages that could be reclaimed)."""
@@ -63,7 +62,6 @@ class DevicePages:
     def num_registered(self) -> int:
         return len(self._by_key)
 
-    # ---- references ------------------------------------------------------------------
     def alloc(self, n: int) -> list[int]:
         """n pages with one reference each; reclaims cached leaves (least recently used
         first) if the free list is short. Raises OutOfPages, taking nothing, when even
@@ -103,7 +101,6 @@ class DevicePages:
             self._clock += 1
             self._used[page] = self._clock
 
-    # ---- the prefix table ------------------------------------------------------------
     def register(self, key: bytes, parent: bytes | None, page: int, tokens: bytes) -> int:
         """Put a full page in the table under `key`; the table takes a reference. parent:
         the key of the block before it (None for a first block), which must be
@@ -161,10 +158,10 @@ class DevicePages:
             self._reclaim(self.num_pages, 0)
             return len(self._free) - before
 
-    # ---- internals (under the lock) --------------------------------------------------
     def _reclaim(self, want: int, need: int) -> None:
         """Free up to `want` cached leaves, least recently used first; OutOfPages (freeing
-        nothing) when fewer than `need` can be freed."""
+        nothing) when fewer than `need` can be freed. Under the lock, as _unregister and
+        _drop are."""
         refs, children = self.refs, self._children
         # Every cached page is a leaf or above cached pages only (a sequence holding a
         # block holds all blocks before it), so peeling leaves reaches all of them.
@@ -204,7 +201,6 @@ class DevicePages:
             assert page not in self._key_of, f"page {page} freed while in the prefix table"
             heapq.heappush(self._free, page)
 
-    # ---- invariants ------------------------------------------------------------------
     def sanity_check(self, holders: Counter[int]) -> None:
         """holders: references live sequences hold, by page. AssertionError names the
         first broken invariant."""

@@ -76,7 +76,6 @@ class CacheManager:
     def pending(self) -> list:
         return self.checkpoints.pending
 
-    # ---- keys and branch points ------------------------------------------------------
     def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
         """A prompt's block keys (the store's: CacheStore.chain), hashed once per request
         and carried on it after."""
@@ -108,7 +107,6 @@ class CacheManager:
         elif rec.chain is not None and seq.num_computed < position < rec.prompt_len:
             rec.stops[position] = BRANCH
 
-    # ---- the step --------------------------------------------------------------------
     def admit(self, batch: list[Work]) -> None:
         """Pages for each work's n tokens, running sequences first (they must go on), new
         ones with what is left; a shared page the step writes is copied first. A work
@@ -182,7 +180,7 @@ class CacheManager:
         if self.store is not None:
             self.store.close()
 
-    # ---- building blocks (also for tests and tools that drive a runner directly) -----
+    # start, fork and prepare also serve tests and tools that drive a runner directly
     def start(self, tokens: list[int], salt: str | None = None, use_cache: bool = True,
               chain: KeyChain | None = None) -> tuple[Sequence, RestoreInfo]:
         """A new sequence with a cell, restored from the longest cached prefix. Raises
@@ -254,7 +252,6 @@ class CacheManager:
                 n = min(n, min(ahead) - P)
         return n
 
-    # ---- internals -------------------------------------------------------------------
     def _plan_stops(self, rec: Tracked) -> None:
         """Where this prefill stops for a snapshot: where the prompt parts from what is
         cached (or from a prompt waiting for this one), and, for a hybrid, interval
@@ -322,7 +319,6 @@ class CacheManager:
                 seq.pages[i] = held
         rec.published = n
 
-    # ---- invariants ------------------------------------------------------------------
     def sanity_check(self) -> None:
         """Check what must always hold, between steps: every page reference has a holder
         (a live sequence or the prefix table), cells belong to live sequences, and the

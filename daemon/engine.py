@@ -56,6 +56,9 @@ log = logging.getLogger("ckptd")
 
 
 class Engine(InProcess):
+    """submit, cancel, load, stop and wake are called from any thread; the loop (step,
+    run) runs on one."""
+
     def __init__(self, runner: Runner, cache: CacheManager, tokenizer, max_running: int = 4,
                  queue_size: int = 64, step_tokens: int = 256,
                  check_invariants: bool = False, spec: Speculation | None = None) -> None:
@@ -79,7 +82,6 @@ class Engine(InProcess):
         self.worker: threading.Thread | None = None      # the thread in run()
         self.done = threading.Event()                    # set when run() returns
 
-    # ---- requests (any thread) -------------------------------------------------------
     def submit(self, req: Request) -> None:
         """Queue a request (on the caller's thread: the id check stays off the loop's)."""
         check_token_ids(req.tokens, self.runner.vocab_size)
@@ -101,7 +103,6 @@ class Engine(InProcess):
     def load(self) -> dict:
         return self.scheduler.load
 
-    # ---- the loop --------------------------------------------------------------------
     def step(self) -> bool:
         """One step of the loop; False when there was nothing to do."""
         self._reap()
@@ -260,7 +261,6 @@ class Engine(InProcess):
         self.gc_pacer.worked()
         live.req.emit(Finished(reason, st, error))
 
-    # ---- the worker thread -----------------------------------------------------------
     def start(self) -> None:
         """Run the loop on a thread of its own (again, after a stop)."""
         self.scheduler.reopen()

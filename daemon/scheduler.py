@@ -57,6 +57,10 @@ class Batch:
 
 
 class Scheduler:
+    """submit, cancel, stop, reopen, snapshot and load are called from any thread (the
+    HTTP side); the rest only from the engine's, which alone changes `running` (under
+    the lock, so that snapshot() reads it whole from others)."""
+
     def __init__(self, cache: CacheManager, max_running: int = 4, queue_size: int = 64,
                  step_tokens: int = 256, spec: Speculation | None = None) -> None:
         """spec: speculative decoding (daemon/speculation.py), the one place drafts enter
@@ -68,7 +72,6 @@ class Scheduler:
         self.cond = threading.Condition()
         self.stopping = False
 
-    # ---- from any thread -------------------------------------------------------------
     def submit(self, req: Request) -> None:
         with self.cond:
             if self.stopping:
@@ -115,7 +118,6 @@ class Scheduler:
         with self.cond:
             return {"waiting": len(self.waiting), "running": len(self.running)}
 
-    # ---- the engine's thread ---------------------------------------------------------
     def schedule(self) -> Batch:
         """The next step: waiting requests admitted (restored), then each running
         sequence with the tokens it computes."""
@@ -141,8 +143,6 @@ class Scheduler:
             batch.entries.append((live, work))
         return batch
 
-    # `running` changes only on the engine's thread, under the lock so that snapshot()
-    # reads it whole from others
     def requeue(self, live: Live) -> None:
         """A new sequence admission had no room for: back to the front of the queue."""
         with self.cond:

@@ -153,8 +153,6 @@ class Runner:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
 
-    # ---- speculative steps: back to the last accepted token ----------------------------
-
     def mark(self, seq: Sequence) -> Mark:
         """Where seq is now, before a step that may be taken back in part (a speculative
         verify): its position, and for a hybrid a device copy of its recurrent state."""
@@ -183,8 +181,6 @@ class Runner:
         seq.num_computed = mark.position
         if position > mark.position:
             self.step([(seq, position - mark.position)])
-
-    # ---- state I/O for the cache manager ---------------------------------------------
 
     def attach(self, seq: Sequence) -> None:
         """Give a new sequence a recurrent cell with zero state (OutOfCells when none is

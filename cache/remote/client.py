@@ -108,7 +108,6 @@ class RemoteClient:
         self.cool = _COOL_MIN
         self.last_error: str | None = None
 
-    # ---- health ------------------------------------------------------------------------
     def available(self) -> bool:
         """False during a cool-off after the remote failed."""
         return time.monotonic() >= self.down_until
@@ -133,7 +132,6 @@ class RemoteClient:
             with self.lock:
                 self.cool = _COOL_MIN
 
-    # ---- requests ----------------------------------------------------------------------
     def _call(self, op: str, fn: Callable[[], T], up: int = 0, expect: int = 404) -> T:
         """fn() counted as one `op` request; RemoteError for failures, except the HTTP
         status `expect` (a missing object; 412 for a conditional put that found one),

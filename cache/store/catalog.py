@@ -66,8 +66,8 @@ class Catalog:
             touched, self.touched = self.touched, {}
         return touched
 
-    # ---- the IndexView restore planning reads: RAM first, then disk --------------------
     def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]:
+        """The IndexView restore planning reads (cache/lookup.py): RAM first, then disk."""
         out: list = [None if m is None else (m, HOST) for m in self.host.metas(keys)]
         with self.lock:
             for i, key in enumerate(keys):

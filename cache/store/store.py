@@ -160,7 +160,6 @@ class CacheStore:
         """Whether the key is in RAM, on disk or on its way there."""
         return self.catalog.has(key)
 
-    # ---- lookup and load ----------------------------------------------------------
     def lookup(self, tokens, salt: str | bytes | None = None, extras=None,
                max_tokens: int | None = None, positions=None,
                device_blocks: int = 0, chain: KeyChain | None = None) -> RestorePlan:
@@ -204,7 +203,6 @@ class CacheStore:
             remote_timeout = self.remote.config.fetch_timeout if self.remote else 0.0
         return self.reader.load(plan, into_pages, remote_timeout)
 
-    # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
                    salt: str | bytes | None = None, extras=None, positions=None,
                    chain: KeyChain | None = None) -> int:
@@ -323,7 +321,6 @@ class CacheStore:
         with self.put_lock:
             self.writer.put(item, 0, counted=False)
 
-    # ---- the admin API (cache/store/admin.py) -------------------------------------
     def stats(self) -> dict:
         return self.admin.stats()
 
@@ -357,7 +354,6 @@ class CacheStore:
     def import_(self, path: str | Path) -> int:
         return self.admin.import_(path)
 
-    # ---- lifecycle ----------------------------------------------------------------
     def sanity_check(self) -> None:
         """The invariants of the index and the RAM tier (AssertionError names what
         broke)."""

@@ -136,8 +136,6 @@ def _local(source, what: str) -> LocalSource:
     return source
 
 
-# ---- actions: each returns (the JSON-able result, exit code) -----------------------
-
 def _stats(args, source):
     st = source.stats()
     if isinstance(source, LocalSource):
@@ -273,6 +271,7 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+# each action returns (the JSON-able result, exit code)
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
            "export": _export, "import": _import}
