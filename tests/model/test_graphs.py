@@ -15,6 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.runner import Runner  # noqa: E402
 from ckptd.model.sequence import Sequence  # noqa: E402
@@ -53,7 +54,7 @@ def test_graph_decode_equals_eager(which, tiny_hybrid_dir, tiny_llama_dir, tiny_
     """hybrid-triton: the kernels a graph records on CUDA, which read the step's device
     tensors (context lengths, page tables, slots) from the refilled buffers."""
     if which.endswith("-triton"):
-        monkeypatch.setenv("CKPTD_KERNELS", "triton")
+        monkeypatch.setattr(dispatch, "MODE", "triton")
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir,
             "moe": tiny_moe_dir}[which.removesuffix("-triton")]
     model = load_model(path, device=DEVICE)

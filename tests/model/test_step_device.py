@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.runner import Runner  # noqa: E402
 from ckptd.model.sequence import Sequence  # noqa: E402
@@ -99,7 +100,7 @@ class _SyncCounter(TorchDispatchMode):
 def test_the_layers_do_not_sync_with_the_host(which, tiny_hybrid_dir, tiny_llama_dir,
                                               tiny_moe_dir, monkeypatch):
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     model = load_model(path, device="cuda" if torch.cuda.is_available() else "cpu")
     s = Scratch(model, block_size=16, max_tokens=48, n_seqs=2)
     tolist = torch.Tensor.tolist
