@@ -183,7 +183,7 @@ class StoreAdmin:
             for below, k in zip([None, *path], path):
                 m = index.get(k)
                 if not pinned and any(index.get(c).pinned
-                                      for c in index.children.get(k, ()) if c != below):
+                                      for c in index.children.of(k) if c != below):
                     break                # still needed by another pinned entry below it
                 if m.pinned == pinned and k != key:
                     break                # pinning: its ancestors are pinned already

@@ -77,13 +77,13 @@ class Catalog:
 
     def has_snapshots(self, parent: bytes) -> bool:
         with self.lock:
-            if parent in self.index.snap_parents:
+            if self.index.children.has_snapshots(parent):
                 return True
         return self.host.has_snapshots(parent)
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            found = {p for p in parents if p in self.index.snap_parents}
+            found = {p for p in parents if self.index.children.has_snapshots(p)}
         return found | self.host.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
