@@ -1,9 +1,16 @@
 """A sequence: one request's tokens and where their state lives.
 
-The runner reads `tokens`, `num_computed`, `pages` (the KV page table) and `cell`
-(the recurrent state cell) and advances `num_computed`. The cache manager
-(cache/manager.py) attaches the cell, hands out the pages and keeps its own
-bookkeeping of the sequence; nothing else writes these fields.
+Who writes what (the runner reads them all to compute a step):
+
+    tokens        made with the prompt (daemon/scheduler.py); the engine appends each
+                  sampled token; speculation (daemon/speculation.py) appends a draft's
+                  tokens and takes back those the model did not keep
+    num_computed  the runner advances it (a step) or takes it back (rewind); the cache
+                  sets it to what a restore brought (cache/restorer.py) or a fork shares
+    pages         the cache (cache/manager.py, restorer.py): handed out, shared,
+                  copied before a shared one is written
+    cell          the runner (attach, detach), when the cache asks
+    the rest      set when the sequence is made
 """
 
 from __future__ import annotations
