@@ -83,7 +83,7 @@ class Catalog:
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            found = {p for p in parents if self.index.children.has_snapshots(p)}
+            found = self.index.children.with_snapshots(parents)
         return found | self.host.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:

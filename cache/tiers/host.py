@@ -98,7 +98,7 @@ class HostTier:
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            return {p for p in parents if self.children.has_snapshots(p)}
+            return self.children.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
         with self.lock:
