@@ -267,7 +267,7 @@ def quant_matmul(x, qt, bias=None):
     multiply a decode step's rows block by block, else the plain reference."""
     if use_triton(x):
         return _fast("quant.triton_quant").matmul(x, qt, bias)
-    if os.environ.get("CKPTD_KERNELS") != "torch" and x.dtype == torch.float32:
+    if MODE != "torch" and x.dtype == torch.float32:
         cpu = _fast("quant.cpu")
         if cpu.supports(qt):
             return cpu.matmul(x, qt, bias)
@@ -323,7 +323,7 @@ def step_attention(q, kv_pool, layer, varlen, scale):
         return _fast("paged_attention.triton_attention").paged_attention_varlen(
             q, kv_pool, layer, varlen.cu_seqlens, varlen.ctx_lens, varlen.page_tables, scale,
             max_q_len=varlen.max_q_len)
-    impl = attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+    impl = _attention_impl(q)           # not Triton (asked above): SDPA or the reference
     out = torch.empty_like(q)
     cu = varlen.cu
     for i in range(varlen.n):
