@@ -49,8 +49,8 @@ def _lp(data: bytes) -> bytes:
 
 def encode_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
     if isinstance(tokens, list) and _NATIVE_U32:
-        # array.array reads a list of ints ~2.5x faster than numpy (65K tokens: 0.7 ms
-        # against 1.9), and a request encodes its whole prompt a few times
+        # array.array reads a list of ints faster than numpy (docs/BENCHMARKS.md,
+        # Measurements behind the code), and a request encodes its whole prompt a few times
         try:
             return array.array("I", tokens).tobytes()
         except (OverflowError, TypeError):

@@ -34,7 +34,8 @@ class Rates:
         self.prefill_tps = 2000.0          # tokens/s; replaced by measurements
         self.bytes_per_s = {"host": 4e9, "disk": 3e8, "remote": 1e8}
         # The remote is read an object a request, in parallel: small objects cost their
-        # requests (botocore spends ~1-2 ms of CPU on each), large ones their bytes.
+        # requests (botocore's CPU time on each: docs/BENCHMARKS.md, Measurements behind
+        # the code), large ones their bytes.
         self.remote_object_s = 0.0025      # wall seconds per object in a parallel fetch
         self.remote_latency = 0.02         # seconds per request (the client measures it)
         # How often asking the remote found something: a daemon serving fresh prompts
