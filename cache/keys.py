@@ -249,6 +249,19 @@ def blocks_hashed() -> int:
     return _hashed.blocks
 
 
+def block_key(parent: bytes, tokens: Sequence[int], depth: int, block_size: int,
+              ctx: KeyContext | None = None) -> bytes:
+    """Key of block `depth` = tokens (B of them) after `parent`: one step of
+    KeyChain.extend, for a key under another root (a miss looks for the prompt's first
+    block under the other salts there are, without a chain)."""
+    ctx = ctx or KeyContext()
+    if len(tokens) != block_size:
+        raise ValueError(f"a block holds {block_size} tokens, got {len(tokens)}")
+    start = depth * block_size
+    return _h(1, parent, encode_tokens(tokens), ctx.positions_part(start, start + block_size),
+              ctx.extra(depth))
+
+
 def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_size: int,
                  ctx: KeyContext | None = None) -> bytes:
     """Key of the state after `parent` (the key of block depth-1, or the root when

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import key_from_hex
+from ckptd.cache.why.gone import DELETED
 
 if TYPE_CHECKING:
     from ckptd.cache.store.store import CacheStore
@@ -109,6 +110,7 @@ class StoreAdmin:
                 "missing": c.missing,
                 "evictions": c.evicted,
                 "snapshots_thinned": c.thinned,
+                "misses": self.store.why.stats(),
                 "write_queue": {"depth": w.depth if w else 0,
                                 "bytes": w.queued_bytes if w else 0,
                                 "bound_bytes": self.store.config.queue_bytes,
@@ -154,8 +156,8 @@ class StoreAdmin:
                     if c not in keys:
                         keys.add(c)
                         todo.append(c)
-            for k in keys:
-                self.catalog.index.remove(k)
+            metas = [(k, self.catalog.index.remove(k)) for k in keys]
+        self.store.gone.left(metas, DELETED, "")
         found = self.disk.delete_many(list(keys))
         in_host = [k for k in keys if self.host.contains(k)]
         for k in in_host:
@@ -202,8 +204,8 @@ class StoreAdmin:
         self.store.flush()
         with self.catalog.lock:
             keys = [k for k, m in self.catalog.index.rows.items() if include_pinned or not m.pinned]
-            for k in keys:
-                self.catalog.index.remove(k)
+            metas = [(k, self.catalog.index.remove(k)) for k in keys]
+        self.store.gone.left(metas, DELETED, "")
         self.disk.delete_many(keys)
         for k, m in self.host.scan():
             if include_pinned or not m.pinned:

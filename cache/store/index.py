@@ -17,6 +17,7 @@ class DiskIndex:
         self.rows: dict[bytes, EntryMeta] = {}
         self.children: dict[bytes, set[bytes]] = {}     # parent key -> child keys
         self.snap_parents: dict[bytes, int] = {}        # parent key -> snapshots after it
+        self.roots: dict[bytes, int] = {}               # root key -> entries hanging from it
         self.stored_bytes = 0
         self.logical_bytes = 0
         for key, meta in entries:
@@ -37,6 +38,8 @@ class DiskIndex:
         self.children.setdefault(meta.parent, set()).add(key)
         if meta.kind == SNAPSHOT:
             self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
+        if not meta.has_block_parent:
+            self.roots[meta.parent] = self.roots.get(meta.parent, 0) + 1
         self.stored_bytes += meta.stored_bytes
         self.logical_bytes += meta.logical_bytes
 
@@ -53,6 +56,10 @@ class DiskIndex:
             self.snap_parents[meta.parent] -= 1
             if not self.snap_parents[meta.parent]:
                 del self.snap_parents[meta.parent]
+        if not meta.has_block_parent:
+            self.roots[meta.parent] -= 1
+            if not self.roots[meta.parent]:
+                del self.roots[meta.parent]
         self.stored_bytes -= meta.stored_bytes
         self.logical_bytes -= meta.logical_bytes
         return meta
@@ -100,15 +107,19 @@ class DiskIndex:
         names what broke."""
         children: dict[bytes, set[bytes]] = {}
         snaps: dict[bytes, int] = {}
+        roots: dict[bytes, int] = {}
         for key, m in self.rows.items():
             children.setdefault(m.parent, set()).add(key)
             if m.kind == SNAPSHOT:
                 snaps[m.parent] = snaps.get(m.parent, 0) + 1
+            if not m.has_block_parent:
+                roots[m.parent] = roots.get(m.parent, 0) + 1
             if m.has_block_parent:
                 parent = self.rows.get(m.parent)
                 assert parent is not None, f"entry {key.hex()} has lost its parent block"
                 assert not m.pinned or parent.pinned, f"pinned {key.hex()} has an unpinned parent"
         assert children == self.children, "the index's child sets are off"
         assert snaps == self.snap_parents, "the index's snapshot counts are off"
+        assert roots == self.roots, "the index's root counts are off"
         assert self.stored_bytes == sum(m.stored_bytes for m in self.rows.values())
         assert self.logical_bytes == sum(m.logical_bytes for m in self.rows.values())
