@@ -166,6 +166,7 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
     background = []
     if loaded.is_set() and code == 0 and not stop.is_set():
         background = [asyncio.ensure_future(_pump_metrics(svc)),
+                      asyncio.ensure_future(svc.history.run(svc.rt)),
                       asyncio.ensure_future(console.watch_prefills(svc.rt.engine.scheduler))]
         await stop.wait()
     log.info("shutting down")

@@ -163,9 +163,10 @@ def _ls(args, source):
 
 
 def _tree(args, source):
+    from ckptd.cache.tree import build
     from ckptd.tools.inspect_store import tree as inspect_tree
 
-    tree = inspect_tree.build(source.entries("position"))
+    tree = build(source.entries("position"))
     if args.json or args.format == "json":
         return inspect_tree.to_json(tree), 0
     decode = decoder(args.model, source)
