@@ -129,14 +129,15 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
 
 def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int,
                   gone: Gone) -> Departure | None:
-    """The deepest departed snapshot on the prompt's path in (P, S]."""
-    B = chain.block_size
+    """The deepest departed snapshot on the prompt's path past P, at a depth the cached
+    entries reach (its tail may go past S: a departed tail no longer counts in S)."""
+    B, n = chain.block_size, len(tokens)
     top = min(S // B, len(chain))
     for depth in range(top, max(P // B, top - _PATH_DEPTHS) - 1, -1):
         best = None
         for rec in gone.snapshots_after(chain.parent(depth)):
             pos = depth * B + len(rec.tail)
-            if P < pos <= S and rec.position == pos and list(rec.tail) == tokens[depth * B:pos] \
+            if P < pos <= n and rec.position == pos and list(rec.tail) == tokens[depth * B:pos] \
                     and (best is None or pos > best.position):
                 best = rec
         if best is not None:

@@ -7,9 +7,10 @@ as one small record (reason, tier, when, where in its prompt), bounded: the
 oldest records go first. Snapshot records are also found by their parent block's
 key, so a prompt's path can be searched for the snapshots it lost.
 
-Records are kept in memory, saved beside the store when it closes and read back
-when it opens (the inspector reads them too): a daemon restarted cleanly still
-says why. A crash loses the records since the last close, never an entry.
+Records are kept in memory, saved beside the store when it closes (and every minute
+by a running daemon) and read back when it opens; the inspector reads them too. A
+daemon restarted still says why; a crash loses the records of its last minute,
+never an entry.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Gone:
         self.lock = threading.Lock()
         self.records: OrderedDict[bytes, Departure] = OrderedDict()
         self.snaps: dict[bytes, set[bytes]] = {}        # parent key -> snapshot keys
+        self.changed = False                            # since the last save
+        self.save_lock = threading.Lock()               # one save at a time
 
     def left(self, items: Iterable[tuple[bytes, EntryMeta | None]], reason: str, tier: str,
              detail: str = "", unless: str | None = None) -> None:
@@ -69,6 +72,7 @@ class Gone:
                                          meta.parent, tail, detail))
 
     def _add(self, key: bytes, rec: Departure) -> None:
+        self.changed = True
         self.records.pop(key, None)
         self.records[key] = rec
         if rec.kind == SNAPSHOT:
@@ -98,18 +102,25 @@ class Gone:
         return len(self.records)
 
     # ---- beside the store ----------------------------------------------------------------
-    def save(self, folder: str | Path) -> None:
-        """Write the records to folder/gone.json (through a temporary file and a rename)."""
-        with self.lock:
-            rows = [[k.hex(), r.reason, r.tier, round(r.at, 3), r.kind, r.position,
-                     r.parent.hex(), list(r.tail), r.detail] for k, r in self.records.items()]
-        path = Path(folder) / FILE
-        tmp = path.with_name(f"{FILE}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps({"version": 1, "records": rows}, separators=(",", ":")))
-            os.replace(tmp, path)
-        except OSError as e:       # a full or read-only disk costs the records, nothing else
-            log.warning("cache: could not save the departed entries' records: %s", e)
+    def save(self, folder: str | Path, only_changed: bool = False) -> None:
+        """Write the records to folder/gone.json (through a temporary file and a rename);
+        only_changed: unless nothing was recorded since the last save."""
+        with self.save_lock:
+            with self.lock:
+                if only_changed and not self.changed:
+                    return
+                self.changed = False
+                rows = [[k.hex(), r.reason, r.tier, round(r.at, 3), r.kind, r.position,
+                         r.parent.hex(), list(r.tail), r.detail]
+                        for k, r in self.records.items()]
+            path = Path(folder) / FILE
+            tmp = path.with_name(f"{FILE}.{os.getpid()}.tmp")
+            try:
+                tmp.write_text(json.dumps({"version": 1, "records": rows},
+                                          separators=(",", ":")))
+                os.replace(tmp, path)
+            except OSError as e:   # a full or read-only disk costs the records, nothing else
+                log.warning("cache: could not save the departed entries' records: %s", e)
 
     @classmethod
     def load(cls, folder: str | Path, limit: int = LIMIT) -> Gone:
@@ -129,4 +140,5 @@ class Gone:
             log.warning("cache: %s is not a record of departed entries (%s); starting without",
                         path, e)
             gone = cls(limit)
+        gone.changed = False
         return gone

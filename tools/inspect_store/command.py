@@ -2,6 +2,7 @@
 
     ckptd inspect [--cache-dir DIR | --url URL [--api-key KEY]] [--model PATH] [--json] ACTION
     ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc
+    ckptd inspect [--cache-dir DIR] [--model PATH] why PROMPT_FILE [--salt S] [--fingerprint FP]
 
 Reads go to the LMDB store directly, read-only, so they work beside a running daemon
 (LMDB readers never block its writer), or to the daemon's /cache/* endpoints with
@@ -44,7 +45,7 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
                    help="a shared remote tier (endpoint and keys: the standard AWS_* "
                         "variables); stats, ls, verify and gc only")
     p.add_argument("--fingerprint", default=d(None),
-                   help="with --remote: the model whose objects to read or change "
+                   help="with --remote or why: the model whose entries to read or change "
                         "(default: the only one there)")
     p.add_argument("--api-key", default=d(os.environ.get("CKPTD_API_KEY")),
                    help="the daemon's --api-key (default $CKPTD_API_KEY)")
@@ -89,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --remote: delete objects older than this (e.g. 12h, 7d)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --remote: say what would be deleted, delete nothing")
+    p = add("why", "which cached prefix a prompt would restore, from where, and why not more")
+    p.add_argument("prompt_file", metavar="PROMPT_FILE", help="the prompt: text (tokenized "
+                   "with --model) or a JSON list of token ids; - reads stdin")
+    p.add_argument("--salt", help="the requests' cache_salt")
     add("export", "copy the store (compacted) to an empty folder").add_argument("dir")
     add("import", "add the entries of an exported store (same model) to this one"
         ).add_argument("dir")
@@ -99,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
         from ckptd.tools.inspect_store import remote
 
         return remote.run(args)
-    if args.fingerprint:
-        raise ValueError("--fingerprint goes with --remote")
+    if args.fingerprint and args.action != "why":
+        raise ValueError("--fingerprint goes with --remote or why")
     source = _source(args)
     out, code = ACTIONS[args.action](args, source)
     if args.json or getattr(args, "format", None) == "json":
@@ -272,9 +277,22 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+def _why(args, source):
+    from ckptd.tools.inspect_store import why
+    from ckptd.tools.inspect_store.source import is_hybrid
+
+    if not isinstance(source, LocalSource):
+        raise ValueError("why reads the store itself: use --cache-dir (it works beside a "
+                         "running daemon)")
+    tokens = why.prompt_tokens(args.prompt_file, args.model)
+    with source.open() as s:
+        out = why.why(s, tokens, args.salt, args.fingerprint, is_hybrid(s))
+    return {"source": source.where, **out}, 0
+
+
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
-           "export": _export, "import": _import}
+           "export": _export, "import": _import, "why": _why}
 
 
 def _console():
@@ -303,4 +321,11 @@ SHOW = {"stats": lambda a, o: render.stats(_console(), o),
         "ls": lambda a, o: render.entries(_console(), o),
         "show": lambda a, o: render.show(_console(), o),
         "verify": lambda a, o: render.verify(_console(), o),
-        "tree": _print_tree}
+        "tree": _print_tree,
+        "why": lambda a, o: _why_render(o)}
+
+
+def _why_render(out) -> None:
+    from ckptd.tools.inspect_store.why import render
+
+    render(_console(), out)
