@@ -45,6 +45,7 @@ class TierHistory:
         self.samples: deque[dict] = deque(maxlen=keep)
 
     def take(self, rt) -> dict:
+        rt.store.why.resolve_all()      # the misses filed meanwhile: counted and logged
         s = sample(rt)
         self.samples.append(s)
         return s

@@ -96,8 +96,10 @@ class StoreAdmin:
                 host_kinds[m.kind] = host_kinds.get(m.kind, 0) + 1
         w, c, remote = self.store.writer, self.catalog.counters, self.store.remote
         remote = remote.stats() if remote is not None else None
+        misses = self.store.why.stats()          # explains what waits: not under the lock
         with self.catalog.lock:
             return {
+                "misses": misses,
                 "entries": len(merged),
                 "disk": disk,
                 "host": {"entries": sum(host_kinds.values()), "by_kind": host_kinds,
@@ -110,7 +112,6 @@ class StoreAdmin:
                 "missing": c.missing,
                 "evictions": c.evicted,
                 "snapshots_thinned": c.thinned,
-                "misses": self.store.why.stats(),
                 "write_queue": {"depth": w.depth if w else 0,
                                 "bytes": w.queued_bytes if w else 0,
                                 "bound_bytes": self.store.config.queue_bytes,

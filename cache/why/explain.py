@@ -36,6 +36,8 @@ from ckptd.cache.why.report import (
     ago,
 )
 
+_UNSEEN = ("nothing cached continues the prompt here: not seen before (or gone before its "
+           "departure was recorded)")
 _PATH_DEPTHS = 1 << 14     # block depths searched for a departed snapshot (a 256K prompt's)
 _SHORT_SCAN = 64           # entries after another root compared with a prompt under a block
 _UNKNOWN = object()
@@ -69,13 +71,15 @@ class Failed(NamedTuple):
     tier: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     """What one restore saw."""
     restored: int                      # tokens restored
     shared: int = 0                    # prompt tokens that cached entries share
     declined: Declined | None = None
     failed: Failed | None = None
+    at: float = 0.0                    # when (unix time; 0: now): later departures, and
+    #                                    entries made later, are not why it missed
 
 
 def is_adapter_salt(salt: str | bytes | None) -> bool:
@@ -85,19 +89,19 @@ def is_adapter_salt(salt: str | bytes | None) -> bool:
 
 
 def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Gone,
-            salts: Mapping[bytes, str | bytes | None], fingerprint: str,
-            now: float | None = None) -> Miss | None:
+            salts: Mapping[bytes, str | bytes | None], fingerprint: str) -> Miss | None:
     """Why tokens[a.restored] was not restored; None when nothing was missed. salts: the
-    salt of each root seen (chain.root's included); fingerprint: this model's."""
+    salt of each root seen (chain.root's included); fingerprint: this model's. Explained
+    as of a.at: what departed or was cached after it does not count."""
     n, P, B = len(tokens), a.restored, chain.block_size
     if P >= n - 1:
         return None
-    now = time.time() if now is None else now
+    now = a.at or time.time()
     f = a.failed
     if f is not None and f.position > P:
         what = ("a stored entry failed verification and was dropped" if f.reason == CORRUPT
-                else f"the {f.tier} tier could not serve a planned piece (read error, "
-                     "gone meanwhile, or late)")
+                else f"the {f.tier} tier could not serve a planned piece (read error, gone "
+                     "meanwhile, or late)")
         return Miss(P, f.reason, f.tier, recomputed=f.position - P,
                     detail=f"restore failed: {what}; restored {P:,} instead of "
                            f"{f.position:,} and recomputed the rest")
@@ -109,33 +113,38 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
                            f"(~{d.compute_s * 1000:.0f} ms)")
     S = min(a.shared, n)
     if S > P:
-        rec = _lost_on_path(tokens, chain, P, S, gone)
+        rec = _lost_on_path(tokens, chain, P, S, gone, now)
         if rec is not None:
             return _departed(P, rec, now, rec.position - P,
                              f"the snapshot at {rec.position:,} ")
         return Miss(P, NO_SNAPSHOT, recomputed=S - P,
                     detail=f"cached entries go on to {S:,}, but no state to resume from "
                            f"lies between {P:,} and {S:,} (a recurrent state can't be cut)")
-    rec = _lost_here(tokens, chain, P, gone)
+    rec = _lost_here(tokens, chain, P, gone, now)
     if rec is not None:
         return _departed(P, rec, now, None, "")
     if P < B:
-        miss = _other_root(P, tokens, chain, view, salts, fingerprint)
+        miss = _other_root(P, tokens, chain, view, salts, fingerprint, now)
         if miss is not None:
             return miss
-    return Miss(P, UNSEEN, detail="nothing cached continues the prompt here: not seen before "
-                                  "(or gone before its departure was recorded)")
+    return Miss(P, UNSEEN, detail=_UNSEEN)
 
 
-def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int,
-                  gone: Gone) -> Departure | None:
+def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int, gone: Gone,
+                  now: float) -> Departure | None:
     """The deepest departed snapshot on the prompt's path past P, at a depth the cached
     entries reach (its tail may go past S: a departed tail no longer counts in S)."""
     B, n = chain.block_size, len(tokens)
-    top = min(S // B, len(chain))
-    for depth in range(top, max(P // B, top - _PATH_DEPTHS) - 1, -1):
+    top = min(S // B, len(chain.keys))
+    low = max(P // B, top - _PATH_DEPTHS)
+    # the parent of depth d is keys[d - 1] (the root for d = 0)
+    found = gone.snapshots_after_any(([chain.root] if low == 0 else [])
+                                     + chain.keys[max(0, low - 1):top], now)
+    if not found:
+        return None
+    for depth in range(top, low - 1, -1):
         best = None
-        for rec in gone.snapshots_after(chain.parent(depth)):
+        for rec in found.get(chain.parent(depth), ()):
             pos = depth * B + len(rec.tail)
             if P < pos <= n and rec.position == pos and list(rec.tail) == tokens[depth * B:pos] \
                     and (best is None or pos > best.position):
@@ -145,19 +154,20 @@ def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int,
     return None
 
 
-def _lost_here(tokens: list[int], chain: KeyChain, P: int, gone: Gone) -> Departure | None:
+def _lost_here(tokens: list[int], chain: KeyChain, P: int, gone: Gone,
+               now: float) -> Departure | None:
     """What departed right where the restore stopped: the prompt's next block, else the
     deepest snapshot inside it that the prompt goes past."""
     B = chain.block_size
     depth = P // B
-    if depth < len(chain):
-        rec = gone.get(chain.keys[depth])
+    if depth < len(chain.keys):
+        rec = gone.get(chain.keys[depth], now)
         if rec is not None:
             return rec
-    if depth > len(chain):
+    if depth > len(chain.keys):
         return None
     best = None
-    for rec in gone.snapshots_after(chain.parent(depth)):
+    for rec in gone.snapshots_after(chain.parent(depth), now):
         pos = depth * B + len(rec.tail)
         if P < pos <= len(tokens) and list(rec.tail) == tokens[depth * B:pos] \
                 and (best is None or pos > best.position):
@@ -182,7 +192,8 @@ def _departed(P: int, rec: Departure, now: float, recomputed: int | None, what: 
 
 
 def _other_root(P: int, tokens: list[int], chain: KeyChain, view: View,
-                salts: Mapping[bytes, str | bytes | None], fingerprint: str) -> Miss | None:
+                salts: Mapping[bytes, str | bytes | None], fingerprint: str,
+                now: float) -> Miss | None:
     """The prompt's first block (or a shorter prompt's state) under another root: the
     same tokens cached for another model, salt or adapter set."""
     B, own = chain.block_size, chain.root
@@ -193,12 +204,12 @@ def _other_root(P: int, tokens: list[int], chain: KeyChain, view: View,
         head = tokens[:B]
         found = view.find_many([block_key(r, head, 0, B) for r in others])
         for root, hit in zip(others, found):
-            if hit is not None and hit[0].tokens == head:
+            if hit is not None and hit[0].tokens == head and hit[0].created <= now:
                 return _classify(P, root, hit[0], own, salts, fingerprint)
         return None
     for root in others:
         for _, meta, _ in view.children_after(root)[:_SHORT_SCAN]:
-            if meta.tokens and meta.tokens == tokens[:len(meta.tokens)]:
+            if meta.tokens and meta.tokens == tokens[:len(meta.tokens)] and meta.created <= now:
                 return _classify(P, root, meta, own, salts, fingerprint)
     return None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -32,7 +33,9 @@ log = logging.getLogger(__name__)
 # Why an entry left (the reasons a miss reports for it: cache/why/report.py)
 EVICTED, THINNED, CORRUPT, DELETED, BUDGET = "evicted", "thinned", "corrupt", "deleted", "budget"
 FILE = "gone.json"
-LIMIT = 1 << 16          # records kept (~150 bytes each)
+LIMIT = 1 << 16          # keys with records kept (~150 bytes a record)
+HISTORY = 4              # records kept per key: a miss is explained as of its restore, and
+#                          the same entry may depart again before that is read
 
 
 class Departure(NamedTuple):
@@ -50,7 +53,7 @@ class Gone:
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
         self.lock = threading.Lock()
-        self.records: OrderedDict[bytes, Departure] = OrderedDict()
+        self.records: OrderedDict[bytes, tuple[Departure, ...]] = OrderedDict()  # oldest first
         self.snaps: dict[bytes, set[bytes]] = {}        # parent key -> snapshot keys
         self.changed = False                            # since the last save
         self.save_lock = threading.Lock()               # one save at a time
@@ -65,7 +68,7 @@ class Gone:
                 if meta is None:
                     continue
                 old = self.records.get(key)
-                if old is not None and old.reason == unless:
+                if old and old[-1].reason == unless:
                     continue
                 tail = tuple(meta.tokens) if meta.kind == SNAPSHOT else ()
                 self._add(key, Departure(reason, tier, now, meta.kind, meta.position,
@@ -73,30 +76,43 @@ class Gone:
 
     def _add(self, key: bytes, rec: Departure) -> None:
         self.changed = True
-        self.records.pop(key, None)
-        self.records[key] = rec
+        hist = self.records.pop(key, ())
+        self.records[key] = (*hist[1 - HISTORY:], rec)
         if rec.kind == SNAPSHOT:
             self.snaps.setdefault(rec.parent, set()).add(key)
         while len(self.records) > self.limit:
             old_key, old = self.records.popitem(last=False)
-            self._unlink(old_key, old)
+            sibs = self.snaps.get(old[-1].parent)
+            if sibs is not None:
+                sibs.discard(old_key)
+                if not sibs:
+                    del self.snaps[old[-1].parent]
 
-    def _unlink(self, key: bytes, rec: Departure) -> None:
-        sibs = self.snaps.get(rec.parent)
-        if sibs is not None:
-            sibs.discard(key)
-            if not sibs:
-                del self.snaps[rec.parent]
+    def get(self, key: bytes, before: float = math.inf) -> Departure | None:
+        """The latest departure of `key` at or before `before`."""
+        hist = self.records.get(key)           # one dict lookup: atomic, no lock needed
+        return None if hist is None else _latest(hist, before)
 
-    def get(self, key: bytes) -> Departure | None:
+    def snapshots_after(self, parent: bytes, before: float = math.inf) -> list[Departure]:
+        """Departed snapshots whose parent block is `parent` (each one's latest departure
+        at or before `before`)."""
+        if parent not in self.snaps:           # the common case, without the lock
+            return []
         with self.lock:
-            return self.records.get(key)
+            keys = self.snaps.get(parent, ())
+            found = [_latest(self.records[k], before) for k in keys]
+        return [r for r in found if r is not None]
 
-    def snapshots_after(self, parent: bytes) -> list[Departure]:
-        """Departed snapshots whose parent block is `parent`."""
+    def snapshots_after_any(self, parents: list[bytes],
+                            before: float = math.inf) -> dict[bytes, list[Departure]]:
+        """snapshots_after for each of `parents` that has some (a prompt's path in one
+        call: most paths have none)."""
+        if not self.snaps:
+            return {}
         with self.lock:
-            keys = self.snaps.get(parent)
-            return [self.records[k] for k in keys] if keys else []
+            snaps = self.snaps
+            hits = [p for p in parents if p in snaps]
+        return {p: found for p in hits if (found := self.snapshots_after(p, before))}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -112,7 +128,7 @@ class Gone:
                 self.changed = False
                 rows = [[k.hex(), r.reason, r.tier, round(r.at, 3), r.kind, r.position,
                          r.parent.hex(), list(r.tail), r.detail]
-                        for k, r in self.records.items()]
+                        for k, hist in self.records.items() for r in hist]
             path = Path(folder) / FILE
             tmp = path.with_name(f"{FILE}.{os.getpid()}.tmp")
             try:
@@ -142,3 +158,10 @@ class Gone:
             gone = cls(limit)
         gone.changed = False
         return gone
+
+
+def _latest(hist: tuple[Departure, ...], before: float) -> Departure | None:
+    for rec in reversed(hist):
+        if rec.at <= before:
+            return rec
+    return None

@@ -49,13 +49,23 @@ class Miss:
                 "recomputed": self.recomputed, "detail": self.detail}
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class CacheReport:
+    """Made on the engine's thread when a restore ends; its miss is explained when first
+    read (a responder, /metrics, the page), off that thread (cache/why/ledger.py)."""
     prompt: int                                        # prompt tokens
     restored: int = 0
     runs: list[tuple[str, int, int]] = field(default_factory=list)   # (tier, start, end)
-    miss: Miss | None = None
     restore_ms: float = 0.0
+    explained: Miss | None = None
+    pending: tuple | None = field(default=None, repr=False)
+    #          (ledger, what explaining needs) until it is explained (cache/why/ledger.py)
+
+    @property
+    def miss(self) -> Miss | None:
+        if self.pending is not None:
+            self.pending[0].resolve(self)
+        return self.explained
 
     def tiers(self) -> dict[str, int]:
         return tokens_by_tier(self.runs)

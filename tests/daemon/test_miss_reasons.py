@@ -97,7 +97,8 @@ def test_thinned_snapshot_restores_the_one_before(hybrid, tmp_path):
     a = _prompt(320, 4)
     ask(client, a)
     gone = client.engine.cache.store.gone
-    thinned = sorted(r.position for r in gone.records.values() if r.reason == "thinned")
+    thinned = sorted(r.position for hist in gone.records.values() for r in hist
+                     if r.reason == "thinned")
     assert thinned, "a 320-token prefill at interval 32 keeping 3 snapshots thins some"
     X = thinned[-1]
     suffix = [t + 1 if t + 1 != a[X] else t + 2 for t in _prompt(24, 5)]

@@ -97,7 +97,7 @@ def why(store, tokens: list[int], salt: str | None, fingerprint: str | None,
     runs = tier_runs(plan.blocks, plan.snapshot, plan.position, 0, B)
     miss = explain(tokens, chain, Attempt(plan.position, plan.shared), store.catalog,
                    store.gone, {chain.root: salt}, fp)
-    report = CacheReport(n, plan.position, runs, miss).to_dict()
+    report = CacheReport(n, plan.position, runs, explained=miss).to_dict()
     pieces = plan.pieces()
     return {"fingerprint": fp, "block_size": B, "hybrid": hybrid, "salted": salt is not None,
             **report, "blocks": len(plan.blocks),
