@@ -109,7 +109,7 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
     if d is not None and d.position > P:
         return Miss(P, COST, d.tier, recomputed=d.position - P,
                     detail=f"reading {_size(d.nbytes)} from {d.tier} (~{d.read_s * 1000:.0f} ms) "
-                           f"was estimated slower than computing {d.position - P:,} tokens "
+                           f"was estimated slower than computing {_tokens(d.position - P)} "
                            f"(~{d.compute_s * 1000:.0f} ms)")
     S = min(a.shared, n)
     if S > P:
@@ -187,7 +187,7 @@ def _departed(P: int, rec: Departure, now: float, recomputed: int | None, what: 
     extra = f" ({rec.detail})" if rec.detail and rec.reason != BUDGET else ""
     detail = f"{what or f'the {rec.kind} at {rec.position:,} '}{verb}{extra} {ago(when)}"
     if recomputed:
-        detail += f"; restored from {P:,}, {recomputed:,} tokens recomputed"
+        detail += f"; restored from {P:,}, {_tokens(recomputed)} recomputed"
     return Miss(P, rec.reason, rec.tier, rec.at, when, recomputed, detail)
 
 
@@ -231,6 +231,10 @@ def _classify(P: int, root: bytes, meta: EntryMeta, own: bytes,
                                               f"{want} (prefixes never cross adapter sets)")
     return Miss(P, OTHER_SALT, detail="cached under another cache salt (tenants never share "
                                       "entries)")
+
+
+def _tokens(n: int) -> str:
+    return f"{n:,} token{'s' if n != 1 else ''}"
 
 
 def _size(n: int) -> str:
