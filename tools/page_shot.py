@@ -89,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="model folder or GGUF (default: the embedded SmolLM2)")
     p.add_argument("--out", default=str(ROOT / "docs/img/cache-page.png"))
     p.add_argument("--minutes", type=float, default=3.0)
+    p.add_argument("--serve-args", default="", help="more flags for ckptd serve")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         daemon = ManagedDaemon(args.model, Path(tmp) / "cache", Path(tmp) / "daemon.log",
                                ["--max-context", "8192", "--parallel", "2", "--step-tokens",
                                 "128", "--snapshot-interval", "256", "--max-snapshots", "4",
-                                "--host-budget", "64MB", "--disk-budget", "160MB"])
+                                "--host-budget", "64MB", "--disk-budget", "160MB",
+                                *args.serve_args.split()])
         with daemon:
             client = daemon.start()
             workload(client, args.minutes)

@@ -4,12 +4,12 @@ timings.cache carries), and the answer always the uncached one."""
 
 from __future__ import annotations
 
-import lmdb
 import pytest
 import torch
 
 from ckptd.model.loader import load_model
 from ckptd.model.text.tokenizer import Tokenizer
+from tests.cache.conftest import flip_value
 from tests.daemon.engines import Client
 from tests.daemon.engines import make_engine as _make
 
@@ -135,16 +135,6 @@ def test_other_model_fingerprint(llama, hybrid, tmp_path):
     assert miss["reason"] == "other_model" and llama[0].fingerprint[:12] in miss["detail"]
 
 
-def _flip(path, sub_db: bytes, key: bytes) -> None:
-    env = lmdb.open(str(path), max_dbs=8)
-    db = env.open_db(sub_db)
-    with env.begin(write=True, db=db) as txn:
-        bad = bytearray(txn.get(key))
-        bad[len(bad) // 2] ^= 0x10
-        txn.put(key, bytes(bad))
-    env.close()
-
-
 def test_corrupt_entry_fails_the_restore_then_is_reported_dropped(llama, tmp_path):
     a = _prompt(100, 8)
     want = uncached(llama, a)
@@ -154,7 +144,7 @@ def test_corrupt_entry_fails_the_restore_then_is_reported_dropped(llama, tmp_pat
     bad = first.cache.store.lookup(a).blocks[2].key
     client.close()
     first.cache.close()
-    _flip(tmp_path, b"blocks", bad)
+    flip_value(tmp_path, b"blocks", bad)
     client = Client(make(llama, tmp_path))         # a restart: the blocks come from disk
     tokens, report = ask(client, a)
     miss = _miss(report)
