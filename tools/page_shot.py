@@ -46,7 +46,7 @@ def workload(client, minutes: float) -> None:
     end = time.monotonic() + minutes * 60
     i = 0
     while time.monotonic() < end:
-        q = QUESTIONS[i % len(QUESTIONS)]
+        q = QUESTIONS[i % len(QUESTIONS)] + " " * (i // len(QUESTIONS))
         ctx = ("architecture", "readme")[i % 2]
         ok("POST", "/completion", {"prompt": f"\n\nQuestion: {q}\nAnswer:", "context": ctx,
                                    "n_predict": 8})
@@ -64,8 +64,9 @@ def workload(client, minutes: float) -> None:
 
 
 async def shoot(url: str, client, out: Path) -> None:
-    long_prompt = {"prompt": _text("docs/ARCHITECTURE.md", 40000)[6000:26000],
-                   "n_predict": 4}
+    _, ids = client.request("POST", "/tokenize", {"content": _text("docs/ARCHITECTURE.md",
+                                                                     60000)[6000:]})
+    long_prompt = {"prompt": ids["tokens"][:6000], "n_predict": 4}
     t = threading.Thread(target=client.request, args=("POST", "/completion", long_prompt),
                          daemon=True)
     async with Chromium(width=1440, height=1000) as page:
