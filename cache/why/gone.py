@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # Why an entry left (the reasons a miss reports for it: cache/why/report.py)
 EVICTED, THINNED, CORRUPT, DELETED, BUDGET = "evicted", "thinned", "corrupt", "deleted", "budget"
 FILE = "gone.json"
-LIMIT = 1 << 16          # keys with records kept (~150 bytes a record)
+LIMIT = 1 << 15          # keys with records kept (~150 bytes a record)
 HISTORY = 4              # records kept per key: a miss is explained as of its restore, and
 #                          the same entry may depart again before that is read
 
@@ -122,13 +122,13 @@ class Gone:
         """Write the records to folder/gone.json (through a temporary file and a rename);
         only_changed: unless nothing was recorded since the last save."""
         with self.save_lock:
-            with self.lock:
-                if only_changed and not self.changed:
-                    return
+            with self.lock:                # a copy (records are immutable): recorders,
+                if only_changed and not self.changed:      # the engine's thread among them,
+                    return                                 # never wait for the encoding
                 self.changed = False
-                rows = [[k.hex(), r.reason, r.tier, round(r.at, 3), r.kind, r.position,
-                         r.parent.hex(), list(r.tail), r.detail]
-                        for k, hist in self.records.items() for r in hist]
+                items = list(self.records.items())
+            rows = [[k.hex(), r.reason, r.tier, round(r.at, 3), r.kind, r.position,
+                     r.parent.hex(), list(r.tail), r.detail] for k, hist in items for r in hist]
             path = Path(folder) / FILE
             tmp = path.with_name(f"{FILE}.{os.getpid()}.tmp")
             try:

@@ -29,6 +29,8 @@ from ckptd.daemon.http.common import blocking, json_response, query_int, ready
 from ckptd.daemon.service import VERSION, Service
 
 PAGE = Path(__file__).parent / "page"
+TREES = web.AppKey("cache_trees", dict)     # limit -> (built at, tree): see _tree
+_TREE_FOR_S = 5.0
 PREVIEW = 24                 # tokens of a branch or prefix shown as text
 _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
             "Content-Security-Policy": "default-src 'none'; script-src 'self'; "
@@ -71,10 +73,21 @@ def _server(svc: Service) -> dict:
 async def tree(request: web.Request) -> web.Response:
     svc = ready(request)
     limit = query_int(request, "limit", 60, 1, 500)
-    return json_response(await blocking(_tree, svc, limit))
+    return json_response(await blocking(_tree, svc, limit, request.app[TREES]))
 
 
-def _tree(svc: Service, limit: int) -> dict:
+def _tree(svc: Service, limit: int, trees: dict) -> dict:
+    """The tree, built from every entry at most every _TREE_FOR_S (pages poll it)."""
+    hit = trees.get(limit)
+    if hit is not None and time.monotonic() - hit[0] < _TREE_FOR_S:
+        return hit[1]
+    out = _build_tree(svc, limit)
+    trees.clear()
+    trees[limit] = (time.monotonic(), out)
+    return out
+
+
+def _build_tree(svc: Service, limit: int) -> dict:
     rt = svc.rt
     entries = tier_entries(rt.store, rt.cache.device.holds)
     nodes = largest(build(entries), limit)
@@ -153,6 +166,7 @@ def _pinned(svc: Service) -> dict:
 
 
 def register(app: web.Application) -> None:
+    app[TREES] = {}
     r = app.router
     r.add_get("/", page, allow_head=False)
     r.add_get("/page.js", script, allow_head=False)

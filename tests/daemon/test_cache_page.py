@@ -160,7 +160,7 @@ async def test_the_page_in_a_browser(page_daemon):
         text = await page.eval("document.querySelector('[data-tier=disk]').innerText")
         assert f"{tiers['disk']['entries']:,}" in text
 
-        tree = d.get("/cache/tree?limit=40", headers=AUTH).json["nodes"]
+        tree = d.get("/cache/tree?limit=24", headers=AUTH).json["nodes"]
         shown = json.loads(await page.wait_for(TREE_JS))
         assert [(n["id"], n["kind"]) for n in tree] == [(i, k) for i, k, _ in shown]
         assert [str(n.get("start", n.get("position"))) for n in tree if n["kind"] != "root"] \

@@ -235,7 +235,7 @@ function drawMisses(d) {
   if (!d.recent.length) return fill("misses", h("div", { class: "empty" }, "No miss yet."));
   fill("misses", h("table", {}, h("tr", {}, h("th", {}, "when"), h("th", {}, "#"), h("th", {}, "restored"),
     h("th", {}, "reason")),
-  d.recent.slice(0, 12).map(m => h("tr", { "data-miss": m.miss.reason },
+  d.recent.slice(0, 8).map(m => h("tr", { "data-miss": m.miss.reason },
     h("td", { class: "detail", style: "white-space:nowrap" }, ago(m.at)),
     h("td", { class: "mono" }, `#${m.request}`),
     h("td", { style: "width:150px" }, h("div", { class: "num", style: "text-align:left" },
@@ -298,7 +298,7 @@ function drawPinned(d) {
 
 // ---- polling ---------------------------------------------------------------------------
 const VIEWS = { tiers: ["/cache/tiers", drawTiers], requests: ["/cache/requests", drawRequests],
-  misses: ["/cache/misses", drawMisses], tree: ["/cache/tree?limit=40", drawTree],
+  misses: ["/cache/misses", drawMisses], tree: ["/cache/tree?limit=24", drawTree],
   pinned: ["/cache/pinned", drawPinned] };
 const timers = {};
 async function poll(name, now) {
