@@ -90,9 +90,10 @@ def is_adapter_salt(salt: str | bytes | None) -> bool:
 
 def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Gone,
             salts: Mapping[bytes, str | bytes | None], fingerprint: str) -> Miss | None:
-    """Why tokens[a.restored] was not restored; None when nothing was missed. salts: the
-    salt of each root seen (chain.root's included); fingerprint: this model's. Explained
-    as of a.at: what departed or was cached after it does not count."""
+    """Why tokens[a.restored] was not restored; None when nothing was missed. tokens: the
+    prompt (its chain may hold more keys: the answer's); salts: the salt of each root seen
+    (chain.root's included); fingerprint: this model's. Explained as of a.at: what
+    departed or was cached after it does not count."""
     n, P, B = len(tokens), a.restored, chain.block_size
     if P >= n - 1:
         return None
@@ -135,7 +136,7 @@ def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int, gone: Gone
     """The deepest departed snapshot on the prompt's path past P, at a depth the cached
     entries reach (its tail may go past S: a departed tail no longer counts in S)."""
     B, n = chain.block_size, len(tokens)
-    top = min(S // B, len(chain.keys))
+    top = min(S // B, n // B)
     low = max(P // B, top - _PATH_DEPTHS)
     # the parent of depth d is keys[d - 1] (the root for d = 0)
     found = gone.snapshots_after_any(([chain.root] if low == 0 else [])
@@ -159,12 +160,12 @@ def _lost_here(tokens: list[int], chain: KeyChain, P: int, gone: Gone,
     """What departed right where the restore stopped: the prompt's next block, else the
     deepest snapshot inside it that the prompt goes past."""
     B = chain.block_size
-    depth = P // B
-    if depth < len(chain.keys):
+    depth, full = P // B, len(tokens) // B       # the chain may hold more: generated tokens
+    if depth < full:
         rec = gone.get(chain.keys[depth], now)
         if rec is not None:
             return rec
-    if depth > len(chain.keys):
+    if depth > full:
         return None
     best = None
     for rec in gone.snapshots_after(chain.parent(depth), now):

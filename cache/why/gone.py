@@ -127,7 +127,7 @@ class Gone:
                     return                                 # never wait for the encoding
                 self.changed = False
                 items = list(self.records.items())
-            rows = [[k.hex(), r.reason, r.tier, round(r.at, 3), r.kind, r.position,
+            rows = [[k.hex(), r.reason, r.tier, r.at, r.kind, r.position,
                      r.parent.hex(), list(r.tail), r.detail] for k, hist in items for r in hist]
             path = Path(folder) / FILE
             tmp = path.with_name(f"{FILE}.{os.getpid()}.tmp")

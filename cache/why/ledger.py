@@ -73,6 +73,8 @@ class Ledger:
             if rep.pending is None:
                 return
             _, seq_id, tokens, salt, chain, attempt = rep.pending
+            # the sequence's list and chain grew with its answer since: the prompt's part
+            tokens = tokens[:rep.prompt]
             salts = self.salts
             if chain.root not in salts:        # a root is one salt
                 if len(salts) >= SALTS:
