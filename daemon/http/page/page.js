@@ -55,6 +55,15 @@ function tierBar(counts, total, cls) {
   return bar;
 }
 
+// One thin bar per tier: the share of a branch's entries each tier holds (an entry is
+// often in several at once: its page on the device, a copy in RAM, one on disk).
+function tierRows(counts, total) {
+  const held = TIERS.filter(t => counts[t]);
+  return h("div", { class: "tier-rows", title: held.map(t => `${t}: ${num(counts[t])} of ${num(total)}`).join(" · ") },
+    ["device", "host", "disk"].map(t => h("div", {},
+      h("i", { style: `width:${100 * (counts[t] || 0) / Math.max(1, total)}%;background:${COLOR[t]}` }))));
+}
+
 // ---- fetching --------------------------------------------------------------------------
 async function get(path) {
   const headers = state.key ? { Authorization: `Bearer ${state.key}` } : {};
@@ -249,7 +258,8 @@ function drawTree(d) {
   $("tree-total").textContent = `largest branches · ${num(d.entries)} entries, ${bytes(d.stored_bytes)} on disk`;
   if (!d.nodes.length) return fill("tree", h("div", { class: "empty" }, "The cache is empty."));
   fill("tree", h("table", {}, h("tr", {}, h("th", {}, "branch"), h("th", { class: "num" }, "tokens"),
-    h("th", {}, "tiers"), h("th", { class: "num" }, "snapshots"), h("th", { class: "num" }, "subtree"),
+    h("th", { title: "share of the branch's entries each tier holds" }, "device · host · disk"),
+    h("th", { class: "num" }, "snapshots"), h("th", { class: "num" }, "subtree"),
     h("th", { class: "num" }, "hits"), h("th", {}, "starts with")),
   d.nodes.map(n => {
     const pad = "│ ".repeat(Math.max(0, n.depth - 1)) + (n.depth ? "├ " : "");
@@ -269,7 +279,7 @@ function drawTree(d) {
       h("span", {}, n.kind === "snapshot" ? "snapshot" : `${num(n.count)} block${n.count > 1 ? "s" : ""}`),
       n.pinned ? h("span", { class: "pill" }, "pinned") : null), more),
     h("td", { class: "num mono" }, span),
-    h("td", {}, tierBar(n.tiers, count, "tiers")),
+    h("td", {}, tierRows(n.tiers, count)),
     h("td", { class: "num" }, n.snapshots ? num(n.snapshots.length) : "–"),
     h("td", { class: "num" }, bytes(n.subtree_bytes)),
     h("td", { class: "num" }, num(n.hits)),
