@@ -80,6 +80,7 @@ class Attempt:
     failed: Failed | None = None
     at: float = 0.0                    # when (unix time; 0: now): later departures, and
     #                                    entries made later, are not why it missed
+    prompt: int = 0                    # the prompt's tokens (0: all the tokens given)
 
 
 def is_adapter_salt(salt: str | bytes | None) -> bool:
@@ -91,10 +92,11 @@ def is_adapter_salt(salt: str | bytes | None) -> bool:
 def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Gone,
             salts: Mapping[bytes, str | bytes | None], fingerprint: str) -> Miss | None:
     """Why tokens[a.restored] was not restored; None when nothing was missed. tokens: the
-    prompt (its chain may hold more keys: the answer's); salts: the salt of each root seen
+    prompt's first (a sequence's list, which its answer may have grown since, as its
+    chain; a.prompt says how many are the prompt); salts: the salt of each root seen
     (chain.root's included); fingerprint: this model's. Explained as of a.at: what
     departed or was cached after it does not count."""
-    n, P, B = len(tokens), a.restored, chain.block_size
+    n, P, B = a.prompt or len(tokens), a.restored, chain.block_size
     if P >= n - 1:
         return None
     now = a.at or time.time()
@@ -114,28 +116,28 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
                            f"(~{d.compute_s * 1000:.0f} ms)")
     S = min(a.shared, n)
     if S > P:
-        rec = _lost_on_path(tokens, chain, P, S, gone, now)
+        rec = _lost_on_path(tokens, n, chain, P, S, gone, now)
         if rec is not None:
             return _departed(P, rec, now, rec.position - P,
                              f"the snapshot at {rec.position:,} ")
         return Miss(P, NO_SNAPSHOT, recomputed=S - P,
                     detail=f"cached entries go on to {S:,}, but no state to resume from "
                            f"lies between {P:,} and {S:,} (a recurrent state can't be cut)")
-    rec = _lost_here(tokens, chain, P, gone, now)
+    rec = _lost_here(tokens, n, chain, P, gone, now)
     if rec is not None:
         return _departed(P, rec, now, None, "")
     if P < B:
-        miss = _other_root(P, tokens, chain, view, salts, fingerprint, now)
+        miss = _other_root(P, tokens[:min(n, B)], chain, view, salts, fingerprint, now)
         if miss is not None:
             return miss
     return Miss(P, UNSEEN, detail=_UNSEEN)
 
 
-def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int, gone: Gone,
+def _lost_on_path(tokens: list[int], n: int, chain: KeyChain, P: int, S: int, gone: Gone,
                   now: float) -> Departure | None:
     """The deepest departed snapshot on the prompt's path past P, at a depth the cached
     entries reach (its tail may go past S: a departed tail no longer counts in S)."""
-    B, n = chain.block_size, len(tokens)
+    B = chain.block_size
     top = min(S // B, n // B)
     low = max(P // B, top - _PATH_DEPTHS)
     # the parent of depth d is keys[d - 1] (the root for d = 0)
@@ -155,12 +157,12 @@ def _lost_on_path(tokens: list[int], chain: KeyChain, P: int, S: int, gone: Gone
     return None
 
 
-def _lost_here(tokens: list[int], chain: KeyChain, P: int, gone: Gone,
+def _lost_here(tokens: list[int], n: int, chain: KeyChain, P: int, gone: Gone,
                now: float) -> Departure | None:
     """What departed right where the restore stopped: the prompt's next block, else the
     deepest snapshot inside it that the prompt goes past."""
     B = chain.block_size
-    depth, full = P // B, len(tokens) // B       # the chain may hold more: generated tokens
+    depth, full = P // B, n // B       # the chain may hold more: the answer's
     if depth < full:
         rec = gone.get(chain.keys[depth], now)
         if rec is not None:
@@ -170,7 +172,7 @@ def _lost_here(tokens: list[int], chain: KeyChain, P: int, gone: Gone,
     best = None
     for rec in gone.snapshots_after(chain.parent(depth), now):
         pos = depth * B + len(rec.tail)
-        if P < pos <= len(tokens) and list(rec.tail) == tokens[depth * B:pos] \
+        if P < pos <= n and list(rec.tail) == tokens[depth * B:pos] \
                 and (best is None or pos > best.position):
             best = rec
     return best

@@ -50,7 +50,7 @@ class Ledger:
                chain: KeyChain, attempt: Attempt, runs: list[tuple[str, int, int]],
                restore_ms: float) -> CacheReport:
         """File one restore's report (the engine's thread): counted now, explained later."""
-        attempt.at = time.time()
+        attempt.at, attempt.prompt = time.time(), len(tokens)
         rep = CacheReport(len(tokens), attempt.restored, runs, restore_ms)
         with self.lock:
             self.restores += 1
@@ -73,8 +73,6 @@ class Ledger:
             if rep.pending is None:
                 return
             _, seq_id, tokens, salt, chain, attempt = rep.pending
-            # the sequence's list and chain grew with its answer since: the prompt's part
-            tokens = tokens[:rep.prompt]
             salts = self.salts
             if chain.root not in salts:        # a root is one salt
                 if len(salts) >= SALTS:

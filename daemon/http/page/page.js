@@ -209,6 +209,7 @@ function chart(rows, keys, opt) {
 
 // ---- live requests ---------------------------------------------------------------------
 function drawRequests(d) {
+  EVERY.requests = d.running.length || d.waiting ? 700 : 2500;    // quick only while busy
   $("waiting").textContent = `${d.running.length} running · ${d.waiting} waiting`;
   if (!d.running.length) return fill("live", h("div", { class: "empty" }, "No request is running."));
   fill("live", h("table", {}, h("tr", {}, h("th", {}, "#"), h("th", {}, "state"), h("th", {}, "prompt"),
