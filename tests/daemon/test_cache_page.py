@@ -12,7 +12,7 @@ import pytest
 from tests.daemon.daemon_proc import Daemon, start
 
 KEY = "page-admin-key"
-DOC = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. " * 40
+DOC = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. " * 12
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
