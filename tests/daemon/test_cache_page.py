@@ -192,3 +192,12 @@ async def test_the_page_in_a_browser(page_daemon):
         assert seen == sorted(seen) and 0 <= seen[0] < seen[-1] < len(prompt)
         await page.wait_for("document.querySelector('[data-request]') === null", 60)
         assert page.errors == [] and not [c for c in page.console if c.startswith("error")]
+
+
+def test_without_keys_the_views_answer_everyone(daemon):
+    """The shared daemon of tests/daemon/conftest.py has no key: nothing to ask for."""
+    assert daemon.get("/").status == 200
+    for path in ("/cache/tiers", "/cache/tree", "/cache/requests", "/cache/misses",
+                 "/cache/pinned"):
+        assert daemon.get(path).status == 200, path
+    assert daemon.get("/cache/tree?limit=0").status == 400          # limit: 1..500

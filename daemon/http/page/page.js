@@ -5,9 +5,9 @@
 const TIERS = ["device", "host", "disk", "remote"];
 const COLOR = Object.fromEntries(TIERS.map(t => [t, `var(--${t})`]));
 const EVERY = { tiers: 5000, requests: 700, misses: 2000, tree: 10000, pinned: 15000 };
-const state = { key: sessionStorage.getItem("ckptd-key") || "", asking: false, server: null };
+const state = { key: sessionStorage.getItem("ckptd-key") || "", asking: false };
 
-// ---- small helpers ---------------------------------------------------------------------
+// Small helpers
 function h(tag, attrs, ...kids) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -64,7 +64,7 @@ function tierRows(counts, total) {
       h("i", { style: `width:${100 * (counts[t] || 0) / Math.max(1, total)}%;background:${COLOR[t]}` }))));
 }
 
-// ---- fetching --------------------------------------------------------------------------
+// Fetching
 async function get(path) {
   const headers = state.key ? { Authorization: `Bearer ${state.key}` } : {};
   const r = await fetch(path, { headers, cache: "no-store" });
@@ -101,10 +101,9 @@ $("key-form").addEventListener("submit", ev => {
 $("key-cancel").addEventListener("click", () => { state.asking = false; $("key-dialog").close(); });
 $("key-button").addEventListener("click", askKey);
 
-// ---- tiers and their history -----------------------------------------------------------
+// Tiers and their history
 function drawTiers(d) {
   const s = d.server, now = d.now;
-  state.server = s;
   fill("server",
     h("span", {}, h("i", { class: "dot", id: "status" }), h("b", {}, s.model)),
     h("span", {}, "weights ", h("b", { class: "mono" }, s.fingerprint)),
@@ -207,7 +206,7 @@ function chart(rows, keys, opt) {
   return box;
 }
 
-// ---- live requests ---------------------------------------------------------------------
+// Live requests
 function drawRequests(d) {
   EVERY.requests = d.running.length || d.waiting ? 700 : 2500;    // quick only while busy
   $("waiting").textContent = `${d.running.length} running · ${d.waiting} waiting`;
@@ -234,7 +233,7 @@ function drawRequests(d) {
   })));
 }
 
-// ---- misses ----------------------------------------------------------------------------
+// Misses
 function drawMisses(d) {
   $("restores").textContent = `${num(d.complete)} of ${num(d.restores)} restores complete`;
   const most = Math.max(1, ...Object.values(d.by_reason));
@@ -254,7 +253,7 @@ function drawMisses(d) {
       h("div", { class: "detail" }, m.miss.detail))))));
 }
 
-// ---- the prefix tree -------------------------------------------------------------------
+// The prefix tree
 function drawTree(d) {
   $("tree-total").textContent = `largest branches · ${num(d.entries)} entries, ${bytes(d.stored_bytes)} on disk`;
   if (!d.nodes.length) return fill("tree", h("div", { class: "empty" }, "The cache is empty."));
@@ -288,7 +287,7 @@ function drawTree(d) {
   })));
 }
 
-// ---- contexts and pins -----------------------------------------------------------------
+// Contexts and pins
 function drawPinned(d) {
   fill("contexts", d.contexts.length ? h("table", {}, h("tr", {}, h("th", {}, "name"),
     h("th", { class: "num" }, "tokens"), h("th", {}, "state"), h("th", {}, "registered")),
@@ -307,7 +306,7 @@ function drawPinned(d) {
     h("div", { class: "empty" }, "Nothing is pinned."));
 }
 
-// ---- polling ---------------------------------------------------------------------------
+// Polling
 const VIEWS = { tiers: ["/cache/tiers", drawTiers], requests: ["/cache/requests", drawRequests],
   misses: ["/cache/misses", drawMisses], tree: ["/cache/tree?limit=24", drawTree],
   pinned: ["/cache/pinned", drawPinned] };
