@@ -104,3 +104,20 @@ def test_a_report_is_explained_once_when_read(open_store):
     tokens.append(5)                     # the sequence's list grows with its answer
     full = ledger.report(2, tokens, None, chain, Attempt(len(tokens) - 1), [], 0.1)
     assert full.miss is None and ledger.stats()["complete"] == 1
+
+
+def test_the_last_tier_to_let_an_entry_go_is_the_one_reported(open_store):
+    spec = attention_spec()
+    s = open_store(spec)
+    a = list(range(2 * B))
+    fill(s, spec, a)
+    s.flush()
+    s.evict_to(0, hybrid=False)                   # off the disk: RAM still holds it
+    block = s.chain(a).keys[0]
+    assert s.gone.get(block).tier == "disk" and s.host.contains(block)
+    s.host.budget = s.host.bytes                  # RAM full: the next put evicts a's
+    fill(s, spec, list(range(100, 100 + 2 * B)))
+    assert not s.host.contains(block)
+    miss = _why(s, a + [1], Attempt(0))
+    assert (miss.reason, miss.tier) == ("evicted", "host")
+    assert "evicted from host" in miss.detail
