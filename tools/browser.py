@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -28,7 +30,8 @@ import aiohttp
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--hide-scrollbars", "--mute-audio")
+         "--disable-extensions", "--disable-breakpad", "--disable-crash-reporter",
+         "--hide-scrollbars", "--mute-audio")
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
 
@@ -41,6 +44,13 @@ def find_chromium() -> str | None:
 
 class BrowserError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: Linux kills the browser when the process that started
+    it dies, however it dies (a test run killed by a timeout leaves no browser)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
 
 
 class Chromium:
@@ -63,7 +73,8 @@ class Chromium:
         self.proc = subprocess.Popen([self.binary, *FLAGS, f"--user-data-dir={self.dir}/profile",
                                       "--remote-debugging-port=0",
                                       f"--window-size={self.width},{self.height}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
+                                     stdout=subprocess.DEVNULL, stderr=self.log,
+                                     preexec_fn=_die_with_parent)
         try:
             port = await self._port()
             self.http = aiohttp.ClientSession()
