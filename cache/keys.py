@@ -119,6 +119,16 @@ class KeyContext:
         return b"\x01" + pos.astype("<i8").tobytes()
 
 
+def prompt_chain(fingerprint: str, block_size: int, tokens: Sequence[int],
+                 salt: str | bytes | None = None, extras: Sequence[bytes] | None = None,
+                 positions: Sequence[int] | np.ndarray | None = None) -> KeyChain:
+    """The block keys of `tokens` under a model and a salt: the one way a prompt's chain
+    is built (CacheStore.chain, which the manager's is; the offline inspector, which
+    reads the model from the store)."""
+    return KeyChain(root_key(fingerprint, block_size, salt), block_size, tokens,
+                    KeyContext(salt, extras, positions))
+
+
 def block_keys(root: bytes, tokens: Sequence[int], block_size: int,
                ctx: KeyContext | None = None) -> list[bytes]:
     """Keys of every full block of `tokens`: keys[i] names tokens[: (i+1) * block_size]."""
@@ -186,8 +196,8 @@ class _RecentKeys:
     """The block keys of the last few token runs hashed, so that a run sharing a prefix
     with one of them hashes only the rest. One request asks for its prompt's keys several
     times (device pages, the store's plan, the checkpoints), and the questions over one
-    long context share all its blocks: a 16K-token prompt is ~1,000 blake2b calls, ~2 ms
-    of Python each time. Only keys of plain blocks (no positions, no extras) are kept."""
+    long context share all its blocks: a long prompt is a blake2b call per block, each
+    time. Only keys of plain blocks (no positions, no extras) are kept."""
 
     SIZE = 8
 

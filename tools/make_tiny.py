@@ -17,6 +17,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.config import ModelConfig
+from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
 ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -79,8 +84,6 @@ def _hybrid(common: dict) -> dict:
 
 
 def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    from ckptd.model.arch.decoder import CausalLM
-    from ckptd.model.config import ModelConfig
 
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
@@ -144,7 +147,6 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _tokenizer(out: Path, fim: bool = False) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -172,7 +174,6 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
     out.mkdir(parents=True, exist_ok=True)
     cfg = {**_config(arch), **(sizes or {})}
     _tokenizer(out, fim)
-    from tokenizers import Tokenizer
     cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -185,7 +186,6 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
 
 def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
-    from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
     repo = Path(__file__).resolve().parents[1]
     # a source checkout keeps it beside the code (tests share it); an install, per user

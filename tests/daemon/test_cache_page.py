@@ -35,7 +35,7 @@ def page_daemon(tiny_hybrid_dir, tmp_path_factory):
         assert d.stop() == 0, d.output()
 
 
-def settled(d: Daemon) -> dict:
+def steady_tiers(d: Daemon) -> dict:
     """/cache/tiers once the writer is done (two reads a moment apart agree)."""
     last = None
     for _ in range(100):
@@ -44,7 +44,7 @@ def settled(d: Daemon) -> dict:
             return now
         last = now
         time.sleep(0.2)
-    raise AssertionError("the tiers never settled")
+    raise AssertionError("the tiers never held still")
 
 
 def test_the_page_is_served_without_a_key_and_its_data_is_not(page_daemon):
@@ -64,7 +64,7 @@ def test_the_page_is_served_without_a_key_and_its_data_is_not(page_daemon):
 
 def test_the_views_report_what_the_cache_holds(page_daemon):
     d = page_daemon
-    tiers = settled(d)
+    tiers = steady_tiers(d)
     stats = d.get("/cache/stats", headers=AUTH).json
     assert tiers["disk"]["entries"] == stats["disk"]["entries"] > 0
     assert tiers["disk"]["bytes"] == stats["disk"]["stored_bytes"]
@@ -151,7 +151,7 @@ async def test_the_page_in_a_browser(page_daemon):
         await page.eval("document.getElementById('key-form').requestSubmit()")
         await page.wait_for("document.querySelectorAll('[data-node]').length > 0")
 
-        tiers = settled(d)
+        tiers = steady_tiers(d)
         want = {t: [x["bytes"], x["entries"]] for t, x in tiers.items()}
         deadline = time.monotonic() + 30            # the page polls the tiers every 5 s
         while json.loads(await page.eval(TIERS_JS)) != want:

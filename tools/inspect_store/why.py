@@ -19,11 +19,15 @@ import json
 import sys
 from pathlib import Path
 
+from rich.markup import escape
+
 from ckptd.cache.entry import BLOCK
-from ckptd.cache.keys import KeyChain, KeyContext, root_key
+from ckptd.cache.keys import prompt_chain
 from ckptd.cache.lookup import plan_restore
 from ckptd.cache.why.explain import Attempt, explain
 from ckptd.cache.why.report import CacheReport, tier_runs
+from ckptd.model.text.tokenizer import load_tokenizer
+from ckptd.tools.inspect_store.render import human_bytes
 
 
 def prompt_tokens(path: str, model: str | None) -> list[int]:
@@ -41,8 +45,6 @@ def prompt_tokens(path: str, model: str | None) -> list[int]:
     if model is None:
         raise ValueError(f"{path} is text: give --model to tokenize it (or a JSON list of "
                          "token ids)")
-    from ckptd.model.text.tokenizer import load_tokenizer
-
     tokens = load_tokenizer(model).encode(raw)
     if not tokens:
         raise ValueError(f"{path}: the prompt is empty")
@@ -89,7 +91,7 @@ def why(store, tokens: list[int], salt: str | None, fingerprint: str | None,
         hybrid: bool) -> dict:
     """The report a restore of `tokens` would give from this store alone."""
     fp, B = _model(store, fingerprint)
-    chain = KeyChain(root_key(fp, B, salt), B, tokens, KeyContext(salt))
+    chain = prompt_chain(fp, B, tokens, salt)
     n = len(tokens)
     plan = plan_restore(tokens, n, chain, hybrid, store.catalog)
     if plan.position == n and plan.snapshot is None:       # one token is computed
@@ -108,10 +110,6 @@ def why(store, tokens: list[int], salt: str | None, fingerprint: str | None,
 
 
 def render(console, out: dict) -> None:
-    from rich.markup import escape
-
-    from ckptd.tools.inspect_store.render import human_bytes
-
     kind = "hybrid" if out["hybrid"] else "attention-only"
     console.print(f"prompt: {out['prompt']:,} tokens · model {out['fingerprint'][:12]} · "
                   f"block {out['block_size']} · {kind}")
