@@ -119,6 +119,16 @@ class KeyContext:
         return b"\x01" + pos.astype("<i8").tobytes()
 
 
+def prompt_chain(fingerprint: str, block_size: int, tokens: Sequence[int],
+                 salt: str | bytes | None = None, extras: Sequence[bytes] | None = None,
+                 positions: Sequence[int] | np.ndarray | None = None) -> KeyChain:
+    """The block keys of `tokens` under a model and a salt: the one way a prompt's chain
+    is built (CacheStore.chain, which the manager's is; the offline inspector, which
+    reads the model from the store)."""
+    return KeyChain(root_key(fingerprint, block_size, salt), block_size, tokens,
+                    KeyContext(salt, extras, positions))
+
+
 def block_keys(root: bytes, tokens: Sequence[int], block_size: int,
                ctx: KeyContext | None = None) -> list[bytes]:
     """Keys of every full block of `tokens`: keys[i] names tokens[: (i+1) * block_size]."""
@@ -247,6 +257,19 @@ _hashed = _Hashed()
 def blocks_hashed() -> int:
     """Block keys hashed so far in this process (tests count hashing per request)."""
     return _hashed.blocks
+
+
+def block_key(parent: bytes, tokens: Sequence[int], depth: int, block_size: int,
+              ctx: KeyContext | None = None) -> bytes:
+    """Key of block `depth` = tokens (B of them) after `parent`: one step of
+    KeyChain.extend, for a key under another root (a miss looks for the prompt's first
+    block under the other salts there are, without a chain)."""
+    ctx = ctx or KeyContext()
+    if len(tokens) != block_size:
+        raise ValueError(f"a block holds {block_size} tokens, got {len(tokens)}")
+    start = depth * block_size
+    return _h(1, parent, encode_tokens(tokens), ctx.positions_part(start, start + block_size),
+              ctx.extra(depth))
 
 
 def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_size: int,

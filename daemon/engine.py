@@ -190,7 +190,7 @@ class Engine(InProcess):
         info = info or RestoreInfo()
         live.dec = Decoding(self.tokenizer, req.params, req.tokens)
         st.prompt_n, st.cache_n, st.cache_tier = len(req.tokens), info.cached_tokens, info.tier
-        st.restore_ms = info.restore_ms
+        st.restore_ms, st.cache = info.restore_ms, info.report
         st.queued_ms = (live.t_prefill - req.created) * 1000 - info.restore_ms
         self.counters["prompt_tokens"] += st.prompt_n
         self.counters["cached_tokens"] += st.cache_n

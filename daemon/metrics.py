@@ -246,6 +246,17 @@ def _cache_lines(put: _Writer, s: dict) -> None:
                                       for r in SHED_REASONS])
     put.counter("ckptd_cache_committed_writes_total", "Entries committed to disk",
                 [("", wq.get("committed", 0))])
+    misses = s.get("misses") or {}
+    put.counter("ckptd_cache_misses_total", "Restores that stopped short of the prompt, by "
+                "why the first token not restored was not (timings.cache.miss.reason)",
+                [(f'reason="{r}"', n) for r, n in misses.get("by_reason", {}).items()])
+    put.counter("ckptd_cache_missed_tokens_total", "Prompt tokens computed after a miss, by "
+                "its reason", [(f'reason="{r}"', n)
+                               for r, n in misses.get("tokens_by_reason", {}).items()])
+    put.counter("ckptd_cache_restores_total", "Restores explained, by whether the whole "
+                "prompt (but its last token) was restored",
+                [('result="complete"', misses.get("complete", 0)),
+                 ('result="missed"', misses.get("restores", 0) - misses.get("complete", 0))])
 
 
 def _remote_lines(put: _Writer, out: list[str], r: dict) -> None:

@@ -20,6 +20,7 @@ from jinja2.exceptions import TemplateError
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.contexts import Context, ContextRegistry
 from ckptd.daemon.generation import Generation
+from ckptd.daemon.history import TierHistory
 from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import ApiError, bad_request, context_exceeded
 from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
@@ -73,6 +74,7 @@ class Service:
         self.rt: Runtime | None = None       # set once loaded
         self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
         self.metrics = Metrics()
+        self.history = TierHistory()        # the tiers over time, for the page at /
         self.started = time.time()
         self.inflight = 0
         self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)

@@ -92,6 +92,11 @@ class Catalog:
         found.update({k: (k, m, HOST) for k, m in self.host.children_after(parent)})
         return list(found.values())
 
+    def roots(self) -> list[bytes]:
+        """The root keys (model, block size, salt) some stored entry hangs from."""
+        with self.lock:
+            return list(self.index.roots)
+
     def sanity_check(self) -> None:
         with self.lock:
             self.index.sanity_check()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zlib
 
+import lmdb
 import pytest
 import torch
 
@@ -106,3 +107,14 @@ def open_store(tmp_path):
     yield make
     for s in opened:
         s.close()
+
+
+def flip_value(path, sub_db: bytes, key: bytes) -> None:
+    """Flip one bit in the middle of a stored value (its checksum then fails)."""
+    env = lmdb.open(str(path), max_dbs=8)
+    db = env.open_db(sub_db)
+    with env.begin(write=True, db=db) as txn:
+        bad = bytearray(txn.get(key))
+        bad[len(bad) // 2] ^= 0x10
+        txn.put(key, bytes(bad))
+    env.close()
