@@ -11,7 +11,8 @@ assigns each parameter, so no tensor is read or converted before it is needed:
   `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I];
   checkpoints already holding those 3-D tensors are taken as they are;
 - Qwen3-Next's fused, per-key-head interleaved `in_proj_qkvz` and `in_proj_ba` are
-  split into Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+  split into Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`;
+- the state space hybrids' names are the model's after model/ssm_checkpoint.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from ckptd.model.config import ModelConfig
+from ckptd.model.config import SSM_ARCHS, ModelConfig
 
 log = logging.getLogger("ckptd.model")
 
@@ -76,6 +77,9 @@ def normalize(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
 def adapt(cfg: ModelConfig, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
     """Recipes under the model's names (see the module docstring)."""
     out = normalize(recipes)
+    if cfg.arch in SSM_ARCHS:
+        from ckptd.model.ssm_checkpoint import rename
+        out = rename(cfg, out)
     for i, kind in enumerate(cfg.mlp_types):
         if kind == "moe":
             _stack_experts(cfg, out, f"model.layers.{i}.mlp.experts.")

@@ -85,9 +85,18 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
     pages it read for it) and `release(everything=True)` once the model is built."""
     device = torch.device(device)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = causal_lm(cfg)
     with _one_thread():
         return _assign(cfg, model, tensors, dtype, device, release)
+
+
+def causal_lm(cfg: ModelConfig) -> CausalLM:
+    """The model class of cfg's architecture (a state space hybrid: arch/ssm_lm.py)."""
+    from ckptd.model.ssm_config import SSMConfig
+    if isinstance(cfg, SSMConfig):
+        from ckptd.model.arch.ssm_lm import HybridLM
+        return HybridLM(cfg)
+    return CausalLM(cfg)
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """The state contract between model/ and cache/.
 
 A sequence state at position P is: the K/V of every attention layer for tokens
-[0, P), plus every recurrent layer's conv state and delta-rule state at P.
+[0, P), plus every recurrent layer's conv state and recurrent (delta-rule or
+selective state space) state at P.
 
 Layouts (fixed here, used by the runner, the kernels and the cache tiers):
 
@@ -11,6 +12,8 @@ Layouts (fixed here, used by the runner, the kernels and the cache tiers):
     conv state     [n_rec, conv_dim, conv_kernel - 1]             conv_dtype
                    (the last conv_kernel-1 inputs of the causal conv, oldest first)
     ssm state      [n_rec, v_heads, k_head_dim, v_head_dim]       float32
+                   (Gated DeltaNet; a selective state space layer declares its state
+                   [heads, head_dim, state_size] in those three: RecurrentSpec.ssm)
 
 Attention layers are numbered 0..n_attn-1 and recurrent layers 0..n_rec-1 in
 the order they appear in the model.
@@ -41,6 +44,14 @@ class RecurrentSpec:
     v_head_dim: int
     conv_dtype: torch.dtype
     ssm_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def ssm(cls, n_layers: int, conv_dim: int, conv_kernel: int, heads: int, head_dim: int,
+            state_size: int, conv_dtype: torch.dtype) -> RecurrentSpec:
+        """Selective state space layers (Mamba2: [heads, head_dim, state_size]; Mamba:
+        [1, d_inner, state_size]): the same two tensors per layer as Gated DeltaNet's,
+        so the cache stores, thins and restores them alike."""
+        return cls(n_layers, conv_dim, conv_kernel, heads, head_dim, state_size, conv_dtype)
 
 
 @dataclass(frozen=True)

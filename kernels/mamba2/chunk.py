@@ -91,17 +91,18 @@ def chunk_launch(cc: int | None, P: int, N: int, dtype: torch.dtype) -> dict:
     element (one block of all P rows there).
 
     On a GPU a block of BP rows keeps its [N, BP] fp32 state in registers. 16-bit
-    inputs: chunks of 64 and BP * BN = 8K state values. fp32 inputs multiply without
-    tensor cores and stage twice the bytes: chunks of 32, 4K state values, loads not
-    pipelined. Shared memory then grows with N alone, the most at Falcon-H1's N = 256
-    (86.5 KB bf16 on sm_90), within every target's limit; tests/kernels/
-    test_mamba_compile.py builds the cubins to hold this."""
+    inputs: chunks of 64 and BP * BN = 8K state values. fp32 inputs multiply in full
+    fp32 without tensor cores (ptxas then takes ~10x longer to build the unrolled
+    products) and stage twice the bytes: chunks of 16, BP = 16, loads not pipelined.
+    Shared memory grows with N, the most at Falcon-H1's N = 256 (86.5 KB bf16 on
+    sm_90), within every target's limit; tests/kernels/test_mamba_compile.py builds
+    the cubins to hold this."""
     BN = max(16, triton.next_power_of_2(N))
     BP = max(16, triton.next_power_of_2(P))
     if cc is None:
         return {"BT": CHUNK, "BP": BP, "BN": BN, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32:
-        return {"BT": 32, "BP": min(BP, max(16, 4096 // BN)), "BN": BN, "num_warps": 4,
+        return {"BT": 16, "BP": min(BP, max(16, 2048 // BN)), "BN": BN, "num_warps": 4,
                 "num_stages": 1}
     BP = min(BP, max(16, 8192 // BN))
     return {"BT": CHUNK, "BP": BP, "BN": BN, "num_warps": 8 if BP * BN >= 4096 else 4,

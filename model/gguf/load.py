@@ -5,8 +5,9 @@ and the tokenizer.
     config, tensors = load_gguf("model.gguf")      # dict, {HF name: fp32 tensor}
     tokenizer = gguf_tokenizer("model.gguf")
 
-Architectures: `llama` (model_type "llama"), and llama.cpp's Qwen hybrids (qwen35.py):
-`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`. The file is
+Architectures: `llama` (model_type "llama"), llama.cpp's Qwen hybrids (qwen35.py):
+`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`, and its state
+space hybrids (mamba.py): `mamba2`, `nemotron_h`, `granitehybrid`, `falcon-h1`, `jamba`. The file is
 memory-mapped; a tensor is read when the loader assigns it: F32 / F16 / BF16 data as
 a view of the mapping, block-quantized types dequantized to fp32 with the `gguf`
 package then. GGUF lists dimensions fastest first; the reader's numpy arrays are
@@ -27,7 +28,9 @@ from ckptd.model.checkpoint import Recipe, plain
 from ckptd.model.gguf.header import read_architecture
 from ckptd.model.weights import drop_pages, view
 
-SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next")
+SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next",
+             # the state space hybrids: gguf/mamba.py
+             "mamba2", "nemotron_h", "nemotron_h_moe", "granitehybrid", "falcon-h1", "jamba")
 
 # GGUF tensor names (blk.N.<part>.weight) -> HF names (model.layers.N.<module>.weight)
 _LLAMA_TOP = {
@@ -101,9 +104,12 @@ def gguf_recipes(path: str | Path, reader=None, keep: bool = False
     check_types(tensors, keep)
     if arch == "llama":
         cfg, recipes = _load_llama(reader, tensors)
-    elif arch in SUPPORTED:
+    elif arch in SUPPORTED and arch.startswith("qwen"):
         from ckptd.model.gguf.qwen35 import load_qwen_hybrid
         cfg, recipes = load_qwen_hybrid(reader, tensors, arch)
+    elif arch in SUPPORTED:
+        from ckptd.model.gguf.mamba import load_ssm_hybrid
+        cfg, recipes = load_ssm_hybrid(reader, tensors, arch)
     else:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
                          f"(supported: {', '.join(SUPPORTED)})")
