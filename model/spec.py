@@ -71,6 +71,12 @@ class StateSpec:
         """True when some layer's state can't be cut: restores need snapshots."""
         return self.recurrent is not None and self.recurrent.n_layers > 0
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of a page's KV; a model without attention has pages of no bytes
+        (kept for the prefix chain of its blocks), float32 by convention."""
+        return torch.float32 if self.attention is None else self.attention.dtype
+
     def kv_shape(self, n_tokens: int | None = None) -> tuple[int, ...]:
         """Shape of n_tokens (default: one page) of KV for all attention layers."""
         a = self.attention
