@@ -147,13 +147,12 @@ class SSMConfig(ModelConfig):
         a GGUF's metadata); ValueError naming a missing or mistyped key."""
         from ckptd.model.ssm_families import FAMILIES
         try:
-            return cls(**FAMILIES[d["model_type"]](d), raw=dict(d))
+            fields = FAMILIES[d["model_type"]](d)
         except KeyError as e:
             raise ValueError(f"config.json is missing {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ValueError) and str(e).startswith("config"):
-                raise
+        except TypeError as e:                # int(None), int([...]), ...
             raise ValueError(f"config.json has a value of the wrong type: {e}") from None
+        return cls(**fields, raw=dict(d))
 
 
 def _positive(cfg: SSMConfig, name: str) -> None:

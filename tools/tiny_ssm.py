@@ -14,6 +14,7 @@ variant); transformers reads both.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -64,8 +65,13 @@ _NEMOTRON_MOE_KEYS = ("moe_intermediate_size", "moe_latent_size", "n_routed_expe
 _PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
 
 
-def _randomize(model, seed: int) -> None:
+def randomize(model, seed: int, zero_centred: Callable[[str], bool] = lambda name: False
+              ) -> None:
+    """Seeded weights of a useful scale for a transformers model (its own init makes
+    near-uniform logits): decays in (0.05, 1), time-step biases in (-1, 1), norms near 1
+    (near 0 where zero_centred(name): Qwen3.5 adds the 1 at run time)."""
     g = torch.Generator().manual_seed(seed)
+    normal = lambda shape, scale, mean=0.0: mean + scale * torch.randn(shape, generator=g)  # noqa: E731
     with torch.no_grad():
         for name, p in model.named_parameters():
             shape = p.shape
@@ -73,18 +79,14 @@ def _randomize(model, seed: int) -> None:
                 t = torch.log(torch.empty(shape).uniform_(0.05, 1.0, generator=g))
             elif name.endswith(("dt_bias", "dt_proj.bias")):
                 t = torch.empty(shape).uniform_(-1.0, 1.0, generator=g)
-            elif name.endswith(".D"):
-                t = torch.randn(shape, generator=g)
             elif "norm" in name:
-                t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-            elif "embed" in name:
-                t = 0.2 * torch.randn(shape, generator=g)
-            elif name == "lm_head.weight":
-                t = 0.1 * torch.randn(shape, generator=g)
-            elif name.endswith(".bias"):
-                t = 0.1 * torch.randn(shape, generator=g)
+                t = normal(shape, 0.1, 0.0 if zero_centred(name) else 1.0)
+            elif name.endswith(".D") or "embed_tokens" in name or "embeddings" in name:
+                t = normal(shape, 1.0 if name.endswith(".D") else 0.2)
+            elif name == "lm_head.weight" or name.endswith(".bias"):
+                t = normal(shape, 0.1)
             else:
-                t = 0.5 * torch.randn(shape, generator=g) / (shape[-1] ** 0.5)
+                t = normal(shape, 0.5 / shape[-1] ** 0.5)
             p.copy_(t)
 
 
@@ -109,7 +111,7 @@ def build(arch: str, out: Path, seed: int = 0, eos_token_id: int = 2) -> Path:
     torch.manual_seed(seed)
     config = getattr(transformers, config_cls)(**{**kwargs, "eos_token_id": eos_token_id})
     model = getattr(transformers, model_cls)(config).eval()
-    _randomize(model, seed)
+    randomize(model, seed)
     model.save_pretrained(out)
     f = out / "config.json"
     f.write_text(json.dumps(_hub_style(arch, json.loads(f.read_text())), indent=1))

@@ -8,18 +8,15 @@ from __future__ import annotations
 import torch
 
 from ckptd.kernels.mamba1 import naive
-from ckptd.kernels.varlen import host_cu
+from ckptd.kernels.varlen import check_cu, one_token_each
 
 
 def selective_scan_varlen(x, dt, A, B, C, Dskip, cu_seqlens, state_pool, state_indices):
     """x [N_tok, D]; dt [N_tok, D]; A [D, N]; B, C [N_tok, N]; Dskip [D] or None;
     cu_seqlens int [n + 1]; state_pool [S, D, N] fp32 updated in place at
     state_indices int [n]. Returns y [N_tok, D]."""
-    cu = host_cu(cu_seqlens)
-    if len(state_indices) != len(cu) - 1:
-        raise ValueError(f"need one state index per sequence: {len(cu) - 1}, "
-                         f"got {len(state_indices)}")
-    if len(cu) - 1 > 1 and cu == list(range(x.shape[0] + 1)):
+    cu = check_cu(cu_seqlens, x.shape[0], state_indices)
+    if one_token_each(cu):
         return _decode(x, dt, A, B, C, Dskip, state_pool, state_indices)
     y = torch.empty_like(x)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):

@@ -17,19 +17,16 @@ import triton
 import triton.language as tl
 
 from ckptd.kernels.mamba1.naive import check, start_state
-from ckptd.kernels.varlen import device_cu, host_cu
+from ckptd.kernels.mamba2.chunk import seq_span
+from ckptd.kernels.varlen import check_cu, device_cu
 
 
 @triton.jit
 def _scan_kernel(x, dt, A, B, C, Dskip, y, pool, state_idx, cu_seqlens, DIM, stride_x,
                  stride_dt, stride_b, stride_c, stride_pool, NS: tl.constexpr,
                  BD: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr):
-    i_n = tl.program_id(0)
-    i_d = tl.program_id(1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
-    cd = i_d * BD + tl.arange(0, BD)
+    bos, eos, slot = seq_span(cu_seqlens, state_idx, tl.program_id(0))
+    cd = tl.program_id(1) * BD + tl.arange(0, BD)
     cn = tl.arange(0, BN)
     md = cd < DIM
     mn = cn < NS
@@ -85,12 +82,7 @@ def selective_scan_varlen(x, dt, A, B, C, Dskip, cu_seqlens, state_pool, state_i
         raise ValueError(f"state_pool must be [slots, {D}, {N}], got {tuple(state_pool.shape)}")
     if state_pool.dtype != torch.float32 or state_pool.stride()[1:] != (N, 1):
         raise ValueError("state_pool must be float32 and contiguous inside a slot")
-    cu = host_cu(cu_seqlens)
-    if not cu or cu[0] != 0 or cu[-1] != n_tok or any(b < a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"cu_seqlens must rise from 0 to {n_tok}, got {cu}")
-    if len(state_indices) != len(cu) - 1:
-        raise ValueError(f"need one state index per sequence: {len(cu) - 1}, "
-                         f"got {len(state_indices)}")
+    cu = check_cu(cu_seqlens, n_tok, state_indices)
     dev = x.device
     x, dt, B, C = (t if t.stride(1) == 1 else t.contiguous() for t in (x, dt, B, C))
     A = A.float().contiguous()

@@ -14,12 +14,14 @@ pool[state_indices[n]] and leaves its final state there (in place).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ckptd.kernels.mamba2.naive import check, start_state
-from ckptd.kernels.varlen import device_cu, host_cu
+from ckptd.kernels.varlen import check_cu, device_cu
 
 CHUNK = 64
 
@@ -29,12 +31,9 @@ def _ssd_chunk_kernel(x, dt, A, B, C, D, y, pool, state_idx, cu_seqlens, H, G, s
                       stride_b, stride_pool, P: tl.constexpr, NS: tl.constexpr,
                       BT: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
                       HAS_D: tl.constexpr, PREC: tl.constexpr):
-    i_n = tl.program_id(0)
     i_h = tl.program_id(1)
     i_p = tl.program_id(2)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
+    bos, eos, slot = seq_span(cu_seqlens, state_idx, tl.program_id(0))
     i_g = i_h // (H // G)
     rows = tl.arange(0, BT)
     cp = i_p * BP + tl.arange(0, BP)
@@ -127,22 +126,52 @@ def check_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices) -> li
         raise ValueError("state_pool must be contiguous inside a slot")
     if B.dtype != x.dtype or C.dtype != x.dtype:
         raise ValueError(f"x, B and C must share a dtype, got {x.dtype}, {B.dtype}, {C.dtype}")
-    cu = host_cu(cu_seqlens)
-    if not cu or cu[0] != 0 or cu[-1] != n_tok or any(b < a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"cu_seqlens must rise from 0 to {n_tok}, got {cu}")
-    if len(state_indices) != len(cu) - 1:
-        raise ValueError(f"need one state index per sequence: {len(cu) - 1}, "
-                         f"got {len(state_indices)}")
+    cu = check_cu(cu_seqlens, n_tok, state_indices)
     devices = {t.device for t in (x, dt, A, B, C, state_pool)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {devices}")
     return cu
 
 
-def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
     """x [T, a, b] whose rows may be strided (a split of the conv output) but whose
     [a, b] inside a row is contiguous: the kernels take a row stride."""
     return x if x.stride()[1:] == (x.shape[2], 1) else x.contiguous()
+
+
+@dataclass
+class Launch:
+    """A varlen call checked and laid out for either kernel of this folder: `args` are
+    the arguments both kernels take first, `cc` the device's compute capability (None
+    off CUDA), `y` the output."""
+    cu: list[int]
+    args: tuple
+    y: torch.Tensor
+    cc: int | None
+
+    @classmethod
+    def of(cls, x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices) -> Launch:
+        cu = check_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices)
+        n_tok, H, P = x.shape
+        dev = x.device
+        x, B, C = _rows_contiguous(x), _rows_contiguous(B), _rows_contiguous(C)
+        dt, A = dt.float().contiguous(), A.float().contiguous()
+        y = torch.empty(n_tok, H, P, dtype=x.dtype, device=dev)
+        Dv = D.float().contiguous() if D is not None else A
+        slots = torch.as_tensor(state_indices, device=dev).to(torch.int64)
+        cc = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        args = (x, dt, A, B, C, Dv, y, state_pool, slots, device_cu(cu_seqlens, dev), H,
+                B.shape[1], x.stride(0), B.stride(0), state_pool.stride(0))
+        return cls(cu, args, y, None if cc is None else cc[0] * 10 + cc[1])
+
+
+@triton.jit
+def seq_span(cu_seqlens, state_idx, i_n):
+    """(first token, one past the last, state slot) of packed sequence i_n."""
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    slot = tl.load(state_idx + i_n).to(tl.int64)
+    return bos, eos, slot
 
 
 def ssd_chunk_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices,
@@ -156,30 +185,19 @@ def ssd_chunk_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices,
     in x's dtype. chunk_size: the tokens of a chunk (16, 32, 64 or 128), by default
     chunk_launch's for the device and dtype.
     """
-    cu = check_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices)
     if chunk_size is not None and chunk_size not in (16, 32, 64, 128):
         raise ValueError(f"chunk_size must be 16, 32, 64 or 128, got {chunk_size}")
-    n_tok, H, P = x.shape
-    G, N = B.shape[1:]
-    dev = x.device
-    x, B, C = rows_contiguous(x), rows_contiguous(B), rows_contiguous(C)
-    dt, A = dt.float().contiguous(), A.float().contiguous()
-    y = torch.empty(n_tok, H, P, dtype=x.dtype, device=dev)
-    if n_tok == 0:
-        return y
-    cc = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
-    lp = chunk_launch(None if cc is None else cc[0] * 10 + cc[1], P, N, x.dtype)
+    run = Launch.of(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices)
+    H, P, N = x.shape[1], x.shape[2], B.shape[2]
+    if x.shape[0] == 0:
+        return run.y
+    lp = chunk_launch(run.cc, P, N, x.dtype)
     if chunk_size is not None:
         lp["BT"] = chunk_size
-    Dv = D.float().contiguous() if D is not None else A
-    grid = (len(cu) - 1, H, triton.cdiv(P, lp["BP"]))
-    _ssd_chunk_kernel[grid](
-        x, dt, A, B, C, Dv, y, state_pool, torch.as_tensor(state_indices, device=dev)
-        .to(torch.int64), device_cu(cu_seqlens, dev), H, G, x.stride(0), B.stride(0),
-        state_pool.stride(0), P=P, NS=N, BT=lp["BT"], BP=lp["BP"], BN=lp["BN"],
-        HAS_D=D is not None, PREC=precision(x.dtype), num_warps=lp["num_warps"],
-        num_stages=lp["num_stages"])
-    return y
+    _ssd_chunk_kernel[(len(run.cu) - 1, H, triton.cdiv(P, lp["BP"]))](
+        *run.args, P=P, NS=N, BT=lp["BT"], BP=lp["BP"], BN=lp["BN"], HAS_D=D is not None,
+        PREC=precision(x.dtype), num_warps=lp["num_warps"], num_stages=lp["num_stages"])
+    return run.y
 
 
 def one_sequence(varlen_fn, x, dt, A, B, C, D, initial_state, **kw):

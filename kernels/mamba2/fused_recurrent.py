@@ -14,8 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ckptd.kernels.mamba2.chunk import check_varlen, one_sequence, rows_contiguous
-from ckptd.kernels.varlen import device_cu
+from ckptd.kernels.mamba2.chunk import Launch, one_sequence, seq_span
 
 
 @triton.jit
@@ -23,12 +22,9 @@ def _ssd_recurrent_kernel(x, dt, A, B, C, D, y, pool, state_idx, cu_seqlens, H, 
                           stride_b, stride_pool, P: tl.constexpr, NS: tl.constexpr,
                           BH: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
                           HAS_D: tl.constexpr):
-    i_n = tl.program_id(0)
     i_hb = tl.program_id(1)
     i_p = tl.program_id(2)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
+    bos, eos, slot = seq_span(cu_seqlens, state_idx, tl.program_id(0))
     ch = i_hb * BH + tl.arange(0, BH)
     cp = i_p * BP + tl.arange(0, BP)
     cn = tl.arange(0, BN)
@@ -86,29 +82,20 @@ def ssd_recurrent_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indice
     """Several packed sequences, token by token: arguments and results as
     chunk.ssd_chunk_varlen. heads_per_program (a power of two) overrides the launch
     shape, for tests."""
-    cu = check_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices)
-    n_tok, H, P = x.shape
-    G, N = B.shape[1:]
-    dev = x.device
-    x, B, C = rows_contiguous(x), rows_contiguous(B), rows_contiguous(C)
-    dt, A = dt.float().contiguous(), A.float().contiguous()
-    y = torch.empty(n_tok, H, P, dtype=x.dtype, device=dev)
-    if n_tok == 0:
-        return y
-    cc = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
-    lp = recurrent_launch(None if cc is None else cc[0] * 10 + cc[1], H, P, N, x.dtype)
+    run = Launch.of(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices)
+    H, P, N = x.shape[1], x.shape[2], B.shape[2]
+    if x.shape[0] == 0:
+        return run.y
+    lp = recurrent_launch(run.cc, H, P, N, x.dtype)
     if heads_per_program is not None:
         if heads_per_program & (heads_per_program - 1):
             raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
         lp["BH"] = heads_per_program
-    Dv = D.float().contiguous() if D is not None else A
-    grid = (len(cu) - 1, triton.cdiv(H, lp["BH"]), triton.cdiv(P, lp["BP"]))
+    grid = (len(run.cu) - 1, triton.cdiv(H, lp["BH"]), triton.cdiv(P, lp["BP"]))
     _ssd_recurrent_kernel[grid](
-        x, dt, A, B, C, Dv, y, state_pool, torch.as_tensor(state_indices, device=dev)
-        .to(torch.int64), device_cu(cu_seqlens, dev), H, G, x.stride(0), B.stride(0),
-        state_pool.stride(0), P=P, NS=N, BH=lp["BH"], BP=lp["BP"], BN=lp["BN"],
-        HAS_D=D is not None, num_warps=lp["num_warps"], num_stages=lp["num_stages"])
-    return y
+        *run.args, P=P, NS=N, BH=lp["BH"], BP=lp["BP"], BN=lp["BN"], HAS_D=D is not None,
+        num_warps=lp["num_warps"], num_stages=lp["num_stages"])
+    return run.y
 
 
 def ssd_decode(x, dt, A, B, C, D, state_pool, state_indices):

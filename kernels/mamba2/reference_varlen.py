@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ckptd.kernels.mamba2 import naive
-from ckptd.kernels.varlen import host_cu
+from ckptd.kernels.varlen import check_cu, one_token_each
 
 
 def ssd_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices, chunked=True,
@@ -18,11 +18,8 @@ def ssd_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices, chunked
     [n + 1]; state_pool [S, H, P, N_s] fp32 updated in place at state_indices int [n].
     Returns y [N, H, P]. chunked: the chunk-parallel form for sequences of more than
     one token, else token by token."""
-    cu = host_cu(cu_seqlens)
-    if len(state_indices) != len(cu) - 1:
-        raise ValueError(f"need one state index per sequence: {len(cu) - 1}, "
-                         f"got {len(state_indices)}")
-    if len(cu) - 1 > 1 and cu == list(range(x.shape[0] + 1)):
+    cu = check_cu(cu_seqlens, x.shape[0], state_indices)
+    if one_token_each(cu):
         return _decode(x, dt, A, B, C, D, state_pool, state_indices)
     y = torch.empty_like(x)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from ckptd.model.config import ModelConfig
 from ckptd.model.testing import Scratch, prompt_logits
 from tests.conftest import SSM_ARCHES
+from tests.model.reference import check_greedy, check_prompt_logits
 
 CLASSES = {"nemotron_h": "NemotronHForCausalLM", "granitemoehybrid":
            "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
@@ -26,40 +27,11 @@ def _reference(folder, arch):
     return ref
 
 
-def _greedy(model, prompt: list[int], n: int) -> list[int]:
-    """n greedy tokens: the prompt in one step, then one decode step per token; end of
-    sequence never picked (as transformers' min_new_tokens does)."""
-    s = Scratch(model, max_tokens=len(prompt) + n + 16)
-    eos = list(model.config.eos_token_ids)
-
-    def pick(logits: torch.Tensor) -> int:
-        logits = logits.clone()
-        logits[eos] = float("-inf")
-        return int(logits.argmax())
-    out = [pick(s.feed({0: prompt})[-1])]
-    while len(out) < n:
-        out.append(pick(s.feed({0: [out[-1]]})[-1]))
-    return out
-
-
 @pytest.mark.parametrize("arch", SSM_ARCHES)
 def test_logits_and_greedy_match_transformers(ssm_dirs, ssm_models, arch):
     ref, ours = _reference(ssm_dirs[arch], arch), ssm_models[arch]
-    g = torch.Generator().manual_seed(1)
-    for n in (1, 17, 300):
-        tokens = torch.randint(3, 512, (n,), generator=g).tolist()
-        with torch.no_grad():
-            want = ref(input_ids=torch.tensor([tokens])).logits[0]
-        got = prompt_logits(ours, tokens)
-        assert got.shape == want.shape
-        assert (got - want).abs().max().item() <= 1e-4, n
-    # not a degenerate model: the greedy pick varies along the long prompt
-    assert len(set(want.argmax(-1).tolist())) > 20
-    prompt = tokens[:40]
-    with torch.no_grad():
-        want = ref.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                            min_new_tokens=24)[0, len(prompt):].tolist()
-    assert _greedy(ours, prompt, 24) == want
+    tokens = check_prompt_logits(ref, ours)
+    check_greedy(ref, ours, tokens[:40])
 
 
 @pytest.mark.parametrize("arch", SSM_ARCHES)
