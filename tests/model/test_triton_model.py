@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -13,6 +14,7 @@ if not torch.cuda.is_available():
 
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.testing import Scratch  # noqa: E402
+from tests.conftest import SSM_ARCHES  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 2e-5 if DEVICE == "cpu" else 1e-4     # measured on the CPU: 3e-6 on logits of ~3
@@ -49,6 +51,13 @@ def test_model_on_triton_kernels_equals_references(tiny_dir, monkeypatch):
 def test_moe_model_on_triton_kernels_equals_references(tiny_moe_dir, monkeypatch):
     """With the grouped-GEMM expert kernel, where a step's few tokens leave experts idle."""
     _compare(tiny_moe_dir, monkeypatch)
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHES)
+def test_state_space_model_on_triton_kernels_equals_references(ssm_dirs, arch, monkeypatch):
+    """Mamba2's chunked and step-by-step scans, Mamba's selective scan, the conv with its
+    bias, attention without rotary."""
+    _compare(ssm_dirs[arch], monkeypatch)
 
 
 def _compare(model_dir, monkeypatch):
