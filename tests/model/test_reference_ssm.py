@@ -72,6 +72,12 @@ def test_state_spec_declares_the_ssm_state(ssm_models, arch):
     assert (spec.attention is None) == (arch == "mamba2")
 
 
+def test_lora_adapters_are_refused_with_the_architecture(ssm_models, tmp_path):
+    from ckptd.model.lora.adapter import read_adapter
+    with pytest.raises(ValueError, match="not supported on jamba models"):
+        read_adapter(tmp_path, ssm_models["jamba"])
+
+
 def test_bad_configs_are_refused_with_the_key(ssm_dirs):
     cfg = json.loads((ssm_dirs["nemotron_h"] / "config.json").read_text())
     with pytest.raises(ValueError, match="'E' is not supported"):
