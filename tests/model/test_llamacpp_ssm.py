@@ -1,6 +1,6 @@
 """The state space hybrids converted to GGUF by llama.cpp's own convert_hf_to_gguf.py
-load with the logits of the Hugging Face folders they came from (which equal
-transformers': test_reference_ssm.py), in fp32, and with weights kept as stored."""
+load with the weights and logits of the Hugging Face folders they came from, and with
+transformers' logits, in fp32; and with weights kept as stored."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from ckptd.model.config import ModelConfig
 from ckptd.model.gguf.load import field, open_gguf
@@ -57,8 +58,13 @@ def test_converted_gguf_logits_match_folder(ssm_dirs, ssm_models, ssm_ggufs, arc
              "lm_head.weight": b.logits_multiplier / a.logits_multiplier}
     for name, t in theirs.items():
         assert torch.allclose(mine[name], t * scale.get(name, 1.0), rtol=1e-5, atol=1e-6), name
-    got, ref = prompt_logits(ours, TOKENS), prompt_logits(want, TOKENS)
-    assert (got - ref).abs().max().item() <= 1e-4
+    got = prompt_logits(ours, TOKENS)
+    assert (got - prompt_logits(want, TOKENS)).abs().max().item() <= 1e-4
+    # and transformers' own logits, from the folder the GGUF was converted from
+    ref = AutoModelForCausalLM.from_pretrained(ssm_dirs[arch], dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf = ref(input_ids=torch.tensor([TOKENS])).logits[0]
+    assert (got - hf).abs().max().item() <= 1e-4
     assert ours.fingerprint != want.fingerprint
     tok, folder_tok = load_tokenizer(path), load_tokenizer(ssm_dirs[arch])
     text = "The quick brown fox: def add(a, b):\n    return a + b 東京"
