@@ -65,12 +65,15 @@ def load_ssm_hybrid(reader, tensors: GGUFTensors, arch: str) -> tuple[dict, dict
     mixers = ["parallel" if has(i, "ssm_in") and has(i, "attn_q") else
               "mamba" if has(i, "ssm_in") else "attention" if has(i, "attn_q") else "none"
               for i in range(n)]
+    moe = {i for i in range(n) if has(i, "ffn_gate_inp")}
+    if moe and arch.startswith("nemotron_h"):
+        raise ValueError(f"{tensors.path or 'GGUF'}: Nemotron-H's mixture-of-experts variant "
+                         f"(layer {min(moe)} has experts) is not supported")
     cfg = _config(meta, tensors, n, mixers)
     kv = meta.get("attention.head_count_kv", cfg.get("num_attention_heads", 0))
     heads = {"attn_q": cfg.get("num_attention_heads", 0),
              "attn_k": max(kv) if isinstance(kv, list) else int(kv)}
     permuted = arch in ("granitehybrid", "nemotron_h", "nemotron_h_moe")
-    moe = {i for i in range(n) if has(i, "ffn_gate_inp")}
 
     def block(i: int, part: str):
         stem, _, suffix = part.partition(".")
