@@ -25,6 +25,8 @@ from ckptd.daemon.sleep import Sleep
 from ckptd.daemon.speculation import SpecConfig, Speculation
 from ckptd.model.config import ModelConfig
 from ckptd.model.loader import load
+from ckptd.model.lora.adapter import read_adapter
+from ckptd.model.lora.apply import Lora
 from ckptd.model.placement import Placement, resolve
 from ckptd.model.runner import Runner
 from ckptd.model.speculative.drafter import Drafter, check_vocab
@@ -102,7 +104,7 @@ class Runtime:
                  Path(cfg.model_draft) if draft is not None else None)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
-        engine.heap.freeze()           # the loaded objects leave the collector's walks
+        engine.gc_pacer.freeze()       # the loaded objects leave the collector's walks
         log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
                  "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
                  time.perf_counter() - t0, where, model.config.arch,
@@ -137,7 +139,6 @@ class Runtime:
                              f"fingerprint {model.fingerprint[:12]}, cached state is for "
                              f"{self.fingerprint[:12]}): restart the daemon to serve it")
         if len(self.adapters):      # read and checked at start-up; the same weights again
-            from ckptd.model.lora.apply import Lora
             Lora(self.adapters.adapters).attach(model)
         self.runner.reload(model)
         if self.engine.spec is not None:
@@ -153,8 +154,6 @@ class Runtime:
 def _adapters(cfg: ServeConfig, model) -> Adapters:
     """Read and check every --lora adapter against the model (a ValueError naming the
     file before anything is served), then attach them."""
-    from ckptd.model.lora.adapter import read_adapter
-    from ckptd.model.lora.apply import Lora
     loaded = [read_adapter(f.path, model) for f in cfg.lora]
     if loaded:
         Lora(loaded).attach(model)

@@ -115,11 +115,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, d: dict) -> ModelConfig:
         """Build from a Hugging Face config.json dict: llama, qwen3_5_text,
-        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config;
-        a state space hybrid (SSM_ARCHS) gives an SSMConfig."""
-        if isinstance(d, dict) and d.get("model_type") in SSM_ARCHS:
-            from ckptd.model.ssm_config import SSMConfig
-            return SSMConfig.from_hf(d)
+        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config
+        (a state space hybrid's is configs.config_from_hf's)."""
         d = text_config(d)
         model_type = d["model_type"]
         try:

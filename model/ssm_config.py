@@ -23,6 +23,7 @@ import torch
 
 from ckptd.model.config import SSM_ARCHS, ModelConfig
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
+from ckptd.model.ssm_families import FAMILIES
 
 MIXERS = ("mamba2", "mamba", "full_attention", "parallel", "none")
 MLPS = ("dense", "moe", "none")
@@ -145,7 +146,6 @@ class SSMConfig(ModelConfig):
     def from_hf(cls, d: dict) -> SSMConfig:
         """From a config.json dict of one of SSM_ARCHS (or what the GGUF loader makes of
         a GGUF's metadata); ValueError naming a missing or mistyped key."""
-        from ckptd.model.ssm_families import FAMILIES
         try:
             fields = FAMILIES[d["model_type"]](d)
         except KeyError as e:

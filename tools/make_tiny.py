@@ -18,6 +18,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.config import ModelConfig
+from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
+from ckptd.tools.tiny_ssm import build
 
 # the state space hybrids are built by transformers' own classes (tools/tiny_ssm.py)
 SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
@@ -82,8 +88,6 @@ def _hybrid(common: dict) -> dict:
 
 
 def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    from ckptd.model.arch.decoder import CausalLM
-    from ckptd.model.config import ModelConfig
 
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
@@ -147,7 +151,6 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _tokenizer(out: Path, fim: bool = False) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -174,10 +177,8 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _tokenizer(out, fim)
-    from tokenizers import Tokenizer
     eos = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
     if arch in SSM_ARCHES:
-        from ckptd.tools.tiny_ssm import build
         cfg = json.loads((build(arch, out, seed, eos) / "config.json").read_text())
     else:
         cfg = {**_config(arch), **(sizes or {}), "eos_token_id": eos}
@@ -193,7 +194,6 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
 
 def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
-    from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
     repo = Path(__file__).resolve().parents[1]
     # a source checkout keeps it beside the code (tests share it); an install, per user

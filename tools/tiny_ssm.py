@@ -105,6 +105,7 @@ def _hub_style(arch: str, cfg: dict) -> dict:
 
 def build(arch: str, out: Path, seed: int = 0, eos_token_id: int = 2) -> Path:
     """Write the tiny `arch` model's config.json and model.safetensors to out/."""
+    # transformers is a test extra, not a dependency of the daemon that imports make_tiny
     import transformers
 
     config_cls, model_cls, kwargs = _MODELS[arch]

@@ -1,8 +1,8 @@
-"""Selective state space mixers over per-sequence state slots: Mamba2 (Nemotron-H,
+"""Selective state space mixers over per-sequence state cells: Mamba2 (Nemotron-H,
 Granite-4.0-H, Falcon-H1, Mamba2) and Mamba v1 as Jamba has it.
 
-A sequence's state for recurrent layer r is state.conv[slot, r] [conv_dim, K-1] (the
-causal conv's last inputs) and state.ssm[slot, r] fp32: [heads, head_dim, state_size]
+A sequence's state for recurrent layer r is state.conv[cell, r] [conv_dim, K-1] (the
+causal conv's last inputs) and state.ssm[cell, r] fp32: [heads, head_dim, state_size]
 for Mamba2, [1, d_inner, state_size] for Mamba. A step reads it as the initial state
 and writes the final state back in place, one kernel call per layer for all the
 step's sequences (kernels/varlen.py).

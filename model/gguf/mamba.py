@@ -25,7 +25,7 @@ import torch
 
 from ckptd.model.checkpoint import Recipe, plain
 from ckptd.model.gguf.experts import expert_recipes
-from ckptd.model.gguf.load import GGUFTensors, _unpermute, convert_tensors, field, scalar
+from ckptd.model.gguf.reader import GGUFTensors, convert_tensors, field, scalar, unpermute
 
 ARCHS = ("mamba2", "nemotron_h", "nemotron_h_moe", "granitehybrid", "falcon-h1", "jamba")
 MODEL_TYPES = {"mamba2": "mamba2", "nemotron_h": "nemotron_h", "nemotron_h_moe": "nemotron_h",
@@ -87,7 +87,7 @@ def load_ssm_hybrid(reader, tensors: GGUFTensors, arch: str) -> tuple[dict, dict
             return None
         get = lambda: _convert(stem, tensors.get(name))              # noqa: E731
         if permuted and stem in heads:
-            get = lambda: _unpermute(tensors.get(name), heads[stem])  # noqa: E731
+            get = lambda: unpermute(tensors.get(name), heads[stem])  # noqa: E731
         return [(f"model.layers.{i}.{hf}", plain(get))]
 
     out = convert_tensors(tensors, n, _TOP, block)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ckptd.model.config import ModelConfig
+from ckptd.model.configs import config_from_hf
 from ckptd.model.testing import Scratch, prompt_logits
 from tests.conftest import SSM_ARCHES
 from tests.model.reference import check_greedy, check_prompt_logits
@@ -81,14 +81,14 @@ def test_lora_adapters_are_refused_with_the_architecture(ssm_models, tmp_path):
 def test_bad_configs_are_refused_with_the_key(ssm_dirs):
     cfg = json.loads((ssm_dirs["nemotron_h"] / "config.json").read_text())
     with pytest.raises(ValueError, match="'E' is not supported"):
-        ModelConfig.from_hf({**cfg, "hybrid_override_pattern": "M*E-"})
+        config_from_hf({**cfg, "hybrid_override_pattern": "M*E-"})
     with pytest.raises(ValueError, match="missing 'hybrid_override_pattern'"):
-        ModelConfig.from_hf({k: v for k, v in cfg.items() if k != "hybrid_override_pattern"})
+        config_from_hf({k: v for k, v in cfg.items() if k != "hybrid_override_pattern"})
     granite = json.loads((ssm_dirs["granitemoehybrid"] / "config.json").read_text())
     with pytest.raises(ValueError, match="layer_types"):
-        ModelConfig.from_hf({**granite, "layer_types": ["mamba", "conv", "attention", "mamba"]})
+        config_from_hf({**granite, "layer_types": ["mamba", "conv", "attention", "mamba"]})
     with pytest.raises(ValueError, match="SSM groups"):
-        ModelConfig.from_hf({**granite, "mamba_n_groups": 3})
+        config_from_hf({**granite, "mamba_n_groups": 3})
     mamba = json.loads((ssm_dirs["mamba2"] / "config.json").read_text())
     with pytest.raises(ValueError, match="missing 'state_size'"):
-        ModelConfig.from_hf({k: v for k, v in mamba.items() if k != "state_size"})
+        config_from_hf({k: v for k, v in mamba.items() if k != "state_size"})
