@@ -11,7 +11,9 @@ from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 ARCHS = ("llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # multimodal checkpoints whose text model we serve: model_type -> the text_config's
 NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
-SUPPORTED = ARCHS + tuple(NESTED)
+# the selective state space hybrids: model/ssm_config.py (SSMConfig, a ModelConfig)
+SSM_ARCHS = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS
 LAYER_KINDS = ("full_attention", "linear_attention")
 MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -113,7 +115,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, d: dict) -> ModelConfig:
         """Build from a Hugging Face config.json dict: llama, qwen3_5_text,
-        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config."""
+        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config
+        (a state space hybrid's is configs.config_from_hf's)."""
         d = text_config(d)
         model_type = d["model_type"]
         try:

@@ -214,7 +214,10 @@ class Runner:
         return [kv[p] for p in pages]
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:
-        """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim]."""
+        """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim] ([n, 0]
+        for a model without attention: its blocks hold no KV)."""
+        if self.state.kv is None:
+            return torch.empty((len(pages), *self.spec.kv_shape()), dtype=self.spec.kv_dtype)
         return self.transfers.to_host(self.state.kv.index_select(0, self.transfers.index(pages)))
 
     def load_pages(self, pages: list[int], kv: torch.Tensor) -> None:
@@ -223,6 +226,8 @@ class Runner:
         if tuple(kv.shape) != want:
             raise ValueError(f"pages have shape {tuple(kv.shape)}, expected {want}")
         pool = self.state.kv
+        if pool is None:
+            return
         self.transfers.to_device(
             lambda x: pool.index_copy_(0, self.transfers.index(pages), x.to(pool.dtype)), kv)
 

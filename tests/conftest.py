@@ -60,6 +60,24 @@ def tiny_model(tiny_dir):
     return load_model(tiny_dir)
 
 
+# the selective state space hybrids, written by transformers' own classes (tools/tiny_ssm.py)
+SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+
+
+@pytest.fixture(scope="session")
+def ssm_dirs(tmp_path_factory):
+    """{model_type: make-tiny folder} of every state space hybrid."""
+    root = tmp_path_factory.mktemp("tiny-ssm")
+    return {arch: make_tiny(arch, root / arch) for arch in SSM_ARCHES}
+
+
+@pytest.fixture(scope="session")
+def ssm_models(ssm_dirs):
+    """{model_type: loaded model} (fp32, CPU)."""
+    from ckptd.model.loader import load_model
+    return {arch: load_model(folder) for arch, folder in ssm_dirs.items()}
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS) on loopback for the whole session: started once,

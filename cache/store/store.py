@@ -219,12 +219,10 @@ class CacheStore:
         were new."""
         self.writable()
         self.need_model()
-        a = self.spec.attention
         n = pages.shape[0] if pages.dim() else 0
-        if a is None or tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != a.dtype:
+        if tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != self.spec.kv_dtype:
             raise ValueError(f"pages must be [n, {', '.join(map(str, self.spec.kv_shape()))}] "
-                             f"{a.dtype if a else 'of an attention model'}, "
-                             f"got {list(pages.shape)} {pages.dtype}")
+                             f"{self.spec.kv_dtype}, got {list(pages.shape)} {pages.dtype}")
         tokens = [int(t) for t in tokens[:(first_block + n) * self.B]]
         if first_block < 0 or len(tokens) < (first_block + n) * self.B:
             raise ValueError(f"blocks {first_block}..{first_block + n - 1} need "

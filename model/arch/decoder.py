@@ -64,11 +64,15 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Model(cfg)
+        self.model = self.body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.fingerprint = ""  # set by the loader
         self.head: Matmul | None = None
         self.lora = None       # model/lora/apply.py: Lora, once adapters are attached
+
+    def body(self, cfg: ModelConfig) -> nn.Module:
+        """The decoder stack: embed_tokens, layers, norm (arch/ssm_lm.py has another)."""
+        return Model(cfg)
 
     def fuse(self) -> None:
         """Fuse the projections that share an input into one matmul each; on an fp32 CPU

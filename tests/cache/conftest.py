@@ -28,6 +28,11 @@ def attention_spec(dtype=torch.float16) -> StateSpec:
     return StateSpec(B, AttentionSpec(3, 2, 8, dtype), None)
 
 
+def recurrent_spec(dtype=torch.bfloat16) -> StateSpec:
+    """No attention at all (the pure Mamba2): blocks hold no KV, only the prefix chain."""
+    return StateSpec(B, None, RecurrentSpec.ssm(2, 20, 4, 4, 8, 6, conv_dtype=dtype))
+
+
 def _gen(tokens, salt: str = "") -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(encode_tokens(tokens) + salt.encode()))
 
@@ -47,6 +52,8 @@ def _token_kv(spec: StateSpec, tokens, start: int, stop: int) -> torch.Tensor:
 def fake_pages(spec: StateSpec, tokens, first: int, n: int) -> torch.Tensor:
     """KV for blocks first .. first+n-1 of tokens: [n, *kv_shape()]."""
     B = spec.block_size
+    if spec.attention is None:
+        return torch.empty((n, *spec.kv_shape()), dtype=spec.kv_dtype)
     return torch.stack([_token_kv(spec, tokens, i * B, (i + 1) * B)
                         for i in range(first, first + n)])
 

@@ -39,6 +39,20 @@ def test_make_tiny_cli_writes_a_gguf(tmp_path, capsys):
     assert (got - prompt_logits(load_model(folder), TOKENS)).abs().max().item() <= 1e-4
 
 
+def test_make_tiny_cli_writes_a_state_space_hybrid_and_its_gguf(tmp_path, capsys):
+    """Jamba: transformers' class writes the folder; llama.cpp's converter, which wants a
+    Llama vocabulary for it, writes the tiny byte-level one as GPT-2's."""
+    from transformers import AutoModelForCausalLM
+    folder, gguf = tmp_path / "jamba", tmp_path / "jamba.gguf"
+    assert main(["make-tiny", "--arch", "jamba", "--out", str(folder), "--gguf", str(gguf)]) == 0
+    assert f"and {gguf}" in capsys.readouterr().out
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert type(ref).__name__ == "JambaForCausalLM"
+    with torch.no_grad():
+        want = ref(torch.tensor([TOKENS])).logits[0]
+    assert (prompt_logits(load_model(gguf), TOKENS) - want).abs().max().item() <= 1e-4
+
+
 def test_make_tiny_rejects_an_unknown_arch(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["make-tiny", "--arch", "mixtral", "--out", str(tmp_path / "x")])
