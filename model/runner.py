@@ -21,6 +21,7 @@ from ckptd.model.graphs import DecodeGraphs
 from ckptd.model.sequence import Sequence
 from ckptd.model.state import DeviceState, SlotPool
 from ckptd.model.transfers import Transfers
+from ckptd.model.vision.positions import chunk_positions
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Runner:
         self._sizes = (num_pages, num_slots, max_seq_pages or max(num_pages, 1), graphs)
         self.vocab_size = model.config.vocab_size
         self.slots = SlotPool(num_slots)
+        self.embedder = None     # model/vision/embedder.py: images' rows, when it sees images
         self.transfers = Transfers(self.device)
         self._build()
 
@@ -117,10 +119,15 @@ class Runner:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
         ids, chunks, last, rows = [], [], [], []
+        images = self._images(work)
         for seq, n in work:
             start, end = seq.num_computed, seq.num_computed + n
             table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
-            chunks.append(SeqChunk(len(ids), n, start, table, seq.slot))
+            chunk = SeqChunk(len(ids), n, start, table, seq.slot)
+            if seq.images:
+                chunk.shift, chunk.mrope = chunk_positions(seq.images, start, end)
+                chunk.images = images.get(seq.id)
+            chunks.append(chunk)
             first = len(ids) if seq.id in wide else len(ids) + n - 1
             ids += seq.tokens[start:end]
             rows.extend(range(first, len(ids)))
@@ -146,6 +153,26 @@ class Runner:
         if wide:
             logits = logits[torch.tensor(last)]
         return logits, out
+
+    def _images(self, work: list[tuple[Sequence, int]]
+                ) -> dict[int, list[tuple[int, torch.Tensor]]]:
+        """{sequence id: [(offset in its chunk, embeddings of those placeholder rows)]}
+        for the images this step's chunks hold, encoded together when not cached."""
+        want: list[tuple[int, int, int, object]] = []
+        for seq, n in work:
+            start, end = seq.num_computed, seq.num_computed + n
+            for im in seq.images:
+                if im.start < end and im.end > start:
+                    want.append((seq.id, start, end, im))
+        if not want:
+            return {}
+        if self.embedder is None:
+            raise ValueError("this model has no vision encoder: it can't take images")
+        out: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for (sid, start, end, im), emb in zip(want, self.embedder.embeds([w[3] for w in want])):
+            lo, hi = max(start, im.start), min(end, im.end)
+            out.setdefault(sid, []).append((lo - start, emb[lo - im.start:hi - im.start]))
+        return out
 
     # ---- speculative steps: back to the last accepted token ----------------------------
 

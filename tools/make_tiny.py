@@ -143,20 +143,21 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tokenizer(out: Path, fim: bool = False) -> None:
+def _tokenizer(out: Path, fim: bool = False, extra: tuple[str, ...] = (),
+               template: str = CHATML) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = SPECIALS + (FIM if fim else [])
+    specials = SPECIALS + (FIM if fim else []) + list(extra)
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template,
         "add_bos_token": False, "model_max_length": 262144,
     }, indent=1))
 
@@ -185,18 +186,25 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
 
 def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
-    from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
+    from ckptd.tools.fetch_llamacpp import Conversion, convert
 
-    repo = Path(__file__).resolve().parents[1]
-    # a source checkout keeps it beside the code (tests share it); an install, per user
-    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
-        else Path.home() / ".cache" / "ckptd" / "third_party"
-    root = fetch_converter(dest)
+    root = converter_root()
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
     extra = ("--no-mtp",) if model_type != "llama" else ()
     # the tiny vocabulary splits text with GPT-2's regex: llama.cpp calls that "gpt-2"
     convert(root, [Conversion(folder, gguf, outtype, extra)], tokenizer_pre="gpt-2")
     return gguf
+
+
+def converter_root() -> Path:
+    """llama.cpp's converter, fetched once: a source checkout keeps it beside the code
+    (tests share it); an install, per user."""
+    from ckptd.tools.fetch_llamacpp import fetch_converter
+
+    repo = Path(__file__).resolve().parents[1]
+    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
+        else Path.home() / ".cache" / "ckptd" / "third_party"
+    return fetch_converter(dest)
 
 
 def add_arguments(p) -> None:
@@ -206,9 +214,19 @@ def add_arguments(p) -> None:
     p.add_argument("--gguf", metavar="FILE",
                    help="also write an F32 GGUF of it with llama.cpp's converter")
     p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
+    p.add_argument("--vision", action="store_true",
+                   help="a multimodal checkpoint (qwen3_5_text / qwen3_5_moe_text only) "
+                        "written by transformers' Qwen3_5(Moe)ForConditionalGeneration; "
+                        "with --gguf, also the mmproj GGUF beside it (mmproj-<name>)")
 
 
 def run(args) -> int:
+    if args.vision:
+        from ckptd.tools.make_tiny_vision import make_tiny_vision
+        out, mmproj = make_tiny_vision(args.arch, args.out, args.seed, args.gguf)
+        print(f"wrote tiny multimodal {args.arch} model to {out}"
+              + (f" and {args.gguf}, {mmproj}" if args.gguf else ""))
+        return 0
     out = make_tiny(args.arch, args.out, args.seed, args.gguf, args.fim)
     print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
     return 0
