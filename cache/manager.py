@@ -28,13 +28,14 @@ import torch
 from ckptd.cache.checkpoints import Checkpointer, interval_stops, snapshot_budget
 from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.entry import BRANCH, END, INTERVAL
-from ckptd.cache.keys import KeyChain, root_key
+from ckptd.cache.keys import KeyChain, KeyContext, root_key
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
 from ckptd.cache.work import RestoreInfo, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
 from ckptd.model.spec import StateSpec
 from ckptd.model.state import OutOfSlots
+from ckptd.model.vision.positions import inside
 
 
 class StateIO(Protocol):
@@ -97,9 +98,11 @@ class CacheManager:
         return self.checkpoints.pending
 
     # ---- keys and branch points ------------------------------------------------------
-    def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
-        """A prompt's block keys: hashed here once per request, carried on it after."""
-        return KeyChain(root_key(self.fp, self.B, salt), self.B, tokens)
+    def chain(self, tokens: list[int], salt: str | None, images: tuple = ()) -> KeyChain:
+        """A prompt's block keys: hashed here once per request, carried on it after.
+        images: the spans of its images (Sequence.images), named in the keys."""
+        ctx = KeyContext(salt, media=tuple(images), block_size=self.B) if images else None
+        return KeyChain(root_key(self.fp, self.B, salt), self.B, tokens, ctx)
 
     def common_prefix(self, a: KeyChain, a_tokens: list[int], b: KeyChain,
                       b_tokens: list[int]) -> int:
@@ -116,12 +119,13 @@ class CacheManager:
         n, end = lo * self.B, min(len(a_tokens), len(b_tokens))
         while n < end and a_tokens[n] == b_tokens[n]:
             n += 1
-        return n
+        return min(n, _images_part(a.ctx.media, b.ctx.media))
 
     def add_branch(self, seq: Sequence, position: int) -> None:
         """Ask a prefill to stop at `position` and leave a snapshot there (a waiting
         prompt parts from it there). Before the sequence is admitted, kept for then."""
         rec = self.live.get(seq.id)
+        position = _before_image(seq.images, position)
         if rec is None:
             self.branches.setdefault(seq.id, set()).add(position)
         elif rec.chain is not None and seq.num_computed < position < rec.prompt_len:
@@ -137,11 +141,16 @@ class CacheManager:
             if w.new:
                 self._admit_new(w)
         # running sequences first: they must go on; new ones only with what is left
+        over = False
         for w in sorted(batch, key=lambda w: w.new):
             if w.deferred or w.error is not None:
                 continue
             left = len(w.seq.tokens) - w.seq.num_computed
             w.n = self._chunk(w.seq, min(left, w.budget)) if left and w.budget else 0
+            if w.n > w.budget:
+                # a whole image past its share: one a step (the runner has room for one
+                # beyond the step's budget); another waits for the next step
+                w.n, over = (0, over) if over else (w.n, True)
             if not w.n:
                 continue
             try:
@@ -221,7 +230,8 @@ class CacheManager:
         """A new sequence with seq's tokens and state, sharing all its pages (the partial
         one too: whichever of the two writes it first gets a copy)."""
         parent = self.live[seq.id]
-        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora)
+        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora,
+                         images=seq.images)
         self.io.attach(child)
         n = -(-seq.num_computed // self.B)
         child.pages = seq.pages[:n]
@@ -253,7 +263,7 @@ class CacheManager:
         self.io.attach(seq)
         use = seq.use_cache and self.enabled
         if use and chain is None:
-            chain = self.chain(seq.tokens, seq.salt)
+            chain = self.chain(seq.tokens, seq.salt, seq.images)
         rec = Tracked(seq, chain if use else None, len(seq.tokens))
         self.live[seq.id] = rec
         info = RestoreInfo()
@@ -274,24 +284,34 @@ class CacheManager:
         cached (or from a prompt waiting for this one), and, for a hybrid, interval
         positions within the snapshot byte budget."""
         P, end = rec.seq.num_computed, rec.prompt_len
+        images = rec.seq.images
         for p in {rec.shared, *self.branches.pop(rec.seq.id, ())}:
+            p = _before_image(images, p)
             if P < p < end:
                 rec.stops[p] = BRANCH
         if self.spec.is_hybrid:
             budget = min(snapshot_budget(end, self.spec, self.snapshot_ratio),
                          self.max_snapshots)
             for p in interval_stops(P, end, self.interval, budget):
-                rec.stops.setdefault(p, INTERVAL)
+                p = _before_image(images, p)
+                if P < p:
+                    rec.stops.setdefault(p, INTERVAL)
 
     def _chunk(self, seq: Sequence, n: int) -> int:
-        """At most n tokens, ending at the next planned stop when that comes first."""
+        """At most n tokens, ending at the next planned stop when that comes first. A
+        chunk never ends inside an image: it stops before one, or, starting at an
+        image, takes all of it (see _images_fit)."""
         rec = self.live[seq.id]
+        P = seq.num_computed
         if rec.stops and not rec.prompt_done:
-            P = seq.num_computed
             ahead = [p for p in rec.stops if p > P]
             if ahead:
                 n = min(n, min(ahead) - P)
-        return max(n, 1)
+        n = max(n, 1)
+        im = inside(seq.images, P + n)
+        if im is not None:
+            n = im.start - P if im.start > P else im.end - P
+        return n
 
     def _make_writable(self, seq: Sequence, end: int) -> None:
         """Give seq private pages up to `end` tokens: pages it shares that the step will
@@ -349,3 +369,21 @@ class CacheManager:
             f"slots in use {sorted(self.io.live_slots())}, held by sequences {sorted(slots)}"
         if self.store is not None:
             self.store.sanity_check()
+
+
+def _before_image(images, p: int) -> int:
+    """p, or the start of the image p would fall inside: no state is taken there."""
+    im = inside(images, p)
+    return p if im is None else im.start
+
+
+def _images_part(a, b) -> int:
+    """Where two prompts' images first differ (start, grid or digest): the most tokens
+    they can share, whatever their tokens (placeholders of equal-sized images match)."""
+    for x, y in zip(a, b):
+        if (x.start, x.grid, x.digest) != (y.start, y.grid, y.digest):
+            return min(x.start, y.start)
+    if len(a) != len(b):
+        return (a[len(b)] if len(a) > len(b) else b[len(a)]).start
+    return 1 << 62
+

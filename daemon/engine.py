@@ -43,6 +43,7 @@ from ckptd.model.runner import Runner
 from ckptd.model.sampling import backend
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
 from ckptd.model.sequence import FinishReason, check_token_ids
+from ckptd.model.vision.positions import check_spans
 
 log = logging.getLogger("ckptd")
 
@@ -75,6 +76,8 @@ class Engine(InProcess):
     def submit(self, req: Request) -> None:
         """Queue a request (on the caller's thread: the id check stays off the loop's)."""
         check_token_ids(req.tokens, self.runner.vocab_size)
+        if req.images:
+            self._check_images(req)
         if self.sleep is not None:
             self.sleep.touch()
         try:
@@ -83,6 +86,14 @@ class Engine(InProcess):
             self.counters["rejected"] += 1
             raise
         self.counters["requests"] += 1
+
+    def _check_images(self, req: Request) -> None:
+        """ValueError unless the model sees images and the spans are its placeholders."""
+        embedder = self.runner.embedder
+        if embedder is None:
+            raise ValueError("this model has no vision encoder: it can't take images "
+                             "(--mmproj)")
+        check_spans(req.images, len(req.tokens), embedder.config.image_token_id, req.tokens)
 
     def cancel(self, req: Request) -> None:
         if self.scheduler.cancel(req):

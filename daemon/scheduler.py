@@ -138,8 +138,8 @@ class Scheduler:
             if req is None:
                 return
             # the sequence's tokens grow as it generates: the request keeps its prompt
-            live = Live(req, Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora),
-                        self._free_slot(req))
+            live = Live(req, Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora,
+                                      images=req.images), self._free_slot(req))
             with self.cond:
                 self.running.append(live)
 
@@ -164,7 +164,7 @@ class Scheduler:
                 continue                       # take_cancelled() reports it
             if req.use_cache and cache.enabled:
                 if req.chain is None:          # hashed once; admission and puts reuse it
-                    req.chain = cache.chain(req.tokens, req.salt)
+                    req.chain = cache.chain(req.tokens, req.salt, req.images)
                 if self._waits_for(req, prefills):
                     continue
             with self.cond:

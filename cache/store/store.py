@@ -265,8 +265,12 @@ class CacheStore:
         tail = [int(t) for t in tokens[d * self.B:]]
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self.catalog.known(key):
+            if ctx.inside_image(len(tokens)):
+                raise ValueError(f"a snapshot at {len(tokens)} would fall inside an image")
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
-                             plain=ctx.plain(d, self.B), role=role)
+                             plain=ctx.plain(d, self.B), role=role,
+                             next_position=ctx.next_position(len(tokens)) if ctx.media
+                             else None)
             self._put(key, meta, {k: owned_copy(v) for k, v in tensors.items()})
             if keep is not None:
                 self.thinner.thin(tokens, parents, keep, ctx)

@@ -27,6 +27,7 @@ class ImageEmbedder:
         LRU keeps."""
         self.encoder = encoder
         self.config = encoder.config
+        self.fingerprint: str = getattr(encoder, "fingerprint", "")
         self.dtype = dtype or encoder.dtype
         self.max_bytes = max_bytes
         self.lru: OrderedDict[bytes, torch.Tensor] = OrderedDict()
@@ -34,10 +35,6 @@ class ImageEmbedder:
         self.hits = self.misses = 0
         self.encode_seconds = 0.0
         self.images_encoded = 0
-
-    @property
-    def fingerprint(self) -> str:
-        return getattr(self.encoder, "fingerprint", "")
 
     def span(self, image: Prepared, start: int) -> ImageSpan:
         """The placeholder tokens of `image` from token `start`, named by its digest
@@ -84,3 +81,11 @@ class ImageEmbedder:
     def clear(self) -> None:
         self.lru.clear()
         self.bytes = 0
+
+    def release(self) -> None:
+        """Let go of the encoder and what it computed (the daemon sleeps)."""
+        self.encoder = None
+        self.clear()
+
+    def reload(self, encoder: VisionModel) -> None:
+        self.encoder = encoder
