@@ -56,9 +56,11 @@ ARCHES = ("qwen3_5_text", "qwen3_5_moe_text")
 
 
 def make_tiny_vision(arch: str, out_dir: str | Path, seed: int = 0,
-                     gguf: str | Path | None = None) -> tuple[Path, Path | None]:
+                     gguf: str | Path | None = None,
+                     sizes: dict | None = None) -> tuple[Path, Path | None]:
     """Write the folder; with `gguf`, the text GGUF there and the mmproj GGUF beside it.
-    Returns (folder, mmproj path or None)."""
+    sizes: {"text": {...}, "vision": {...}} config keys to change (benchmarks make larger
+    ones). Returns (folder, mmproj path or None)."""
     if arch not in ARCHES:
         raise ValueError(f"--vision takes --arch {' or '.join(ARCHES)}, got {arch!r}")
     from tokenizers import Tokenizer
@@ -67,7 +69,7 @@ def make_tiny_vision(arch: str, out_dir: str | Path, seed: int = 0,
     _tokenizer(out, extra=VISION_TOKENS, template=TEMPLATE)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in VISION_TOKENS}
-    model = _build(arch, ids, tok.token_to_id("<|im_end|>"), seed)
+    model = _build(arch, ids, tok.token_to_id("<|im_end|>"), seed, sizes or {})
     model.save_pretrained(out)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=1))
     (out / "generation_config.json").write_text(json.dumps(
@@ -80,24 +82,24 @@ def make_tiny_vision(arch: str, out_dir: str | Path, seed: int = 0,
     return out, mmproj
 
 
-def _build(arch: str, ids: dict[str, int], eos: int, seed: int):
+def _build(arch: str, ids: dict[str, int], eos: int, seed: int, sizes: dict):
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,
         Qwen3_5MoeConfig,
         Qwen3_5MoeForConditionalGeneration,
     )
-    text = {**_TEXT, "eos_token_id": eos}
+    text = {**_TEXT, "eos_token_id": eos, **sizes.get("text", {})}
+    vision = {**_VISION, **sizes.get("vision", {})}
     tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                   vision_start_token_id=ids["<|vision_start|>"],
                   vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
     if arch == "qwen3_5_text":
-        cfg = Qwen3_5Config(text_config={**text, "intermediate_size": 128},
-                            vision_config=dict(_VISION), **tokens)
+        cfg = Qwen3_5Config(text_config={"intermediate_size": 128, **text},
+                            vision_config=vision, **tokens)
         cls = Qwen3_5ForConditionalGeneration
     else:
-        cfg = Qwen3_5MoeConfig(text_config={**text, **_MOE}, vision_config=dict(_VISION),
-                               **tokens)
+        cfg = Qwen3_5MoeConfig(text_config={**_MOE, **text}, vision_config=vision, **tokens)
         cls = Qwen3_5MoeForConditionalGeneration
     torch.manual_seed(seed)
     model = cls(cfg).eval()

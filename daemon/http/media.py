@@ -149,5 +149,8 @@ def tokenize(text: str, marker: str, images: list[Prepared], encode, embedder,
             spans.append(embedder.span(images[i], len(out)))
             out += [cfg.image_token_id] * spans[-1].length
             out.append(cfg.vision_end_token_id)
+    if out.count(cfg.image_token_id) != sum(s.length for s in spans):
+        raise bad_request(f"{where}: the text holds image placeholder tokens of its own "
+                          "(<|image_pad|>); images go in image parts", where)
     out.images = tuple(spans)
     return out

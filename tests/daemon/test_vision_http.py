@@ -126,3 +126,20 @@ def test_text_model_refuses_images(daemon):
     assert r.json["error"]["param"] == "messages[0].content[1].image_url"
     assert "vision" in r.json["error"]["message"]
     assert daemon.get("/props").json["modalities"]["vision"] is False
+
+
+def test_metrics_count_the_encoder(vision_daemon):
+    def value(name):
+        text = vision_daemon.get("/metrics").text
+        return float(next(line.split()[1] for line in text.splitlines()
+                          if line.startswith(name + " ")))
+    pic = _image(data_url(encoded(64, 64, seed=21)))
+    before = value("ckptd_images_encoded_total")
+    assert _chat(vision_daemon, [{"type": "text", "text": "a"}, pic]).status == 200
+    assert value("ckptd_images_encoded_total") == before + 1
+    assert value("ckptd_image_encode_seconds_total") > 0
+    hits = value("ckptd_image_embedding_hits_total")
+    # other text before it: the text is computed, the picture's encoding reused
+    assert _chat(vision_daemon, [{"type": "text", "text": "bb"}, pic]).status == 200
+    assert value("ckptd_images_encoded_total") == before + 1
+    assert value("ckptd_image_embedding_hits_total") == hits + 1
