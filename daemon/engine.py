@@ -276,7 +276,9 @@ class Engine(InProcess):
             self.spec.release(live.seq.id)
         if reason != FinishReason.ERROR and live.seq.num_computed:
             seq = live.seq
-            self.slots.remember(live.slot, seq.tokens[:seq.num_computed], seq.salt)
+            n = seq.num_computed
+            self.slots.remember(live.slot, seq.tokens[:n], seq.salt,
+                                tuple(im for im in seq.images if im.end <= n))
         if reason == FinishReason.CANCELLED:
             self.counters["cancelled"] += 1
         elif reason == FinishReason.ERROR:

@@ -91,3 +91,43 @@ def test_openai_sdk_sends_an_image(tiny_vision, tmp_path):
         assert r.usage.completion_tokens == 4
     finally:
         assert d.stop() == 0, d.output()
+
+
+def test_slot_with_images_saves_and_restores(tiny_vision, tmp_path):
+    """A slot whose prompt holds an image: saved, the cache cleared, restored; the same
+    picture then restores all of the prompt, another of its size only the text before
+    it; a daemon without the vision tower refuses the file."""
+    folder = tiny_vision()[0]
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    b64 = data_url(IMAGES[0]).split(",", 1)[1]
+
+    def ask(d, image):
+        # one token: the slot's state is the prompt's, which the same prompt restores
+        # (a recurrent state can't be cut back to a shorter prefix)
+        r = d.post("/completion", {"n_predict": 1, "temperature": 0, "id_slot": 0,
+                                   "prompt": {"prompt_string": "What is this: <__media__>\n",
+                                              "multimodal_data": [image]}})
+        assert r.status == 200, r.text
+        return r.json
+    d = start(folder, tmp_path / "cache", "--parallel", "1", "--slot-save-path", str(slots))
+    try:
+        first = ask(d, b64)
+        n = first["tokens_evaluated"]
+        r = d.post("/slots/0?action=save", {"filename": "img.bin"})
+        assert r.status == 200 and r.json["n_saved"] >= n, r.text
+        assert d.post("/cache/clear", {}).status == 200
+        r = d.post("/slots/0?action=restore", {"filename": "img.bin"})
+        assert r.status == 200 and r.json["n_restored"] >= n, r.text
+        again = ask(d, b64)
+        assert again["timings"]["cache_n"] >= n - 1 and again["content"] == first["content"]
+        other = ask(d, data_url(encoded(300, 200, seed=99)).split(",", 1)[1])
+        assert other["timings"]["cache_n"] < 20
+    finally:
+        assert d.stop() == 0, d.output()
+    d = start(folder, tmp_path / "cache2", "--no-mmproj", "--slot-save-path", str(slots))
+    try:
+        r = d.post("/slots/0?action=restore", {"filename": "img.bin"})
+        assert r.status == 400 and "without an mmproj" in r.json["error"]["message"], r.text
+    finally:
+        assert d.stop() == 0, d.output()
