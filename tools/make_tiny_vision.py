@@ -108,9 +108,10 @@ def _build(arch: str, ids: dict[str, int], eos: int, seed: int, sizes: dict):
 
 
 def randomize(model, seed: int) -> None:
-    """Weights of a useful scale (the classes' 0.02 init gives near-uniform logits):
-    the same recipe as make-tiny's text models, and LayerNorms of the vision tower
-    around 1."""
+    """Weights of a useful scale for a transformers model (the classes' 0.02 init gives
+    near-uniform logits): make-tiny's recipe, with LayerNorm weights of a vision tower
+    around 1 and its patch embedding scaled by its whole fan-in (tests/model/moe_models.py
+    uses it too)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -119,18 +120,17 @@ def randomize(model, seed: int) -> None:
                 t = torch.log(torch.empty(shape).uniform_(0.05, 1.0, generator=g))
             elif name.endswith("dt_bias"):
                 t = torch.empty(shape).uniform_(-1.0, 1.0, generator=g)
-            elif "visual" in name and "norm" in name and name.endswith("weight"):
+            elif name.endswith("linear_attn.norm.weight") or \
+                    ("visual" in name and "norm" in name and name.endswith("weight")):
                 t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-            elif name.endswith("linear_attn.norm.weight"):
-                t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-            elif "norm" in name or name.endswith("bias"):   # zero-centred norms, biases
+            elif "norm" in name:    # zero-centred (weight + 1 is applied), LayerNorm biases
                 t = 0.1 * torch.randn(shape, generator=g)
             elif name.endswith(("embed_tokens.weight", "pos_embed.weight")):
                 t = 0.2 * torch.randn(shape, generator=g)
             elif name == "lm_head.weight":
                 t = 0.1 * torch.randn(shape, generator=g)
             else:
-                fan_in = shape[1:].numel() if len(shape) > 1 else shape[-1]
+                fan_in = shape[1:].numel() if p.dim() == 5 else shape[-1]   # Conv3d
                 t = 0.5 * torch.randn(shape, generator=g) / (fan_in ** 0.5)
             p.copy_(t)
 
