@@ -94,6 +94,11 @@ class Engine(InProcess):
             raise ValueError("this model has no vision encoder: it can't take images "
                              "(--mmproj)")
         check_spans(req.images, len(req.tokens), embedder.config.image_token_id, req.tokens)
+        room = self.runner.max_batch_tokens - self.scheduler.step_tokens
+        big = max(im.length for im in req.images)
+        if big > room:       # a prefill chunk takes an image whole: it must fit a step
+            raise ValueError(f"an image of {big} tokens is more than one step can take "
+                             f"({room} beyond --step-tokens)")
 
     def cancel(self, req: Request) -> None:
         if self.scheduler.cancel(req):

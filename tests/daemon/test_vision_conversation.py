@@ -131,3 +131,29 @@ def test_slot_with_images_saves_and_restores(tiny_vision, tmp_path):
         assert r.status == 400 and "without an mmproj" in r.json["error"]["message"], r.text
     finally:
         assert d.stop() == 0, d.output()
+
+
+def test_images_after_sleeping(tiny_vision, tmp_path):
+    """The vision tower goes with the model when the daemon sleeps and comes back with
+    it: the same request answers the same after a wake-up (its image restored or
+    encoded again by the reloaded tower)."""
+    import time
+
+    folder, gguf, mmproj = tiny_vision()
+    d = start(gguf, tmp_path / "cache", "--mmproj", str(mmproj), "--sleep-idle-seconds", "1")
+    try:
+        body = {"messages": [{"role": "user", "content": TURNS[0]}], "max_tokens": 4,
+                "temperature": 0}
+        first = d.post("/v1/chat/completions", body).json
+        deadline = time.monotonic() + 60
+        while not d.get("/props").json["is_sleeping"]:
+            assert time.monotonic() < deadline, "the daemon did not fall asleep"
+            time.sleep(0.2)
+        other = {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Something else first."}, *TURNS[0]]}],
+            "max_tokens": 4, "temperature": 0, "cache": False}
+        assert d.post("/v1/chat/completions", other).status == 200      # encoded anew
+        again = d.post("/v1/chat/completions", body).json
+        assert again["choices"][0]["message"] == first["choices"][0]["message"]
+    finally:
+        assert d.stop() == 0, d.output()

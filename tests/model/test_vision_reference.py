@@ -129,3 +129,34 @@ def test_mmproj_is_checked(checkpoint, tmp_path):
     with pytest.raises(ValueError, match=r"lacks <\|image_pad"):
         load_mmproj(mmproj, plain)
     assert load_vision_hf(tmp_path / "text") is None
+
+
+def test_decode_after_an_image_through_graph_buffers(checkpoint):
+    """Decode steps after an image run through the CUDA graphs' static buffers (replayed
+    eagerly on the CPU): the shifted positions reach them, the logits are the eager
+    ones, and both are transformers' for the same tokens."""
+    folder, _, _, cfg, pre = checkpoint
+    images = [picture(160, 200, seed=5)]
+    tokens, out = _prompt(cfg, images, pre)
+    model, encoder = load_model(folder), load_vision_hf(folder)
+    steps = []
+    for graphs in (False, True):
+        emb = ImageEmbedder(encoder, model.dtype)
+        runner = Runner(model, num_pages=64, num_slots=1, block_size=16,
+                        max_batch_tokens=4096, graphs=graphs)
+        runner.embedder = emb
+        seq = Sequence(list(tokens))
+        s = tokens.index(cfg["image_token_id"])
+        seq.images = (emb.span(prepare(images[0], encoder.config.processing), s),)
+        runner.attach(seq)
+        seq.pages = list(range(8))
+        rows = [runner.step([(seq, len(tokens))])[0]]
+        for _ in range(4):
+            seq.tokens.append(int(rows[-1].argmax()))
+            rows.append(runner.step([(seq, 1)])[0])
+        steps.append((torch.stack(rows), list(seq.tokens)))
+    (eager, toks), (graphed, toks2) = steps
+    assert toks == toks2 and (eager - graphed).abs().max().item() <= TOL
+    want = _reference(folder, toks, out)
+    last = [len(tokens) - 1 + i for i in range(5)]
+    assert (eager - want[last]).abs().max().item() <= TOL
