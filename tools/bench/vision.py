@@ -122,6 +122,7 @@ def run_ckptd(model: str, serve_args: list[str], out: Path, context: int, n_imag
     with tempfile.TemporaryDirectory(prefix="ckptd-vision-") as tmp, \
             ManagedDaemon(model, Path(tmp), out / "ckptd-cached.log", serve_args) as d:
         client = d.start()
+        client.timeout = 4 * 3600          # a cold 32K-token prefill on a small CPU
         chat = _chat(client, context, n_images, size)
         before, nxt = _turns(client, chat, answer)
         res["turn_before"] = _measure(before)
@@ -129,6 +130,7 @@ def run_ckptd(model: str, serve_args: list[str], out: Path, context: int, n_imag
     with tempfile.TemporaryDirectory(prefix="ckptd-vision-") as tmp, \
             ManagedDaemon(model, Path(tmp), out / "ckptd-cold.log", serve_args) as d:
         client = d.start()
+        client.timeout = 4 * 3600
         enc0 = _metric(client, "ckptd_image_encode_seconds_total")
         res["cold"] = _measure(client.chat(nxt, answer))
         res["encoder_ms"] = round(
