@@ -207,8 +207,12 @@ def converter_root() -> Path:
     return fetch_converter(dest)
 
 
+# the multimodal checkpoints' names for the text archs they hold (--vision)
+MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--arch", required=True, choices=ARCHES)
+    p.add_argument("--arch", required=True, choices=ARCHES + tuple(MULTIMODAL))
     p.add_argument("--out", required=True, help="folder to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gguf", metavar="FILE",
@@ -221,6 +225,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    args.arch = MULTIMODAL.get(args.arch, args.arch)
     if args.vision:
         from ckptd.tools.make_tiny_vision import make_tiny_vision
         out, mmproj = make_tiny_vision(args.arch, args.out, args.seed, args.gguf)
