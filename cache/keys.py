@@ -227,8 +227,8 @@ class _RecentKeys:
     """The block keys of the last few token runs hashed, so that a run sharing a prefix
     with one of them hashes only the rest. One request asks for its prompt's keys several
     times (device pages, the store's plan, the checkpoints), and the questions over one
-    long context share all its blocks: a 16K-token prompt is ~1,000 blake2b calls, ~2 ms
-    of Python each time. Only keys of plain blocks (no positions, no extras) are kept."""
+    long context share all its blocks: a long prompt is a blake2b call per block, each
+    time. Only keys of plain blocks (no positions, no extras) are kept."""
 
     SIZE = 8
 

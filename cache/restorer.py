@@ -244,7 +244,7 @@ class Restorer:
         if P % B and snap.kv is not None:
             io.load_partial(seq.pages[n_full], snap.kv)
         if snap.conv is not None:
-            io.load_recurrent(seq.slot, snap.conv, snap.ssm)
+            io.load_recurrent(seq.cell, snap.conv, snap.ssm)
         seq.num_computed = P
         rec.published = min(first, rec.published) if rec.published else first
 

@@ -249,6 +249,7 @@ class ServeConfig:
 
     def _check_remote(self) -> None:
         if self.remote is not None:
+            # imported here: the layout imports torch (codec), and flags are checked without
             from ckptd.cache.remote.layout import RemoteURL
 
             RemoteURL.parse(self.remote)

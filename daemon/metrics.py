@@ -87,7 +87,6 @@ class Metrics:
             self.base = now
         return (dn / dms * 1000 if dms > 0 else 0.0, gn / gms * 1000 if gms > 0 else 0.0)
 
-    # ---- sleeping (daemon/sleep.py): llama-server answers from a snapshot ----------------
     def enter_sleep(self, engine, cache_stats: dict | None, state: str) -> None:
         """The texts /metrics serves while the daemon sleeps: first the window the last
         scrape left (its throughput), then the same with an empty window. When the engine

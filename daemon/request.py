@@ -103,10 +103,11 @@ class Request:
 
 @dataclass(eq=False)
 class Live:
-    """A request that holds a sequence: from admission to its end."""
+    """A request that holds a sequence: from admission to its end. The scheduler makes
+    it (req, seq, slot, t_prefill); the engine writes dec and t_decode."""
     req: Request
     seq: Sequence
     slot: int = 0                     # its index among the running (llama.cpp's id_slot)
-    dec: Decoding | None = None       # made once admission succeeds
     t_prefill: float = 0.0            # admitted (restore done)
+    dec: Decoding | None = None       # made in its first step
     t_decode: float = 0.0             # the prompt's last token computed; 0 before

@@ -26,6 +26,8 @@ from ckptd.daemon.speculation import SpecConfig, Speculation
 from ckptd.daemon.vision import load_embedder, max_image_tokens
 from ckptd.model.config import ModelConfig
 from ckptd.model.loader import load
+from ckptd.model.lora.adapter import read_adapter
+from ckptd.model.lora.apply import Lora
 from ckptd.model.placement import Placement, resolve
 from ckptd.model.runner import Runner
 from ckptd.model.speculative.drafter import Drafter, check_vocab
@@ -109,7 +111,7 @@ class Runtime:
                  Path(cfg.mmproj) if cfg.mmproj and embedder is not None else None)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
-        engine.heap.freeze()           # the loaded objects leave the collector's walks
+        engine.gc_pacer.freeze()       # the loaded objects leave the collector's walks
         log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
                  "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
                  time.perf_counter() - t0, where, model.config.arch,
@@ -146,7 +148,6 @@ class Runtime:
                              f"fingerprint {model.fingerprint[:12]}, cached state is for "
                              f"{self.fingerprint[:12]}): restart the daemon to serve it")
         if len(self.adapters):      # read and checked at start-up; the same weights again
-            from ckptd.model.lora.apply import Lora
             Lora(self.adapters.adapters).attach(model)
         self.runner.reload(model)
         if self.runner.embedder is not None:
@@ -157,7 +158,6 @@ class Runtime:
 
     def _vision_encoder(self, model):
         """The vision tower loaded again on waking: the same one, or a ValueError."""
-        from ckptd.daemon.config import ServeConfig
         cfg = ServeConfig(mmproj=str(self.mmproj) if self.mmproj else None)
         fresh = load_embedder(cfg, self.source, model, self.tokenizer, self.where)
         old = self.runner.embedder
@@ -174,8 +174,6 @@ class Runtime:
 def _adapters(cfg: ServeConfig, model) -> Adapters:
     """Read and check every --lora adapter against the model (a ValueError naming the
     file before anything is served), then attach them."""
-    from ckptd.model.lora.adapter import read_adapter
-    from ckptd.model.lora.apply import Lora
     loaded = [read_adapter(f.path, model) for f in cfg.lora]
     if loaded:
         Lora(loaded).attach(model)

@@ -81,9 +81,9 @@ class Service:
         self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)
         self._syntax: ToolSyntax | None = None
 
-    # ---- lifecycle (blocking: call from a thread) ------------------------------------
     def load(self, start: bool = True) -> None:
-        """start=False: the caller runs the engine's loop itself (`rt.engine.run()`)."""
+        """Load the model (blocking: call it from a thread). start=False: the caller runs
+        the engine's loop itself (`rt.engine.run()`)."""
         rt = Runtime.load(self.cfg, self.path)
         cfg = self.cfg
         if cfg.chat_template_file is not None:
@@ -134,7 +134,6 @@ class Service:
             raise ApiError(503, f"the model failed to load after sleeping: {e}", None,
                            "load_failed") from None
 
-    # ---- checks ----------------------------------------------------------------------
     def unavailable(self) -> ApiError | None:
         """Why requests can't be served now, or None when they can."""
         if self.state == READY:
@@ -180,7 +179,6 @@ class Service:
     def max_context(self) -> int:
         return self.rt.max_context
 
-    # ---- prompts ---------------------------------------------------------------------
     def context(self, name: str, salt: str | None = None, check_salt: bool = True) -> Context:
         """A named context; one registered under another tenant's salt is answered as
         unknown, so a request can't use it or learn that it exists."""
@@ -321,7 +319,7 @@ class Service:
             suffix = self.render_chat(chat)
         return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
 
-    def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
+    def fit_to_context(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
                prompt_param: str = "prompt") -> SamplingParams:
         """Check the prompt against the context limit (or what the KV memory holds, when
         that is less) and fix max_tokens: at most what the server allows (--max-tokens)

@@ -16,6 +16,7 @@ from pathlib import Path
 from ckptd.daemon.config import ServeConfig
 from ckptd.model.vision.embedder import ImageEmbedder
 from ckptd.model.vision.image import Limits
+from ckptd.model.vision.load import load_mmproj, load_vision_hf
 
 log = logging.getLogger("ckptd")
 
@@ -24,8 +25,6 @@ def load_embedder(cfg: ServeConfig, path: Path, model, tokenizer, where
                   ) -> ImageEmbedder | None:
     """The model's vision tower with its output cache, or None (text only). ValueError
     when the tower does not fit the model."""
-    from ckptd.model.vision.load import load_mmproj, load_vision_hf
-
     if cfg.no_mmproj:
         return None
     if cfg.mmproj is not None:

@@ -35,18 +35,23 @@ _MODES = ("auto", "triton", "torch")
 _HAVE_FLA = find_spec("fla") is not None
 _HAVE_FLASH = find_spec("flash_attn") is not None
 
+# The process's kernels, read once from CKPTD_KERNELS and CKPTD_EXTERNAL_KERNELS (every
+# op asks; a test sets these, monkeypatch.setattr(dispatch, "MODE", ...), not the variables)
+MODE = os.environ.get("CKPTD_KERNELS", "auto")
+EXTERNAL = os.environ.get("CKPTD_EXTERNAL_KERNELS", "auto") != "off"
+
 
 def use_external(name: str, x: torch.Tensor) -> bool:
     """Whether a prefill step runs fla ("fla") or flash-attn ("flash") on x: installed,
     on CUDA, and not turned off. Decode steps keep ckptd's kernels (CUDA graphs)."""
-    if os.environ.get("CKPTD_EXTERNAL_KERNELS", "auto") == "off" or not x.is_cuda:
+    if not EXTERNAL or not x.is_cuda:
         return False
     return _HAVE_FLA if name == "fla" else _HAVE_FLASH
 
 
 def use_triton(x: torch.Tensor) -> bool:
     """Whether an op whose main tensor is x runs its Triton kernel."""
-    mode = os.environ.get("CKPTD_KERNELS", "auto")
+    mode = MODE
     if mode == "auto":
         return x.is_cuda and _HAVE_TRITON
     if mode == "torch":
@@ -55,6 +60,7 @@ def use_triton(x: torch.Tensor) -> bool:
         raise ValueError(f"CKPTD_KERNELS must be one of {_MODES}, got {mode!r}")
     if not _HAVE_TRITON:
         raise ValueError("CKPTD_KERNELS=triton but triton is not installed")
+    # only Triton on CPU tensors (the interpreter: tests) looks at the environment here
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("CKPTD_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1, "
                          "set before triton is imported")
@@ -162,7 +168,7 @@ def _attention_impl(q):
     when CKPTD_KERNELS=torch."""
     if use_triton(q):
         return _fast("paged_attention.triton_attention")
-    return attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+    return attn_ref if MODE == "torch" else attn_sdpa
 
 
 def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):

@@ -22,7 +22,10 @@ from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.fingerprint import model_fingerprint
-from ckptd.model.quant import attach_kept, is_kept
+from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
+from ckptd.model.kept_swap import attach_kept
+from ckptd.model.quant import is_kept
+from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.model.weights import SafetensorsSource
 
 WEIGHTS = ("keep", "expand")
@@ -33,10 +36,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once.
     weights: "keep" serves a GGUF's quantized / F16 / BF16 tensors in their formats
     (model/quant.py), "expand" converts every tensor to `dtype` at load."""
-    from ckptd.model.text.tokenizer import Tokenizer
     path = Path(path)
     if _is_gguf(path):
-        from ckptd.model.gguf.load import check_architecture, open_gguf
         check_architecture(path)
         reader = open_gguf(path)
         return (load_model(path, dtype, device, reader, weights),
@@ -56,7 +57,6 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         raise FileNotFoundError(f"model path does not exist: {path}")
     dtype = dtype or torch.float32
     if _is_gguf(path):
-        from ckptd.model.gguf.load import check_architecture, gguf_recipes
         if gguf_reader is None:
             check_architecture(path)        # before gguf's reader maps the file
         hf_config, recipes, release = gguf_recipes(path, gguf_reader, weights == "keep")
@@ -93,8 +93,8 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
 @contextmanager
 def _one_thread() -> Iterator[None]:
     """Loading is copies and dtype conversions, bound by memory: a second OpenMP thread
-    adds nothing, and on a busy machine the two wait on each other (a MoE checkpoint
-    loaded ~4x slower on two threads; docs/BENCHMARKS.md)."""
+    adds nothing, and on a busy machine the two wait on each other (docs/BENCHMARKS.md:
+    a MoE checkpoint's load)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,4 +1,6 @@
-"""The state contract between model/ and cache/.
+"""The contract between model/ and cache/: the state's layout (StateSpec), what the
+runner offers the cache to read and write it (StateIO), the error a full state pool
+raises (OutOfCells), and a step's logits with the rows each sequence owns (StepLogits).
 
 A sequence state at position P is: the K/V of every attention layer for tokens
 [0, P), plus every recurrent layer's conv state and delta-rule state at P.
@@ -18,9 +20,13 @@ the order they appear in the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+
+from ckptd.model.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -113,3 +119,52 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """A step's logits and whose rows they are, worked out once, where the rows are
+    chosen: rows [n, vocab] float32 (on the CPU, or where the model ran for backend
+    sampling), and for each sequence of the step the slice of its rows: its last
+    token's, or every token it computed where the step was asked for them (row i then
+    predicts the token after its i-th). Empty (false) when no model call was made."""
+    rows: torch.Tensor | None = None
+    spans: dict[int, slice] = field(default_factory=dict)     # sequence id -> its rows
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def of(self, seq: Sequence) -> torch.Tensor:
+        """seq's rows [k, vocab]."""
+        return self.rows[self.spans[seq.id]]
+
+    def last(self, seq: Sequence) -> torch.Tensor:
+        """The logits [vocab] after seq's last computed token."""
+        return self.rows[self.spans[seq.id].stop - 1]
+
+
+
+class OutOfCells(RuntimeError):
+    """No free recurrent state cell: the request waits, it never crashes anything."""
+
+
+class StateIO(Protocol):
+    """What the cache asks of the runner (model/runner.py), which owns the state tensors:
+    a sequence's cell, copy-on-write of a page, and host copies in and out of pages,
+    partial pages and recurrent cells, for restores and checkpoints."""
+
+    vocab_size: int
+
+    def attach(self, seq: Sequence) -> None: ...
+    def detach(self, seq: Sequence) -> None: ...
+    def live_cells(self) -> set[int]: ...
+    def copy_page(self, src: int, dst: int) -> None: ...
+    def page_views(self, pages: list[int]) -> list[torch.Tensor] | None: ...
+    def read_pages(self, pages: list[int]) -> torch.Tensor: ...
+    def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
+    def read_partial(self, page: int, n: int) -> torch.Tensor: ...
+    def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
+    def read_recurrent(self, cell: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def load_recurrent(self, cell: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
+    def deferred_reads(self) -> AbstractContextManager: ...
+    def wait_reads(self) -> None: ...

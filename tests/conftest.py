@@ -12,6 +12,19 @@ from ckptd.tools.make_tiny import make_tiny
 # invariants whenever it goes idle, and exits non-zero at shutdown if one broke:
 # the tests that stop a daemon assert its exit code (daemon/runtime.py).
 os.environ["CKPTD_CHECK_INVARIANTS"] = "1"
+_KERNELS = {name: os.environ.get(name) for name in ("CKPTD_KERNELS", "CKPTD_EXTERNAL_KERNELS")}
+
+
+@pytest.fixture(autouse=True)
+def kernels_are_chosen_through_dispatch(monkeypatch):
+    """kernels/dispatch.py reads CKPTD_KERNELS and CKPTD_EXTERNAL_KERNELS once: a test
+    that sets the variables instead of dispatch.MODE / EXTERNAL would change nothing
+    in this process. Fails such a test rather than let it pass untested. (Requests
+    monkeypatch so that it checks before monkeypatch undoes the test's changes.)"""
+    yield
+    changed = [n for n, v in _KERNELS.items() if os.environ.get(n) != v]
+    assert not changed, (f"{', '.join(changed)} changed during the test: set dispatch.MODE "
+                         "or dispatch.EXTERNAL instead (the variables are read once)")
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 from ckptd.daemon.flags import SETTINGS
+from ckptd.model.default import default_model_path
 
 # llama-server flag -> (ckptd flag or None to drop it, takes a value)
 _MAP = {
@@ -130,7 +131,6 @@ def environment(env: dict[str, str]) -> dict[str, str]:
 
 def _model(env: dict[str, str]) -> str:
     """The model ckptd serves in the suite: CKPTD_SUITE_MODEL, else the embedded one."""
-    from ckptd.model.default import default_model_path
     return env.get("CKPTD_SUITE_MODEL") or str(default_model_path())
 
 

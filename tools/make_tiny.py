@@ -17,6 +17,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.config import ModelConfig
+from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
 ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -79,8 +84,6 @@ def _hybrid(common: dict) -> dict:
 
 
 def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    from ckptd.model.arch.decoder import CausalLM
-    from ckptd.model.config import ModelConfig
 
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
@@ -145,7 +148,6 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _tokenizer(out: Path, fim: bool = False, extra: tuple[str, ...] = (),
                template: str = CHATML) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -173,7 +175,6 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
     out.mkdir(parents=True, exist_ok=True)
     cfg = {**_config(arch), **(sizes or {})}
     _tokenizer(out, fim)
-    from tokenizers import Tokenizer
     cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -186,7 +187,6 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
 
 def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
-    from ckptd.tools.fetch_llamacpp import Conversion, convert
 
     root = converter_root()
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
@@ -199,39 +199,7 @@ def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
 def converter_root() -> Path:
     """llama.cpp's converter, fetched once: a source checkout keeps it beside the code
     (tests share it); an install, per user."""
-    from ckptd.tools.fetch_llamacpp import fetch_converter
-
     repo = Path(__file__).resolve().parents[1]
     dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
         else Path.home() / ".cache" / "ckptd" / "third_party"
     return fetch_converter(dest)
-
-
-# the multimodal checkpoints' names for the text archs they hold (--vision)
-MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--arch", required=True, choices=ARCHES + tuple(MULTIMODAL))
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gguf", metavar="FILE",
-                   help="also write an F32 GGUF of it with llama.cpp's converter")
-    p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
-    p.add_argument("--vision", action="store_true",
-                   help="a multimodal checkpoint (qwen3_5_text / qwen3_5_moe_text only) "
-                        "written by transformers' Qwen3_5(Moe)ForConditionalGeneration; "
-                        "with --gguf, also the mmproj GGUF beside it (mmproj-<name>)")
-
-
-def run(args) -> int:
-    args.arch = MULTIMODAL.get(args.arch, args.arch)
-    if args.vision:
-        from ckptd.tools.make_tiny_vision import make_tiny_vision
-        out, mmproj = make_tiny_vision(args.arch, args.out, args.seed, args.gguf)
-        print(f"wrote tiny multimodal {args.arch} model to {out}"
-              + (f" and {args.gguf}, {mmproj}" if args.gguf else ""))
-        return 0
-    out = make_tiny(args.arch, args.out, args.seed, args.gguf, args.fim)
-    print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
-    return 0

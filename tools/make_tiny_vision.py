@@ -17,8 +17,10 @@ import json
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
-from ckptd.tools.make_tiny import VOCAB, _tokenizer
+from ckptd.tools.fetch_llamacpp import Conversion, convert
+from ckptd.tools.make_tiny import VOCAB, _tokenizer, converter_root
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # Qwen3.5's rule for a content part (its template also numbers pictures when asked)
@@ -63,7 +65,6 @@ def make_tiny_vision(arch: str, out_dir: str | Path, seed: int = 0,
     ones). Returns (folder, mmproj path or None)."""
     if arch not in ARCHES:
         raise ValueError(f"--vision takes --arch {' or '.join(ARCHES)}, got {arch!r}")
-    from tokenizers import Tokenizer
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _tokenizer(out, extra=VISION_TOKENS, template=TEMPLATE)
@@ -83,6 +84,7 @@ def make_tiny_vision(arch: str, out_dir: str | Path, seed: int = 0,
 
 
 def _build(arch: str, ids: dict[str, int], eos: int, seed: int, sizes: dict):
+    # transformers is a test extra (pyproject), not a dependency of the daemon
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,
@@ -138,9 +140,6 @@ def randomize(model, seed: int) -> None:
 def to_ggufs(folder: Path, gguf: Path, mmproj: Path, outtype: str = "f32") -> None:
     """llama.cpp's converter on a multimodal folder: the text model (no MTP layers) to
     `gguf`, the vision tower (`--mmproj`) to `mmproj`, in one run of the converter."""
-    from ckptd.tools.fetch_llamacpp import Conversion, convert
-    from ckptd.tools.make_tiny import converter_root
-
     convert(converter_root(), [Conversion(folder, gguf, outtype, ("--no-mtp",)),
                                Conversion(folder, mmproj, outtype, ("--mmproj",))],
             tokenizer_pre="gpt-2")

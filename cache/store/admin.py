@@ -1,19 +1,17 @@
 """The store's admin API (daemon endpoints, inspector): stats, listing, pin, delete,
 verify, export/import. Keys are taken and given as hex strings. Held by the
-CacheStore, whose parts it works through."""
+CacheStore (store.py), whose parts, checks (writable, need_model), sync and flush it
+works through; store.py imports this module, so the store it is given goes unnamed
+here."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import key_from_hex
-
-if TYPE_CHECKING:
-    from ckptd.cache.store.store import CacheStore
 from ckptd.cache.tiers.disk import DiskTier
 
 _SORTS = {"last_used": lambda m: m.last_used, "size": lambda m: m.stored_bytes or m.logical_bytes,
@@ -57,7 +55,7 @@ class VerifyReport:
 
 
 class StoreAdmin:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store) -> None:
         self.store = store
         self.catalog, self.host, self.disk = store.catalog, store.host, store.disk
 
@@ -186,7 +184,7 @@ class StoreAdmin:
             for below, k in zip([None, *path], path):
                 m = index.get(k)
                 if not pinned and any(index.get(c).pinned
-                                      for c in index.children.get(k, ()) if c != below):
+                                      for c in index.children.of(k) if c != below):
                     break                # still needed by another pinned entry below it
                 if m.pinned == pinned and k != key:
                     break                # pinning: its ancestors are pinned already

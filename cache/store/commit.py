@@ -107,7 +107,7 @@ class Committer:
         margin = 2 * sum(len(b) for _, _, b in items) + min(self.budget, stored) // 20
         try:
             self.evict(margin, protect)         # a full disk may refuse even the deletes
-            self.disk.settle()
+            self.disk.commit_empty()
             return self.disk.put_many(items, touched)
         except DiskFull:
             return None

@@ -110,7 +110,7 @@ class Reader:
         if from_disk:
             # Two helpers run ahead of the readers, in the order they go: one asks the
             # disk for the values (it mostly waits), one faults in the output pages the
-            # values decode into (CPU). See cache/pagein.py.
+            # values decode into (CPU). See cache/tiers/pagein.py.
             done = threading.Event()
             refs = [(pieces[i].key, pieces[i].kind) for i in from_disk]
             self.prefetcher.submit(_ahead, refs, self.disk.prefetch, done)

@@ -93,10 +93,6 @@ class CacheStore:
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
         self.host = HostTier(0 if readonly else cfg.host_budget)
         self.catalog = Catalog(self._read_index(), self.host)
-        self.link = RemoteLink(self, remote) if remote is not None else None
-        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
-                             cfg.read_threads, readonly, remote.fetcher if remote else None,
-                             self.link.adopt if self.link else None)
         self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
                                    spec.is_hybrid if spec is not None else None,
                                    remote.offer if remote else None)
@@ -107,6 +103,11 @@ class CacheStore:
         self.writer = None if readonly else Writer(
             self.committer.encode, self.committer.commit, cfg.queue_bytes, cfg.write_threads,
             cfg.batch, cfg.block_when_full, on_shed=self._shed)
+        self.link = None if remote is None else RemoteLink(
+            self.catalog, self.host, self.disk, self.writer, self.put_lock)
+        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
+                             cfg.read_threads, readonly, remote.fetcher if remote else None,
+                             self.link.adopt if self.link else None)
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
         self.admin = StoreAdmin(self)
         if remote is not None and not readonly:
@@ -124,9 +125,11 @@ class CacheStore:
         return root_key(self.fp, self.B, salt)
 
     def chain(self, tokens, salt: str | bytes | None = None, extras=None,
-              positions=None) -> KeyChain:
-        """The block keys of `tokens` under this store's model and a salt."""
-        return KeyChain(self.root(salt), self.B, tokens, KeyContext(salt, extras, positions))
+              positions=None, media: tuple = ()) -> KeyChain:
+        """The block keys of `tokens` under this store's model and a salt. media: the
+        spans of the prompt's images (model/vision/positions.py), named in the keys."""
+        ctx = KeyContext(salt, extras, positions, media=tuple(media), block_size=self.B)
+        return KeyChain(self.root(salt), self.B, tokens, ctx)
 
     def need_model(self) -> None:
         if self.spec is None or self.fp is None:
@@ -159,7 +162,6 @@ class CacheStore:
         """Whether the key is in RAM, on disk or on its way there."""
         return self.catalog.has(key)
 
-    # ---- lookup and load ----------------------------------------------------------
     def lookup(self, tokens, salt: str | bytes | None = None, extras=None,
                max_tokens: int | None = None, positions=None,
                device_blocks: int = 0, chain: KeyChain | None = None) -> RestorePlan:
@@ -203,7 +205,6 @@ class CacheStore:
             remote_timeout = self.remote.config.fetch_timeout if self.remote else 0.0
         return self.reader.load(plan, into_pages, remote_timeout)
 
-    # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
                    salt: str | bytes | None = None, extras=None, positions=None,
                    chain: KeyChain | None = None) -> int:
@@ -326,7 +327,6 @@ class CacheStore:
         with self.put_lock:
             self.writer.put(item, 0, counted=False)
 
-    # ---- the admin API (cache/store/admin.py) -------------------------------------
     def stats(self) -> dict:
         return self.admin.stats()
 
@@ -360,7 +360,6 @@ class CacheStore:
     def import_(self, path: str | Path) -> int:
         return self.admin.import_(path)
 
-    # ---- lifecycle ----------------------------------------------------------------
     def sanity_check(self) -> None:
         """The invariants of the index and the RAM tier (AssertionError names what
         broke)."""
@@ -397,6 +396,6 @@ class CacheStore:
 
 def _ints(tokens) -> list[int]:
     """tokens as a list of ints. The daemon's lists pass as they are: converting a
-    long prompt again costs ~1 ms per call (16K tokens), and it makes several calls."""
+    long prompt again costs time on every call, and it makes several calls."""
     return tokens if type(tokens) is list else list(map(int, tokens))
 

@@ -11,6 +11,7 @@ import json
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import check_tokens
+from ckptd.daemon.http.media import MEDIA_MARKER, Media
 
 Prompt = str | list          # text, or ids with text pieces in between
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -62,7 +63,6 @@ class MediaText(str):
 
 
 def _multimodal(text: str, data: object, name: str) -> MediaText:
-    from ckptd.daemon.http.media import MEDIA_MARKER, Media
     where = f"{name}.multimodal_data"
     if not isinstance(data, list) or not data:
         raise bad_request(f"{where} must be a non-empty list of base64 images", where,

@@ -4,7 +4,7 @@ hybrids, dense or with a mixture of experts.
 Reads top to bottom: DecoderLayer -> Model -> CausalLM. A layer's mixer is
 paged attention (`full_attention`) or Gated DeltaNet (`linear_attention`); its MLP
 is dense or a sparse mixture of experts (`moe`, arch/moe.py). Qwen3-Next's own
-projection layout is turned into Qwen3.5's by the loader (model/hf_names.py), so
+projection layout is turned into Qwen3.5's by the loader (model/checkpoint.py), so
 one module serves both.
 """
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 
 from ckptd.model.vision.config import Processing
 
@@ -74,8 +75,6 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int,
 def decode(data: bytes, limits: Limits = Limits()):
     """A Pillow RGB image from encoded bytes (PNG, JPEG, WebP, GIF's first frame, ...);
     ImageError saying why not."""
-    from PIL import Image, UnidentifiedImageError
-
     if not data:
         raise ImageError("the image is empty")
     if len(data) > limits.max_bytes:
@@ -109,8 +108,6 @@ def _check_size(w: int, h: int, limits: Limits) -> None:
 
 def to_rgb(img):
     """RGB, transparency composited on white (as the processor's convert_to_rgb)."""
-    from PIL import Image
-
     if "A" in img.getbands() or img.info.get("transparency") is not None:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -120,8 +117,6 @@ def to_rgb(img):
 
 def prepare(img, proc: Processing, limits: Limits = Limits()) -> Prepared:
     """A decoded Pillow image resized for the model, with its digest."""
-    from PIL import Image
-
     w, h = img.size
     _check_size(w, h, limits)
     rgb = np.asarray(to_rgb(img), dtype=np.uint8)

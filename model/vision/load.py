@@ -22,8 +22,11 @@ from pathlib import Path
 import torch
 
 from ckptd.model.fingerprint import hash_files
+from ckptd.model.gguf.reader import GGUFTensors, field, open_gguf
+from ckptd.model.loader import _weight_files
 from ckptd.model.vision.config import MAX_PIXELS, MIN_PIXELS, Processing, VisionConfig
 from ckptd.model.vision.encoder import VisionModel
+from ckptd.model.weights import SafetensorsSource
 
 _PROJECTOR = "qwen3vl_merger"
 _BLOCK = {"attn_qkv": "attn.qkv", "attn_out": "attn.proj", "ffn_up": "mlp.linear_fc1",
@@ -50,9 +53,6 @@ def vision_config_of(folder: str | Path) -> VisionConfig | None:
 def load_vision_hf(folder: str | Path, dtype: torch.dtype = torch.float32,
                    device: str | torch.device = "cpu") -> VisionModel | None:
     """The tower of a multimodal HF folder, or None when it has none."""
-    from ckptd.model.loader import _weight_files
-    from ckptd.model.weights import SafetensorsSource
-
     cfg = vision_config_of(folder)
     if cfg is None:
         return None
@@ -75,8 +75,6 @@ def load_mmproj(path: str | Path, tokenizer, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> VisionModel:
     """The tower of an mmproj GGUF; `tokenizer` is the text model's (its vocabulary holds
     the placeholder tokens). ValueError naming what does not fit."""
-    from ckptd.model.gguf.load import GGUFTensors, field, open_gguf
-
     path = Path(path)
     reader = open_gguf(path)
     arch = field(reader, "general.architecture")
@@ -103,8 +101,6 @@ def load_mmproj(path: str | Path, tokenizer, dtype: torch.dtype = torch.float32,
 
 
 def _gguf_config(reader, tensors, ids: list[int]) -> VisionConfig:
-    from ckptd.model.gguf.load import field
-
     def need(key: str):
         v = field(reader, f"clip.vision.{key}")
         if v is None:

@@ -161,13 +161,13 @@ def test_encoder_output_is_reused_after_other_text(parts, tmp_path):
     but not the encoder; an image is never split across prefill chunks."""
     eng = _engine(parts, tmp_path / "cache")
     chunks: list[tuple[int, int, object]] = []
-    step = eng.runner.step
+    run = eng.runner.run
 
-    def spy(work, **kw):
+    def spy(work, *args, **kw):
         chunks.extend((seq.num_computed, n, inside(seq.images, seq.num_computed + n))
                       for seq, n in work)
-        return step(work, **kw)
-    eng.runner.step = spy
+        return run(work, *args, **kw)
+    eng.runner.run = spy
     a = Conversation(parts[1], seed=1).text(37).image(encoded(300, 200, seed=9)).text(30)
     b = Conversation(parts[1], seed=2).text(45).image(encoded(300, 200, seed=9)).text(30)
     _ask(eng, a)

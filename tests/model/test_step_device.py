@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.runner import Runner  # noqa: E402
 from ckptd.model.sequence import Sequence  # noqa: E402
@@ -64,9 +65,9 @@ def test_a_batch_of_requests_under_a_meta_default_device(which, tiny_hybrid_dir,
                                                           tiny_llama_dir, tiny_moe_dir):
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
     model = load_model(path)
-    want = _steps(Runner(model, num_pages=32, num_slots=3, block_size=16))
+    want = _steps(Runner(model, num_pages=32, num_cells=3, block_size=16))
     with torch.device("meta"):
-        got = _steps(Runner(model, num_pages=32, num_slots=3, block_size=16))
+        got = _steps(Runner(model, num_pages=32, num_cells=3, block_size=16))
     for g, w in zip(got, want):
         assert g.device.type == "cpu"
         torch.testing.assert_close(g, w, rtol=0, atol=0)
@@ -99,7 +100,7 @@ class _SyncCounter(TorchDispatchMode):
 def test_the_layers_do_not_sync_with_the_host(which, tiny_hybrid_dir, tiny_llama_dir,
                                               tiny_moe_dir, monkeypatch):
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     model = load_model(path, device="cuda" if torch.cuda.is_available() else "cpu")
     s = Scratch(model, block_size=16, max_tokens=48, n_seqs=2)
     tolist = torch.Tensor.tolist

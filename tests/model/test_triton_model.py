@@ -11,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.testing import Scratch  # noqa: E402
 
@@ -55,9 +56,9 @@ def _compare(model_dir, monkeypatch):
     model = load_model(model_dir, device=DEVICE)
     monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))
     monkeypatch.setattr(torch, "empty_like", _nan_filled(torch.empty_like))
-    monkeypatch.setenv("CKPTD_KERNELS", "torch")
+    monkeypatch.setattr(dispatch, "MODE", "torch")
     want = _run(model)
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     got = _run(model)
     assert got.shape == want.shape == (40 + 13 + 2 + 1, model.config.vocab_size)
     assert torch.isfinite(got).all()

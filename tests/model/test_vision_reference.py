@@ -54,7 +54,7 @@ def _reference(folder, tokens, out) -> torch.Tensor:
 def _ours(model, encoder, tokens, images, cuts=()) -> tuple[torch.Tensor, ImageEmbedder]:
     """Every position's logits through the Runner, prefilled in chunks ending at `cuts`."""
     emb = ImageEmbedder(encoder, model.dtype)
-    runner = Runner(model, num_pages=64, num_slots=1, block_size=16, max_batch_tokens=4096)
+    runner = Runner(model, num_pages=64, num_cells=1, block_size=16, max_batch_tokens=4096)
     runner.embedder = emb
     seq = Sequence(list(tokens))
     spans, at = [], 0
@@ -142,7 +142,7 @@ def test_decode_after_an_image_through_graph_buffers(checkpoint):
     steps = []
     for graphs in (False, True):
         emb = ImageEmbedder(encoder, model.dtype)
-        runner = Runner(model, num_pages=64, num_slots=1, block_size=16,
+        runner = Runner(model, num_pages=64, num_cells=1, block_size=16,
                         max_batch_tokens=4096, graphs=graphs)
         runner.embedder = emb
         seq = Sequence(list(tokens))

@@ -8,8 +8,9 @@ For each length L, a store is filled as a long prefill leaves it, without runnin
 the model: the tiny hybrid's state shapes, every block of an L-token context (random
 KV) and `--snapshots` snapshots spread over it plus one at its end. Then questions
 of 20 new tokens after the context are admitted the way the engine does it (the
-scheduler hashes the prompt's block keys once, `cache.admit` restores and gives the
-pages for the first step), each phase with new questions:
+scheduler hashes the prompt's block keys once, restores the sequence (cache.restore)
+and decides its first chunk; `cache.admit` gives the pages for it), each phase with
+new questions:
 
     device  the context's pages are still on the device: nothing is read but the
             snapshot, from RAM. This is the bookkeeping alone.
@@ -32,12 +33,20 @@ from pathlib import Path
 
 import torch
 
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.model.sequence import Sequence
+from ckptd.tools.make_tiny import make_tiny
+
 QUESTION = 20
 B = 16
 
 
 def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
-    from ckptd.cache.snapshot import Snapshot
 
     n_blocks = len(context) // B
     chain = store.chain(context)
@@ -59,23 +68,19 @@ def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
 
 def _admit(cache, tokens: list[int]) -> tuple[float, float, int]:
     """(ms for keys + admit, ms for the keys, tokens restored) of one new request."""
-    from ckptd.cache.work import Work
-    from ckptd.model.sequence import Sequence
 
     t0 = time.perf_counter()
     chain = cache.chain(tokens, None)
     t1 = time.perf_counter()
-    work = Work(Sequence(tokens), 256, new=True, chain=chain)
-    cache.admit([work])
+    seq = Sequence(tokens)
+    info = cache.restore(seq, chain)
+    cache.admit([Work(seq, cache.chunk(seq, 256), new=True, restored=info)])
     t2 = time.perf_counter()
-    cache.finish(work.seq, checkpoint=False)
-    return (t2 - t0) * 1000, (t1 - t0) * 1000, work.restored.cached_tokens
+    cache.finish(seq, checkpoint=False)
+    return (t2 - t0) * 1000, (t1 - t0) * 1000, info.cached_tokens
 
 
 def bench(length: int, n_snapshots: int, repeat: int, root: Path, model) -> dict:
-    from ckptd.cache.manager import CacheManager
-    from ckptd.cache.store import CacheStore
-    from ckptd.model.runner import Runner
 
     gen = torch.Generator().manual_seed(length)
     vocab = model.config.vocab_size
@@ -134,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         print("admission: each length needs at least 16 tokens per snapshot, --repeat >= 1",
               file=sys.stderr)
         return 2
-    from ckptd.model.loader import load_model
-    from ckptd.tools.make_tiny import make_tiny
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,12 +21,18 @@ Writes results.json and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from ckptd.tools.bench.client import Client
 from ckptd.tools.bench.managed import ManagedDaemon, ManagedPeer
+from ckptd.tools.make_tiny_vision import make_tiny_vision
 
 # ~1/10 of Qwen3.5-35B-A3B's active text weights a token against ~1/10 of its vision
 # tower (27 blocks of 1152): their ratio, which sets the encoder's share, is kept
@@ -47,12 +53,6 @@ WORDS = ("the cache keeps what was computed so that a later question computes on
 
 def _pictures(n: int, size: tuple[int, int]) -> list[str]:
     """n distinct seeded pictures as data URLs."""
-    import base64
-    import io
-
-    import numpy as np
-    from PIL import Image
-
     out = []
     for i in range(n):
         rng = np.random.default_rng(100 + i)
@@ -169,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model
     if model is None:
-        from ckptd.tools.make_tiny_vision import make_tiny_vision
         model = str(args.out / "model")
         if not (Path(model) / "config.json").is_file():
             make_tiny_vision("qwen3_5_text", model, sizes=SHAPES,

@@ -18,10 +18,19 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from ckptd.daemon.config import default_cache_dir, parse_size
 from ckptd.tools.inspect_store import render
-from ckptd.tools.inspect_store.source import HttpSource, LocalSource, decoder, resolve_key
+from ckptd.tools.inspect_store import tree as inspect_tree
+from ckptd.tools.inspect_store.source import (
+    HttpSource,
+    LocalSource,
+    decoder,
+    is_hybrid,
+    resolve_key,
+)
 
 SORTS = ("last_used", "size", "hits", "created", "position")
 KINDS = ("block", "snapshot")
@@ -96,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.remote:
+        # imported here: the remote side imports torch (codec), which a local look never needs
         from ckptd.tools.inspect_store import remote
 
         return remote.run(args)
@@ -115,8 +125,6 @@ def _source(args) -> LocalSource | HttpSource:
         if args.cache_dir:
             raise ValueError("give --cache-dir or --url, not both")
         return HttpSource(args.url, args.api_key)
-    from ckptd.daemon.config import default_cache_dir
-
     return LocalSource(args.cache_dir or os.environ.get("CKPTD_CACHE_DIR")
                        or default_cache_dir())
 
@@ -127,8 +135,6 @@ def _local(source, what: str) -> LocalSource:
                          "(stop the daemon first to change it)")
     return source
 
-
-# ---- actions: each returns (the JSON-able result, exit code) -----------------------
 
 def _stats(args, source):
     st = source.stats()
@@ -163,8 +169,6 @@ def _ls(args, source):
 
 
 def _tree(args, source):
-    from ckptd.tools.inspect_store import tree as inspect_tree
-
     tree = inspect_tree.build(source.entries("position"))
     if args.json or args.format == "json":
         return inspect_tree.to_json(tree), 0
@@ -191,6 +195,7 @@ def _show(args, source):
         "children": [{k: c[k] for k in ("key", "kind", "position")}
                      for c in rows if c["parent"] == key], "value": None}
     if isinstance(source, LocalSource):
+        # imported here: codec imports torch, which the other actions never load
         from ckptd.cache import codec
 
         blob = source.value(key)
@@ -201,8 +206,6 @@ def _show(args, source):
 
 
 def _verify(args, source):
-    from dataclasses import asdict
-
     with _local(source, "verify").open(write=args.drop) as s:
         report = asdict(s.verify(drop=args.drop))
     damaged = report["bad"] or report["orphans"]
@@ -231,9 +234,6 @@ def _clear(args, source):
 
 
 def _gc(args, source):
-    from ckptd.daemon.config import parse_size
-    from ckptd.tools.inspect_store.source import is_hybrid
-
     if args.to is None or args.older_than or args.dry_run:
         raise ValueError("gc of a local store takes --to SIZE (--older-than and --dry-run "
                          "go with --remote)")
@@ -271,35 +271,29 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+# each action returns (the JSON-able result, exit code)
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
            "export": _export, "import": _import}
 
 
-def _console():
-    from rich.console import Console
-
-    # Piped, rich would assume 80 columns and squeeze the tables.
-    return Console(width=None if sys.stdout.isatty() else 200, soft_wrap=True)
-
-
 def _message(args, out) -> None:
-    render.message(_console(), out["message"])
+    render.message(render.console(), out["message"])
 
 
 def _print_tree(args, out) -> None:
     if isinstance(out, str):
         sys.stdout.write(out)
         return
-    console = _console()
+    console = render.console()
     if not out:
         console.print("the cache is empty")
     for t in out:
         console.print(t)
 
 
-SHOW = {"stats": lambda a, o: render.stats(_console(), o),
-        "ls": lambda a, o: render.entries(_console(), o),
-        "show": lambda a, o: render.show(_console(), o),
-        "verify": lambda a, o: render.verify(_console(), o),
+SHOW = {"stats": lambda a, o: render.stats(render.console(), o),
+        "ls": lambda a, o: render.entries(render.console(), o),
+        "show": lambda a, o: render.show(render.console(), o),
+        "verify": lambda a, o: render.verify(render.console(), o),
         "tree": _print_tree}
