@@ -67,8 +67,7 @@ def _ours(model, encoder, tokens, images, cuts=()) -> tuple[torch.Tensor, ImageE
     seq.pages = list(range(-(-len(tokens) // 16)))
     rows, start = [], 0
     for end in (*cuts, len(tokens)):
-        _, r = runner.step_rows([(seq, end - start)], wide=frozenset({seq.id}))
-        rows.append(r[seq.id])
+        rows.append(runner.run([(seq, end - start)], every=frozenset({seq.id})).of(seq))
         start = end
     return torch.cat(rows), emb
 
