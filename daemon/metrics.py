@@ -165,6 +165,7 @@ class Metrics:
             if scrape:
                 rates = self.rates(counters, reset=True)
             _llamacpp_lines(put, counters, load, rates)
+            _image_lines(put, engine.runner.embedder)
         with self.lock:
             for name, help_text in HISTOGRAMS.items():
                 out.append(f"# HELP ckptd_{name}_seconds {help_text}")
@@ -216,6 +217,18 @@ def _llamacpp_lines(put: _Writer, c: dict, load: dict, rates: tuple[float, float
             ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() "
                                         "call", c["busy_in_calls"] / calls if calls else 0.0)):
         put.gauge(f"llamacpp:{name}", help_text, [("", v)])
+
+
+def _image_lines(put: _Writer, embedder) -> None:
+    """The vision encoder's work (model/vision/embedder.py), when the model sees images."""
+    if embedder is None:
+        return
+    put.counter("ckptd_images_encoded_total", "Images run through the vision encoder",
+                [("", embedder.images_encoded)])
+    put.counter("ckptd_image_encode_seconds_total", "Seconds spent in the vision encoder",
+                [("", embedder.encode_seconds)])
+    put.counter("ckptd_image_embedding_hits_total", "Images whose encoder output was "
+                "reused from memory", [("", embedder.hits)])
 
 
 def _cache_lines(put: _Writer, s: dict) -> None:

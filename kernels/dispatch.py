@@ -249,6 +249,7 @@ def silu_and_mul(gate, up):
 
 
 rotary_cos_sin = rotary_ref.rotary_cos_sin
+mrope_cos_sin = rotary_ref.mrope_cos_sin
 
 
 # mixture of experts

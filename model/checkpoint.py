@@ -5,7 +5,8 @@ them into the one the model holds (arch/), as recipes that run when the loader
 assigns each parameter, so no tensor is read or converted before it is needed:
 
 - the text model of a multimodal checkpoint (`model.language_model.*`) is the model;
-  the vision tower and multi-token-prediction layers are skipped (one log line each);
+  the vision tower (loaded apart: model/vision/load.py) and multi-token-prediction
+  layers are skipped here (one log line each);
 - experts stored one tensor per expert (`mlp.experts.{j}.gate_proj.weight`, ...: the
   Hub's layout, which transformers merges when it loads) are stacked into
   `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I];
@@ -70,8 +71,7 @@ def normalize(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
             continue
         out[name] = r
     for what, n in skipped.items():
-        log.info("skipping the checkpoint's %s (%d tensors): ckptd serves the text model",
-                 what, n)
+        log.info("the text model skips the checkpoint's %s (%d tensors)", what, n)
     return out
 
 

@@ -89,3 +89,21 @@ def s3_server(tmp_path_factory):
         yield server.wait_ready()
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_vision(tmp_path_factory):
+    """Multimodal tiny checkpoints by arch, written by transformers' own classes
+    (`make-tiny --vision`), each with its text GGUF and mmproj GGUF from llama.cpp's
+    converter: {arch: (folder, gguf, mmproj)}, made on first use."""
+    from ckptd.tools.make_tiny_vision import make_tiny_vision
+
+    made: dict[str, tuple] = {}
+
+    def get(arch: str = "qwen3_5_text"):
+        if arch not in made:
+            root = tmp_path_factory.mktemp(f"tiny-vision-{arch}")
+            folder, mmproj = make_tiny_vision(arch, root / "hf", gguf=root / "tiny.gguf")
+            made[arch] = (folder, root / "tiny.gguf", mmproj)
+        return made[arch]
+    return get

@@ -150,19 +150,20 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tokenizer(out: Path, fim: bool = False) -> None:
+def _tokenizer(out: Path, fim: bool = False, extra: tuple[str, ...] = (),
+               template: str = CHATML) -> None:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = SPECIALS + (FIM if fim else [])
+    specials = SPECIALS + (FIM if fim else []) + list(extra)
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template,
         "add_bos_token": False, "model_max_length": 262144,
     }, indent=1))
 
@@ -195,11 +196,7 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
 def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
 
-    repo = Path(__file__).resolve().parents[1]
-    # a source checkout keeps it beside the code (tests share it); an install, per user
-    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
-        else Path.home() / ".cache" / "ckptd" / "third_party"
-    root = fetch_converter(dest)
+    root = converter_root()
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
     extra = ("--no-mtp",) if model_type.startswith(("qwen", "nemotron")) else ()
     # the tiny vocabulary splits text with GPT-2's regex: llama.cpp calls that "gpt-2"
@@ -207,16 +204,10 @@ def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     return gguf
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--arch", required=True, choices=ARCHES)
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gguf", metavar="FILE",
-                   help="also write an F32 GGUF of it with llama.cpp's converter")
-    p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
-
-
-def run(args) -> int:
-    out = make_tiny(args.arch, args.out, args.seed, args.gguf, args.fim)
-    print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
-    return 0
+def converter_root() -> Path:
+    """llama.cpp's converter, fetched once: a source checkout keeps it beside the code
+    (tests share it); an install, per user."""
+    repo = Path(__file__).resolve().parents[1]
+    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
+        else Path.home() / ".cache" / "ckptd" / "third_party"
+    return fetch_converter(dest)

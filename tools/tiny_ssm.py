@@ -85,8 +85,9 @@ def randomize(model, seed: int, zero_centred: Callable[[str], bool] = lambda nam
                 t = normal(shape, 1.0 if name.endswith(".D") else 0.2)
             elif name == "lm_head.weight" or name.endswith(".bias"):
                 t = normal(shape, 0.1)
-            else:
-                t = normal(shape, 0.5 / shape[-1] ** 0.5)
+            else:   # a Conv3d patch embedding's fan-in is its whole kernel
+                fan_in = shape[1:].numel() if p.dim() == 5 else shape[-1]
+                t = normal(shape, 0.5 / fan_in ** 0.5)
             p.copy_(t)
 
 

@@ -35,12 +35,13 @@ class EntryInfo:
     pinned: bool
     fingerprint: str
     tiers: tuple[str, ...]
+    next_position: int | None = None   # a snapshot after images: its next M-RoPE position
 
     @classmethod
     def of(cls, key: bytes, m: EntryMeta, tiers: tuple[str, ...]) -> EntryInfo:
         return cls(key.hex(), m.kind, m.position, list(m.tokens), m.parent.hex(), m.stored_bytes,
                    m.logical_bytes, m.created, m.last_used, m.hits, m.pinned, m.fingerprint,
-                   tiers)
+                   tiers, m.next_position)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -132,10 +132,11 @@ class CacheStore:
         return root_key(self.fp, self.B, salt)
 
     def chain(self, tokens, salt: str | bytes | None = None, extras=None,
-              positions=None) -> KeyChain:
-        """The block keys of `tokens` under this store's model and a salt."""
+              positions=None, media: tuple = ()) -> KeyChain:
+        """The block keys of `tokens` under this store's model and a salt. media: the
+        spans of the prompt's images (model/vision/positions.py), named in the keys."""
         self.need_model()
-        return prompt_chain(self.fp, self.B, tokens, salt, extras, positions)
+        return prompt_chain(self.fp, self.B, tokens, salt, extras, positions, media)
 
     def need_model(self) -> None:
         if self.spec is None or self.fp is None:
@@ -270,8 +271,12 @@ class CacheStore:
         tail = [int(t) for t in tokens[d * self.B:]]
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self.catalog.known(key):
+            if ctx.inside_image(len(tokens)):
+                raise ValueError(f"a snapshot at {len(tokens)} would fall inside an image")
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
-                             plain=ctx.plain(d, self.B), role=role)
+                             plain=ctx.plain(d, self.B), role=role,
+                             next_position=ctx.next_position(len(tokens)) if ctx.media
+                             else None)
             self._put(key, meta, {k: owned_copy(v) for k, v in tensors.items()})
             if keep is not None:
                 self.thinner.thin(tokens, parents, keep, ctx)

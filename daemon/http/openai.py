@@ -267,4 +267,9 @@ async def models(request: web.Request) -> web.Response:
         entry["meta"] = {"arch": cfg.arch, "n_vocab": cfg.vocab_size, "n_ctx": svc.max_context,
                          "n_ctx_train": cfg.max_position_embeddings,
                          "n_layers": len(cfg.layer_types), "fingerprint": svc.rt.fingerprint}
-    return json_response({"object": "list", "data": [entry]})
+    # llama-server's list beside OpenAI's: what the model takes ("multimodal": images)
+    caps = ["completion"] + (["multimodal"] if svc.vision else [])
+    entry["capabilities"] = caps
+    listed = {"name": svc.model_id, "model": svc.model_id, "type": "model",
+              "tags": svc.cfg.tag_list, "capabilities": caps}
+    return json_response({"object": "list", "data": [entry], "models": [listed]})

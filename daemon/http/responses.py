@@ -123,7 +123,7 @@ def _messages(v: object) -> list[dict]:
 
 
 def _parts(c: object, where: str) -> object:
-    """Responses content parts as chat parts (input_image stays an image: refused later)."""
+    """Responses content parts as chat parts (input_image an image_url part)."""
     if c is None or isinstance(c, str):
         return c
     if not isinstance(c, list):

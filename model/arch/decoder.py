@@ -109,6 +109,8 @@ class CausalLM(nn.Module):
         if self.lora is not None:
             self.lora.rows = batch.lora
         x = self.model.embed_tokens(batch.input_ids)
+        if batch.images is not None:      # image placeholders: the vision encoder's rows
+            x = x.index_copy(0, batch.images.index, batch.images.values.to(x.dtype))
         for layer in self.model.layers:
             x = layer(x, ctx)
         x = self.model.norm(x[batch.logits_index])
