@@ -22,6 +22,7 @@ from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.fingerprint import model_fingerprint
+from ckptd.model.placement import stray_tensors
 from ckptd.model.quant import attach_kept, is_kept
 from ckptd.model.weights import SafetensorsSource
 
@@ -115,6 +116,8 @@ def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype
     state, kept = {}, {}
     for name, meta in expected.items():
         t = recipes.pop(name)(dtype, device)
+        if is_kept(t):
+            t = t.to(device)        # kept bytes are file views: onto the model's device
         release()
         if tuple(t.shape) != tuple(meta.shape):
             raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, "
@@ -131,6 +134,10 @@ def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse()
     release(everything=True)
+    strays = stray_tensors(model, device)
+    if strays:
+        raise RuntimeError(f"{len(strays)} tensor(s) of the model are not on {device}, "
+                           f"first: {strays[0]}")
     return model.eval()
 
 
