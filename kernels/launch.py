@@ -30,11 +30,6 @@ class Target:
     cc: int        # compute capability, major * 10 + minor
     sms: int       # multiprocessors: how many programs fill the device
 
-    @property
-    def shared_limit(self) -> int:
-        """Shared memory one block may use (bytes): the opt-in maximum per block."""
-        return SHARED_LIMIT[min(SHARED_LIMIT, key=lambda cc: (cc > self.cc, -cc))]
-
 
 # per-block shared memory (opt-in) of the targets ckptd serves on: A100; RTX 30x0 / A10;
 # RTX 40x0 / L4 / L40; H100 / H200
@@ -134,12 +129,13 @@ def gdn_recurrent(t: Target, H: int, K: int, V: int) -> Launch:
 
 def attention(t: Target, D: int, rows: int, dtype: torch.dtype) -> Launch:
     """triton_attention.py's _paged_attn_kernel. rows: the longest chunk's query rows of
-    one KV head (q_len x query heads per KV head): up to 16 (decode) a block of 16,
-    else 64. Key blocks of 64 (32 for fp32 at head dim 256, which needs twice the bytes)."""
+    one KV head (q_len x query heads per KV head): up to 16 (decode) a block of 16, else
+    64 (bf16 / fp16 on tensor cores: each key block serves 64 rows). fp32 multiplies
+    exactly on CUDA cores, where bigger blocks buy nothing but registers: always 16.
+    Key blocks of 64."""
     BD = max(16, pow2(D))
-    BR = 16 if rows <= 16 else 64
-    BN = 32 if dtype == torch.float32 and BD >= 256 else 64
-    return Launch({"BD": BD, "BR": BR, "BN": BN, "PREC": dot_precision(dtype)},
+    BR = 16 if rows <= 16 or dtype == torch.float32 else 64
+    return Launch({"BD": BD, "BR": BR, "BN": 64, "PREC": dot_precision(dtype)},
                   num_warps=4 if BD <= 128 else 8, num_stages=2)
 
 
@@ -200,19 +196,21 @@ def swiglu(t: Target) -> Launch:
 
 
 def grouped_rows(n_slots: int, n_experts: int) -> int:
-    """Rows per block of the grouped GEMM: 16 while experts get a few rows each (decode,
-    short chunks), 64 for long prefill chunks."""
-    return 16 if n_slots <= 16 * n_experts else 64
+    """Rows per block of the grouped GEMM: 64. A decode step's expert gets a row or two of
+    a block, but reading (and dequantizing) the expert's weights is the work there, the
+    block's idle rows cost tensor-core time only; one block size is one compile."""
+    return 64
 
 
 def grouped_gemm(t: Target, BM: int, dtype: torch.dtype, kept: bool) -> Launch:
-    """triton_moe.py's _grouped_kernel. Kept weights are dequantized 32 values (a block of
-    the 32-value formats) at a time at least."""
+    """triton_moe.py's _grouped_kernel (plain or kept experts, kernels/quant/tiles.py)."""
     return Launch({"BM": BM, "BN": 64, "BK": 64 if kept else 32, "PREC": dot_precision(dtype)},
                   num_warps=4, num_stages=2)
 
 
 def quant_matmul(t: Target, M: int, dtype: torch.dtype) -> Launch:
-    """triton_quant.py's _matmul_kernel: 16 rows (decode) or 64."""
-    return Launch({"BM": 16 if M <= 16 else 64, "BN": 64, "BK": 64,
-                   "PREC": dot_precision(dtype)}, num_warps=4, num_stages=2)
+    """triton_quant.py's _matmul_kernel: blocks of 64 rows whatever M (a decode's row
+    leaves most idle: dequantizing the weight tiles is the work), every kept format one
+    compile (the format is a runtime argument)."""
+    return Launch({"BM": 64, "BN": 64, "BK": 64, "PREC": dot_precision(dtype)},
+                  num_warps=4, num_stages=2)

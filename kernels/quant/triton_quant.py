@@ -23,10 +23,9 @@ from ckptd.kernels.quant.tiles import weight_tile
 
 
 @triton.jit
-def _matmul_kernel(x, w, y, bias, M, N, K, row_bytes, stride_xm, stride_ym,
-                   HAS_BIAS: tl.constexpr, FMT: tl.constexpr, BS: tl.constexpr,
-                   TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   PREC: tl.constexpr):
+def _matmul_kernel(x, w, y, bias, M, N, K, row_bytes, stride_xm, stride_ym, fmt,
+                   HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, PREC: tl.constexpr):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     DT = x.dtype.element_ty                 # tiles dequantized to x's dtype, fp32 sums
@@ -40,7 +39,7 @@ def _matmul_kernel(x, w, y, bias, M, N, K, row_bytes, stride_xm, stride_ym,
         a = tl.load(x + m[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=mm[:, None] & mk[None, :], other=0.)
         b = weight_tile(w, row_bytes, n[None, :].to(tl.int64), k[:, None].to(tl.int64),
-                        mk[:, None] & mn[None, :], FMT, BS, TS).to(DT)
+                        mk[:, None] & mn[None, :], fmt, True).to(DT)
         acc += tl.dot(a, b, input_precision=PREC)
     if HAS_BIAS:
         acc += tl.load(bias + n, mask=mn, other=0.).to(tl.float32)[None, :]
@@ -59,12 +58,11 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None) -
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y
-    fmt, bs, ts = FORMATS[qt.fmt]
     p = launch.quant_matmul(launch.target(x.device), M, x.dtype)
     grid = (triton.cdiv(M, p["BM"]), triton.cdiv(N, p["BN"]))
     _matmul_kernel[grid](x, data, y, bias if bias is not None else y, M, N, K,
-                         data.stride(0), x.stride(0), y.stride(0), HAS_BIAS=bias is not None,
-                         FMT=fmt, BS=bs, TS=ts, **p.kwargs())
+                         data.stride(0), x.stride(0), y.stride(0), FORMATS[qt.fmt][0],
+                         HAS_BIAS=bias is not None, **p.kwargs())
     return y
 
 
@@ -86,7 +84,7 @@ def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: Q
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
     h = torch.empty(N * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
-    tiles = [(t.data.contiguous(), *FORMATS[t.fmt]) for t in (gate, up, down)]
+    tiles = [(t.data.contiguous(), FORMATS[t.fmt][0]) for t in (gate, up, down)]
     grouped_gemm(x, tiles[0], tiles[1], h, slot_ids, block_expert, weights, k, inter, BM,
                  swiglu=True)
     grouped_gemm(h, tiles[2], tiles[2], y, slot_ids, block_expert, weights, k, H, BM,
