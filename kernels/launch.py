@@ -9,10 +9,9 @@ gate (tools/gate) compiles for sm_80/86/89/90 and holds to each target's shared 
     p = attention(t, D=256, rows=64, dtype=torch.bfloat16)
     kernel[grid](..., **p.kwargs())
 
-Shape-dependent choices take few values (a "rows" of 1..16 or more, say), so the gate
-can compile each of them. `forced(t)` makes every device look like t (the gate runs
-the launchers on meta tensors for each target; tests run one target's parameters
-interpreted).
+Shape-dependent choices take few values (attention's 16 or 64 rows a block, say): each
+is a compile, on the GPU's first use and in the gate. `forced(t)` makes every device
+look like t (the gate runs the launchers on meta tensors for each target).
 """
 
 from __future__ import annotations
@@ -75,10 +74,6 @@ class Launch:
 
 def pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _half(dtype: torch.dtype) -> bool:
-    return dtype in (torch.bfloat16, torch.float16)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
