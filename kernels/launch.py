@@ -36,6 +36,12 @@ SHARED_LIMIT = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
 GATE_TARGETS = (Target(80, 108), Target(86, 84), Target(89, 58), Target(90, 132))
 DEFAULT = Target(90, 132)   # what a CPU (the interpreter) runs: an H100's launches
 
+
+def shared_limit(t: Target) -> int:
+    """t's shared memory per block; a card not listed is taken as the smallest."""
+    return SHARED_LIMIT.get(t.cc, min(SHARED_LIMIT.values()))
+
+
 _forced: ContextVar[Target | None] = ContextVar("ckptd_launch_target", default=None)
 
 
@@ -127,10 +133,13 @@ def attention(t: Target, D: int, rows: int, dtype: torch.dtype) -> Launch:
     one KV head (q_len x query heads per KV head): up to 16 (decode) a block of 16, else
     64 (bf16 / fp16 on tensor cores: each key block serves 64 rows). fp32 multiplies
     exactly on CUDA cores, where bigger blocks buy nothing but registers: always 16.
-    Key blocks of 64."""
+    Key blocks of 64, but fp32 ones at head dim 256 on a card of 101,376 B a block (RTX
+    30x0 / 40x0, L4): their k and v tiles alone take 128 KB there (the gate measured
+    151,616 B), so 32 keys."""
     BD = max(16, pow2(D))
     BR = 16 if rows <= 16 or dtype == torch.float32 else 64
-    return Launch({"BD": BD, "BR": BR, "BN": 64, "PREC": dot_precision(dtype)},
+    BN = 32 if dtype == torch.float32 and BD >= 256 and shared_limit(t) < 150_000 else 64
+    return Launch({"BD": BD, "BR": BR, "BN": BN, "PREC": dot_precision(dtype)},
                   num_warps=4 if BD <= 128 else 8, num_stages=2)
 
 
