@@ -29,6 +29,9 @@ def _args(argv):
                    help="also fla's kernels through kernels/external/fla.py (fla-core "
                         "installed; every autotune candidate)")
     p.add_argument("--targets", default="80,86,89,90", help="compute capabilities")
+    p.add_argument("--kernels", default="",
+                   help="compile only kernels whose module.name contains one of these "
+                        "(comma-separated; default: all)")
     p.add_argument("--cache-dir", help="Triton's cache (default: a new empty one, so every "
                                        "compile runs)")
     p.add_argument("--json", help="write the rows and timings here")
@@ -49,6 +52,9 @@ def main(argv=None) -> int:
     os.environ["TRITON_CACHE_DIR"] = cache          # inherited by the compiling processes
     t0 = time.perf_counter()
     gate = gate_mod.collect(plan)
+    if a.kernels:
+        gate.uses = {j: u for j, u in gate.uses.items()
+                     if any(k in j.kernel for k in split(a.kernels))}
     t1 = time.perf_counter()
     from ckptd.tools.gate.compile import compile_all
     from ckptd.tools.gate.report import markdown, rows
