@@ -310,8 +310,10 @@ def step_gated_delta(q, k, v, g, beta, state_pool, varlen, recurrent=False):
         return recurrent_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
                                                  varlen.state_indices)
     if use_external("fla", q):
-        return _fast("external.fla").chunk_gated_delta_rule_varlen(
-            q, k, v, g, beta, varlen, state_pool, varlen.state_indices)
+        fla = _fast("external.fla")
+        if fla.usable(v):
+            return fla.chunk_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
+                                                     varlen.state_indices)
     return chunk_gated_delta_rule_varlen(q, k, v, g, beta, varlen, state_pool,
                                          varlen.state_indices)
 

@@ -26,6 +26,7 @@ from ckptd.model.configs import config_from_hf
 from ckptd.model.fingerprint import model_fingerprint
 from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
 from ckptd.model.kept_swap import attach_kept
+from ckptd.model.placement import stray_tensors
 from ckptd.model.quant import is_kept
 from ckptd.model.ssm_checkpoint import rename
 from ckptd.model.ssm_config import SSMConfig
@@ -127,6 +128,8 @@ def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype
     state, kept = {}, {}
     for name, meta in expected.items():
         t = recipes.pop(name)(dtype, device)
+        if is_kept(t):
+            t = t.to(device)        # kept bytes are file views: onto the model's device
         release()
         if tuple(t.shape) != tuple(meta.shape):
             raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, "
@@ -143,6 +146,10 @@ def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fuse()
     release(everything=True)
+    strays = stray_tensors(model, device)
+    if strays:
+        raise RuntimeError(f"{len(strays)} tensor(s) of the model are not on {device}, "
+                           f"first: {strays[0]}")
     return model.eval()
 
 

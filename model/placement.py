@@ -10,7 +10,8 @@ without CUDA is one ValueError, never a crash at the first kernel.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import types
+from dataclasses import dataclass, fields, is_dataclass
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
@@ -59,3 +60,44 @@ def resolve(device: str = "auto", dtype: str = "auto") -> Placement:
     else:
         dt = getattr(torch, dtype)
     return Placement(dev, dt)
+
+
+def stray_tensors(model, device) -> list[str]:
+    """Every tensor the model holds that is not on `device`, by where it is held:
+    parameters and buffers, and what modules keep besides (kept GGUF bytes, fused and
+    packed weights, index tensors). Empty when the model is all on its device."""
+    import torch
+    from torch import nn
+
+    device = torch.device(device)
+    seen: set[int] = set()
+    strays: list[str] = []
+
+    def visit(value, where: str, depth: int = 0) -> None:
+        if id(value) in seen or depth > 6 or isinstance(
+                value, (nn.Module, str, bytes, type, types.FunctionType, types.MethodType)):
+            return          # a module is walked on its own; a bound method is its module's
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            if value.device.type != device.type or \
+                    device.index not in (None, value.device.index):
+                strays.append(f"{where} ({value.device})")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(v, f"{where}[{i}]", depth + 1)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(v, f"{where}.{k}", depth + 1)
+        elif hasattr(value, "__dict__") or is_dataclass(value):
+            names = [f.name for f in fields(value)] if is_dataclass(value) else vars(value)
+            for k in names:
+                visit(getattr(value, k), f"{where}.{k}", depth + 1)
+
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        for k, v in vars(module).items():
+            if k in ("_parameters", "_buffers"):
+                visit(v, prefix.rstrip("."))
+            elif not k.startswith("_"):
+                visit(v, prefix + k)
+    return strays

@@ -41,6 +41,9 @@ class KeptGateUp:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.cat([self.gate.dequantize(dtype), self.up.dequantize(dtype)], dim=1)
 
+    def to(self, device: torch.device | str) -> KeptGateUp:
+        return KeptGateUp(self.gate.to(device), self.up.to(device))
+
 
 @dataclass(frozen=True)
 class KeptColumns:
@@ -58,12 +61,21 @@ class KeptColumns:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return self.weight.dequantize(dtype)[:, self.columns]
 
+    def to(self, device: torch.device | str) -> KeptColumns:
+        return KeptColumns(self.weight.to(device), self.columns.to(device))
+
 
 Kept = QuantTensor | KeptGateUp | KeptColumns
 
 
 def is_kept(t) -> bool:
     return isinstance(t, (QuantTensor, KeptGateUp, KeptColumns))
+
+
+def _moved(qt: QuantTensor, fn) -> QuantTensor:
+    """A kept tensor through nn.Module._apply's fn: .to(device), .cuda(), .to("meta")
+    move its bytes; a dtype change leaves them (fn converts floating tensors only)."""
+    return QuantTensor(fn(qt.data), qt.fmt, qt.shape)
 
 
 class KeptLinear(nn.Module):
@@ -84,6 +96,13 @@ class KeptLinear(nn.Module):
             x = x.index_select(-1, self.in_index)
         return ops.quant_matmul(x, self.qweight, self.bias)
 
+    def _apply(self, fn, recurse=True):
+        # the kept bytes are no parameter: the model's .to() moves them here
+        self.qweight = _moved(self.qweight, fn)
+        if self.in_index is not None:
+            self.in_index = fn(self.in_index)
+        return super()._apply(fn, recurse)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """forward without the bias (a part of a KeptMatmul, which adds the biases)."""
         return ops.quant_matmul(x.index_select(-1, self.in_index)
@@ -99,6 +118,11 @@ class KeptEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return ops.quant_embedding(ids, self.qweight, self.dtype)
 
+    def _apply(self, fn, recurse=True):
+        self.qweight = _moved(self.qweight, fn)
+        self.dtype = fn(torch.empty(0, dtype=self.dtype)).dtype     # .to(dtype) changes it
+        return super()._apply(fn, recurse)
+
 
 class KeptExperts(nn.Module):
     def __init__(self, gate: QuantTensor, up: QuantTensor, down: QuantTensor) -> None:
@@ -107,6 +131,10 @@ class KeptExperts(nn.Module):
 
     def forward(self, x, topk_ids, topk_w) -> torch.Tensor:
         return ops.quant_moe_experts(x, topk_ids, topk_w, self.gate, self.up, self.down)
+
+    def _apply(self, fn, recurse=True):
+        self.gate, self.up, self.down = (_moved(t, fn) for t in (self.gate, self.up, self.down))
+        return super()._apply(fn, recurse)
 
 
 class KeptMatmul:

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
 from ckptd.kernels.varlen import device_cu, host_cu
 
 
@@ -156,16 +157,16 @@ def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
     if n == 0:
         return y
     max_len = max(b - a for a, b in zip(cu, cu[1:]))
-    BT = min(64, max(16, triton.next_power_of_2(max(max_len, 1))))
-    BC = min(128, triton.next_power_of_2(C))
+    t = launch.target(dev)
+    p, ps = launch.conv_prefill(t, C), launch.conv_state(t, C, KW)
     cu_t = device_cu(cu_seqlens, dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
     b = bias if bias is not None else weight
-    grid = (n, max(1, triton.cdiv(max_len, BT)), triton.cdiv(C, BC))
+    grid = (n, max(1, triton.cdiv(max_len, p["BT"])), triton.cdiv(C, p["BC"]))
     _conv_prefill_kernel[grid](x, weight, b, y, conv_pool, idx, cu_t, C, conv_pool.stride(0),
-                               KW=KW, BT=BT, BC=BC, HAS_BIAS=bias is not None, ACT=act)
-    _conv_state_kernel[(n, triton.cdiv(C, BC))](x, conv_pool, idx, cu_t, C, conv_pool.stride(0),
-                                                KW=KW, BS=triton.next_power_of_2(KW - 1), BC=BC)
+                               KW=KW, HAS_BIAS=bias is not None, ACT=act, **p.kwargs())
+    _conv_state_kernel[(n, triton.cdiv(C, ps["BC"]))](x, conv_pool, idx, cu_t, C,
+                                                      conv_pool.stride(0), KW=KW, **ps.kwargs())
     return y
 
 
@@ -182,12 +183,12 @@ def causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias=None,
     y = torch.empty(N, C, dtype=x.dtype, device=x.device)
     if N == 0:
         return y
-    BC = min(128, triton.next_power_of_2(C))
+    p = launch.conv_update(launch.target(x.device), C, KW)
     idx = torch.as_tensor(state_indices, device=x.device).to(torch.int64)
     b = bias if bias is not None else weight
-    _conv_update_kernel[(N, triton.cdiv(C, BC))](
+    _conv_update_kernel[(N, triton.cdiv(C, p["BC"]))](
         x, weight, b, y, conv_pool, idx, C, conv_pool.stride(0), KW=KW,
-        BW=triton.next_power_of_2(KW), BC=BC, HAS_BIAS=bias is not None, ACT=act)
+        HAS_BIAS=bias is not None, ACT=act, **p.kwargs())
     return y
 
 

@@ -5,6 +5,11 @@ initial state [n, H, K, V] and its final state is written back (fp32, in place).
 
 Same arguments as gated_delta.chunk.chunk_gated_delta_rule_varlen; tested against
 the reference in tests/kernels/test_external.py where fla is installed (on CUDA).
+
+fla multiplies in its inputs' dtype: q, k, v and beta must share one (a bf16 k beside an
+fp32 beta does not compile: `recompute_w_u_fwd`), g is fp32. The model hands over q and
+k in fp32 (l2norm's) beside bf16 values: all go in v's dtype, as ckptd's own kernel
+multiplies them. fp32 steps keep ckptd's kernel (`usable`): fla would run them in TF32.
 """
 
 from __future__ import annotations
@@ -12,6 +17,11 @@ from __future__ import annotations
 import torch
 
 from ckptd.kernels.varlen import device_cu, host_cu
+
+
+def usable(v: torch.Tensor) -> bool:
+    """fla serves half-precision steps (on tensor cores)."""
+    return v.dtype in (torch.bfloat16, torch.float16)
 
 
 def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
@@ -23,9 +33,10 @@ def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, stat
 
     cu = host_cu(cu_seqlens)
     idx = torch.as_tensor(state_indices, device=q.device).to(torch.int64)
+    dt = v.dtype
     # the host copy of cu_seqlens spares fla reading it back from the device
     o, final = chunk_gated_delta_rule(
-        q[None], k[None], v[None], g[None].float(), beta[None].float(), scale=scale,
+        q[None].to(dt), k[None].to(dt), v[None], g[None].float(), beta[None].to(dt), scale=scale,
         initial_state=state_pool[idx], output_final_state=True,
         cu_seqlens=device_cu(cu_seqlens, q.device).to(torch.int64),
         cu_seqlens_cpu=torch.tensor(cu, dtype=torch.int64, device="cpu"))

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
 from ckptd.kernels.gated_delta.chunk import check_varlen
 from ckptd.kernels.varlen import device_cu
 
@@ -65,21 +66,14 @@ def _recurrent_kernel(q, k, v, g, beta, o, pool, state_idx, cu_seqlens, scale, H
     tl.store(p_s, b_s, mask=m_s)
 
 
-def _heads_per_program(H: int, device: torch.device) -> int:
-    """The interpreter pays per operation, not per element: all heads in one program
-    there; one head per program on a GPU, where programs run in parallel."""
-    return 1 if device.type == "cuda" else triton.next_power_of_2(H)
-
-
 def recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                                      scale=None, heads_per_program=None):
+                                      scale=None):
     """Several packed sequences, token by token.
 
     q, k [N, H, K] (L2-normalized); v [N, H, V]; g [N, H] log decay; beta [N, H];
     cu_seqlens int [n + 1]; state_pool [S, H, K, V] fp32 (slots contiguous inside);
     state_indices int [n]: sequence i starts from state_pool[state_indices[i]] and leaves
-    its final state there. Returns o [N, H, V] in v's dtype. heads_per_program (a power
-    of two) overrides the launch shape, for tests.
+    its final state there. Returns o [N, H, V] in v's dtype.
     """
     cu = check_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices)
     N, H, K = q.shape
@@ -90,16 +84,12 @@ def recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, 
     o = torch.empty(N, H, V, dtype=v.dtype, device=dev)
     if N == 0:
         return o
-    BH = heads_per_program or _heads_per_program(H, dev)
-    if BH & (BH - 1):
-        raise ValueError(f"heads_per_program must be a power of two, got {BH}")
-    BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 32 if dev.type == "cuda" else 64)  # GPU: more programs
+    p = launch.gdn_recurrent(launch.target(dev), H, K, V)
     cu_t = device_cu(cu_seqlens, dev)
     idx = torch.as_tensor(state_indices, device=dev).to(torch.int64)
-    grid = (len(cu) - 1, triton.cdiv(H, BH), triton.cdiv(V, BV))
+    grid = (len(cu) - 1, triton.cdiv(H, p["BH"]), triton.cdiv(V, p["BV"]))
     _recurrent_kernel[grid](q, k, v, g, beta, o, state_pool, idx, cu_t, scale, H,
-                            state_pool.stride(0), K=K, V=V, BH=BH, BK=BK, BV=BV, num_warps=4)
+                            state_pool.stride(0), K=K, V=V, **p.kwargs())
     return o
 
 

@@ -18,20 +18,24 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
 from ckptd.kernels.moe.naive import _check
-from ckptd.kernels.quant.tiles import DENSE, weight_tile
+from ckptd.kernels.quant.tiles import weight_tile
+
+DENSE = 0       # a plain weight's "format" in grouped_gemm's (weight, format) pairs
 
 
 @triton.jit
 def _grouped_kernel(a, w, w2, c, slot_ids, block_expert, weights, n_slots, top_k, N, K,
                     stride_am, stride_we, stride_we2, row_stride, row_stride2, stride_cm,
-                    SWIGLU: tl.constexpr, GATHER: tl.constexpr, WEIGHTED: tl.constexpr,
-                    FMT: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr,
-                    FMT2: tl.constexpr, BS2: tl.constexpr, TS2: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+                    fmt, fmt2, SWIGLU: tl.constexpr, GATHER: tl.constexpr,
+                    WEIGHTED: tl.constexpr, KEPT: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     """One block of BM rows (one expert's) times BN output columns. With SWIGLU, w is
-    gate [E, N, K] and w2 up, and silu(gate) * up is stored. A weight is plain (FMT
-    DENSE) or kept in a GGUF format (kernels/quant/tiles.py)."""
+    gate [E, N, K] and w2 up, and silu(gate) * up is stored. Weights are plain or (KEPT)
+    in GGUF formats fmt, fmt2 (kernels/quant/tiles.py); their tiles multiply in a's dtype
+    (bf16 on tensor cores for a bf16 model), accumulated in fp32."""
+    DT = a.dtype.element_ty
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     e = tl.load(block_expert + i_m).to(tl.int64)
@@ -48,14 +52,14 @@ def _grouped_kernel(a, w, w2, c, slot_ids, block_expert, weights, n_slots, top_k
         kk = k0 + tl.arange(0, BK)
         mk = kk < K
         b_a = tl.load(a + a_rows[:, None] * stride_am + kk[None, :],
-                      mask=valid[:, None] & mk[None, :], other=0.).to(tl.float32)   # [BM, BK]
+                      mask=valid[:, None] & mk[None, :], other=0.)                  # [BM, BK]
         m_w = mk[:, None] & mn[None, :]
         b_w = weight_tile(w + e * stride_we, row_stride, n[None, :].to(tl.int64),
-                          kk[:, None].to(tl.int64), m_w, FMT, BS, TS)               # [BK, BN]
+                          kk[:, None].to(tl.int64), m_w, fmt, KEPT).to(DT)          # [BK, BN]
         acc += tl.dot(b_a, b_w, input_precision=PREC)
         if SWIGLU:
             b_u = weight_tile(w2 + e * stride_we2, row_stride2, n[None, :].to(tl.int64),
-                              kk[:, None].to(tl.int64), m_w, FMT2, BS2, TS2)
+                              kk[:, None].to(tl.int64), m_w, fmt2, KEPT).to(DT)
             acc_up += tl.dot(b_a, b_u, input_precision=PREC)
     if SWIGLU:
         acc = acc / (1. + tl.exp(-acc)) * acc_up
@@ -93,44 +97,41 @@ def align(topk_ids: torch.Tensor, n_experts: int, BM: int):
 def grouped_gemm(a, wt, wt2, c, slot_ids, block_expert, weights, top_k, n_out, BM, *,
                  swiglu: bool) -> None:
     """c = the experts' a @ W.T over align()'s blocks. wt, wt2: (weight [E, n_out, K],
-    FMT, BS, TS), a plain tensor with FMT DENSE or a kept tensor's bytes. swiglu: a is x
+    GGML format id), a plain tensor with DENSE or a kept tensor's bytes. swiglu: a is x
     (rows gathered per slot), wt gate and wt2 up; else a is h, and the rows are scaled
     by the slots' routing weights."""
-    (w, fmt, bs, ts), (w2, fmt2, bs2, ts2) = wt, wt2
+    (w, fmt), (w2, fmt2) = wt, wt2
     K = a.shape[1]
-    cpu = a.device.type == "cpu"
-    # the interpreter pays per operation, not per element: bigger blocks on the CPU
-    BN = max(16, min(128 if cpu else 64, triton.next_power_of_2(n_out)))
-    BK = max(16 if fmt == DENSE else 32, min(128 if cpu else 64, triton.next_power_of_2(K)))
-    fp32 = a.dtype == torch.float32 and (fmt != DENSE or w.dtype == torch.float32)
-    grid = (block_expert.numel(), triton.cdiv(n_out, BN))
+    if fmt == DENSE and w.dtype != a.dtype:
+        raise ValueError(f"plain expert weights must be in the activations' dtype {a.dtype}, "
+                         f"got {w.dtype}")
+    p = launch.grouped_gemm(launch.target(a.device), BM, a.dtype, kept=fmt != DENSE)
+    grid = (block_expert.numel(), triton.cdiv(n_out, p["BN"]))
     _grouped_kernel[grid](
         a, w, w2, c, slot_ids, block_expert, weights, c.shape[0], top_k, n_out, K,
         a.stride(0), w.stride(0), w2.stride(0), w.stride(1), w2.stride(1), c.stride(0),
-        SWIGLU=swiglu, GATHER=swiglu, WEIGHTED=not swiglu, FMT=fmt, BS=bs, TS=ts,
-        FMT2=fmt2, BS2=bs2, TS2=ts2, BM=BM, BN=BN, BK=BK, PREC="ieee" if fp32 else "tf32")
+        fmt, fmt2, SWIGLU=swiglu, GATHER=swiglu, WEIGHTED=not swiglu, KEPT=fmt != DENSE,
+        **p.kwargs())
 
 
 def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down, block_m: int | None = None):
     """x [N, H]; topk_ids, topk_w [N, k]; w_gate_up [E, 2I, H]; w_down [E, H, I].
-    Returns [N, H] (see naive.py). block_m: rows per block (default: from the mean rows
-    per expert, 16 to 64)."""
+    Returns [N, H] (see naive.py). block_m: rows per block (default: launch.grouped_rows,
+    from the rows per expert)."""
     _check(x, topk_ids, topk_w, w_gate_up, w_down)
     N, k = topk_ids.shape
     E, two_i, H = w_gate_up.shape
     if N == 0:
         return torch.zeros_like(x)
     x, w_gate_up, w_down = x.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
-    # rows per block near the mean rows per expert: a decode step's one or two, a long
-    # prefill chunk's many (fewer, fuller blocks)
-    BM = block_m or max(16, min(64, triton.next_power_of_2(triton.cdiv(N * k, E))))
+    BM = block_m or launch.grouped_rows(N * k, E)
     slot_ids, block_expert = align(topk_ids.to(x.device), E, BM)
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
     inter = two_i // 2
-    gate, up = (w_gate_up[:, :inter], DENSE, 1, 1), (w_gate_up[:, inter:], DENSE, 1, 1)
+    gate, up = (w_gate_up[:, :inter], DENSE), (w_gate_up[:, inter:], DENSE)
     h = torch.empty(N * k, inter, dtype=x.dtype, device=x.device)
     grouped_gemm(x, gate, up, h, slot_ids, block_expert, weights, k, inter, BM, swiglu=True)
     y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
-    down = (w_down, DENSE, 1, 1)
+    down = (w_down, DENSE)
     grouped_gemm(h, down, down, y, slot_ids, block_expert, weights, k, H, BM, swiglu=False)
     return y.view(N, k, H).sum(dim=1)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
+
 
 @triton.jit
 def _rms_norm_kernel(x, z, w, y, M, D, eps, offset,
@@ -46,13 +48,6 @@ def _l2_norm_kernel(x, y, M, D, eps, BM: tl.constexpr, BD: tl.constexpr):
     tl.store(y + offs, out, mask=m)
 
 
-def _rows(D: int, device: torch.device) -> tuple[int, int]:
-    """(BM, BD): about 2K elements a program on a GPU, 64K in the interpreter."""
-    BD = triton.next_power_of_2(D)
-    budget = 2048 if device.type == "cuda" else 65536
-    return max(1, budget // BD), BD
-
-
 def _launch(x, z, weight, eps, offset, out_dtype):
     D = x.shape[-1]
     if weight.shape != (D,):
@@ -64,10 +59,10 @@ def _launch(x, z, weight, eps, offset, out_dtype):
     M = x2.shape[0]
     y = torch.empty(M, D, dtype=out_dtype, device=x.device)
     if M:
-        BM, BD = _rows(D, x.device)
-        _rms_norm_kernel[(triton.cdiv(M, BM),)](x2, z2, weight, y, M, D, float(eps),
-                                               float(offset), HAS_OFFSET=bool(offset),
-                                               GATED=z is not None, BM=BM, BD=BD)
+        p = launch.rows_norm(launch.target(x.device), D)
+        _rms_norm_kernel[(triton.cdiv(M, p["BM"]),)](x2, z2, weight, y, M, D, float(eps),
+                                                    float(offset), HAS_OFFSET=bool(offset),
+                                                    GATED=z is not None, **p.kwargs())
     return y.view(x.shape)
 
 
@@ -92,6 +87,6 @@ def l2norm(x, eps=1e-6):
     M = x2.shape[0]
     y = torch.empty(M, D, dtype=torch.float32, device=x.device)
     if M:
-        BM, BD = _rows(D, x.device)
-        _l2_norm_kernel[(triton.cdiv(M, BM),)](x2, y, M, D, float(eps), BM=BM, BD=BD)
+        p = launch.rows_norm(launch.target(x.device), D)
+        _l2_norm_kernel[(triton.cdiv(M, p["BM"]),)](x2, y, M, D, float(eps), **p.kwargs())
     return y.view(x.shape)

@@ -17,13 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
+
 
 @triton.jit
 def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, scale, layer, G,
                        B, Hq, n_split, split_len, stride_qt, stride_qh, stride_ot, stride_oh,
                        stride_tab, stride_p, stride_l, stride_kv, stride_b, stride_h,
                        D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                       SPLIT: tl.constexpr, PREC: tl.constexpr):
+                       PREC: tl.constexpr):
     i_n = tl.program_id(0)
     i_r = tl.program_id(1)
     i_kh = tl.program_id(2) // n_split
@@ -70,7 +72,7 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
             acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PREC)
             m_i = m_new
         m_out = mr[:, None] & md[None, :]
-        if SPLIT:
+        if n_split > 1:
             # unnormalized partial results of this key range; _combine_kernel merges them
             row = ((bos + tq) * Hq + hq) * n_split + i_s
             tl.store(part_acc + row[:, None] * D + d[None, :], acc, mask=m_out)
@@ -84,23 +86,31 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
 
 @triton.jit
 def _combine_kernel(part_acc, part_ml, o, Hq, n_split, stride_ot, stride_oh,
-                    D: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+                    D: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+    """One (token, query head): the n_split partial softmaxes, BS at a time."""
     i_t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    sp = tl.arange(0, BS)
+    h = tl.program_id(1)
+    row0 = (i_t * Hq + h) * n_split
     d = tl.arange(0, BD)
-    ms = (h < Hq)[:, None] & (sp < n_split)[None, :]                     # [BH, BS]
-    row = (i_t * Hq + h[:, None]) * n_split + sp[None, :]
-    m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
-    l_s = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.)
-    acc = tl.load(part_acc + row[:, :, None] * D + d[None, None, :],
-                  mask=ms[:, :, None] & (d < D)[None, None, :], other=0.)  # [BH, BS, BD]
-    m_max = tl.max(m, axis=1)
-    w = tl.exp(m - tl.where(m_max == float("-inf"), 0., m_max)[:, None])  # empty split: 0
-    den = tl.where(h < Hq, tl.sum(w * l_s, axis=1), 1.)                  # padded heads: 1
-    out = tl.sum(w[:, :, None] * acc, axis=1) / den[:, None]
-    tl.store(o + i_t * stride_ot + h[:, None] * stride_oh + d[None, :],
-             out.to(o.dtype.element_ty), mask=(h < Hq)[:, None] & (d < D)[None, :])
+    md = d < D
+    m_max = tl.full((), float("-inf"), dtype=tl.float32)
+    for s0 in range(0, n_split, BS):
+        sp = s0 + tl.arange(0, BS)
+        m_max = tl.maximum(m_max, tl.max(tl.load(part_ml + (row0 + sp) * 2, mask=sp < n_split,
+                                                 other=float("-inf")), axis=0))
+    m_use = tl.where(m_max == float("-inf"), 0., m_max)                   # no key at all
+    acc = tl.zeros((BD,), dtype=tl.float32)
+    den = tl.zeros((), dtype=tl.float32)
+    for s0 in range(0, n_split, BS):
+        sp = s0 + tl.arange(0, BS)
+        ms = sp < n_split
+        w = tl.exp(tl.load(part_ml + (row0 + sp) * 2, mask=ms, other=float("-inf")) - m_use)
+        den += tl.sum(w * tl.load(part_ml + (row0 + sp) * 2 + 1, mask=ms, other=0.), axis=0)
+        part = tl.load(part_acc + (row0 + sp)[:, None] * D + d[None, :],
+                       mask=ms[:, None] & md[None, :], other=0.)
+        acc += tl.sum(w[:, None] * part, axis=0)
+    tl.store(o + i_t * stride_ot + h * stride_oh + d, (acc / den).to(o.dtype.element_ty),
+             mask=md)
 
 
 def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
@@ -118,15 +128,6 @@ def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
     if q.stride(2) != 1 or kv_pool.stride(5) != 1:
         raise ValueError("q and kv_pool must be contiguous in the head dim")
     return B, Hkv, D
-
-
-def _num_splits(programs: int, max_keys: int, device: torch.device) -> int:
-    """Key-range splits per (sequence, row block, KV head): enough programs to fill a
-    GPU (decode of a few long sequences has few), each split at least 512 keys."""
-    if device.type != "cuda":
-        return 1
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(target, programs), triton.cdiv(max_keys, 512)))
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
@@ -155,31 +156,24 @@ def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
     tables = page_tables.to(dev, torch.int32)
     if max_q_len is None:
         max_q_len = int((cu[1:] - cu[:-1]).max())
-    # the interpreter pays per operation, not per element: bigger blocks on the CPU
-    big = 256 if dev.type == "cpu" else 64
-    BR = max(16, min(big, triton.next_power_of_2(max_q_len * G)))
-    BN = big
-    BD = max(16, triton.next_power_of_2(D))
-    prec = "ieee" if q.dtype == torch.float32 and kv_pool.dtype == torch.float32 else "tf32"
+    t = launch.target(dev)
+    p = launch.attention(t, D, max_q_len * G, kv_pool.dtype)
+    BR, BN = p["BR"], p["BN"]
     row_blocks = triton.cdiv(max_q_len * G, BR)
     max_keys = tables.shape[1] * B                   # a bound on ctx_len + q_len, no sync
-    S = num_splits or _num_splits(n * row_blocks * Hkv, max_keys, dev)
+    S = num_splits or launch.attention_splits(t, n * row_blocks * Hkv, max_keys)
     split_len = triton.cdiv(triton.cdiv(max_keys, S), BN) * BN
-    part_acc = part_ml = o                           # unused unless split
-    if S > 1:
-        part_acc = torch.empty(N, Hq, S, D, dtype=torch.float32, device=dev)
-        part_ml = torch.empty(N, Hq, S, 2, dtype=torch.float32, device=dev)
+    # unused unless split; fp32 either way, so both forms are one compile
+    part_acc = torch.empty(N * Hq * S * D if S > 1 else 1, dtype=torch.float32, device=dev)
+    part_ml = torch.empty(N * Hq * S * 2 if S > 1 else 1, dtype=torch.float32, device=dev)
     _paged_attn_kernel[(n, row_blocks, Hkv * S)](
         q, kv_pool, o, part_acc, part_ml, tables, cu, ctx, float(scale), layer, G, B, Hq, S,
         split_len, q.stride(0), q.stride(1), o.stride(0), o.stride(1), tables.stride(0),
         kv_pool.stride(0), kv_pool.stride(1), kv_pool.stride(2), kv_pool.stride(3),
-        kv_pool.stride(4), D=D, BD=BD, BR=BR, BN=BN, SPLIT=S > 1, PREC=prec, num_warps=4)
+        kv_pool.stride(4), D=D, **p.kwargs())
     if S > 1:
-        # all heads of a token in one program in the interpreter, one per program on a GPU
-        BH = 1 if dev.type == "cuda" else triton.next_power_of_2(Hq)
-        _combine_kernel[(N, triton.cdiv(Hq, BH))](
-            part_acc, part_ml, o, Hq, S, o.stride(0), o.stride(1), D=D, BH=BH,
-            BS=triton.next_power_of_2(S), BD=BD)
+        _combine_kernel[(N, Hq)](part_acc, part_ml, o, Hq, S, o.stride(0), o.stride(1), D=D,
+                                 **launch.attention_combine(t, D).kwargs())
     return o
 
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
+
 
 @triton.jit
 def _write_kv_kernel(k, v, pool, slots, layer, B, Hkv, stride_kt, stride_kh, stride_vt,
@@ -60,10 +62,10 @@ def write_kv(kv_pool, layer, slots, k, v):
         k, v = k.contiguous(), v.contiguous()
     slots = torch.as_tensor(slots, device=kv_pool.device).to(torch.int64)
     s = kv_pool.stride()
+    p = launch.write_kv(launch.target(kv_pool.device), Hkv, D)
     _write_kv_kernel[(N,)](k, v, kv_pool, slots, layer, B, Hkv, k.stride(0), k.stride(1),
                            v.stride(0), v.stride(1), s[0], s[1], s[2], s[3], s[4], D=D,
-                           BH=triton.next_power_of_2(Hkv), BD=triton.next_power_of_2(D),
-                           num_warps=1)
+                           **p.kwargs())
 
 
 def _row_numel(pool: torch.Tensor) -> int:
@@ -78,12 +80,12 @@ def _row_numel(pool: torch.Tensor) -> int:
 def _copy(src, dst, src_rows, dst_rows, n: int) -> None:
     numel = _row_numel(src)
     assert _row_numel(dst) == numel
-    block = min(4096, triton.next_power_of_2(max(numel, 1)))
+    p = launch.copy_rows(launch.target(dst.device), numel)
     dummy = torch.zeros(1, dtype=torch.int64, device=dst.device)
-    _copy_rows_kernel[(n, triton.cdiv(numel, block))](
+    _copy_rows_kernel[(n, triton.cdiv(numel, p["BLOCK"]))](
         src, dst, dummy if src_rows is None else src_rows, dummy if dst_rows is None else dst_rows,
         numel, src.stride(0), dst.stride(0), SRC_INDEXED=src_rows is not None,
-        DST_INDEXED=dst_rows is not None, BLOCK=block, num_warps=4)
+        DST_INDEXED=dst_rows is not None, **p.kwargs())
 
 
 def gather_rows(pool, ids):

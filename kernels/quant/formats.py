@@ -39,7 +39,8 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 def _nibbles(qs: torch.Tensor, groups: int, width: int) -> torch.Tensor:
     """qs [n, groups * width] -> [n, 2 * groups, width]: per group, low nibbles then high."""
     n = qs.shape[0]
-    q = qs.reshape(n, groups, 1, width) >> torch.tensor([0, 4], dtype=_U8).view(1, 1, 2, 1)
+    shifts = torch.tensor([0, 4], dtype=_U8, device=qs.device)
+    q = qs.reshape(n, groups, 1, width) >> shifts.view(1, 1, 2, 1)
     return (q & 0x0F).reshape(n, 2 * groups, width)
 
 
@@ -80,7 +81,8 @@ def _q5_k(b):
     sc, mn = _k_scales(b[:, 4:16])
     d = (_f16(b[:, :2]) * sc.float()).reshape(n, 8, 1)
     dm = (_f16(b[:, 2:4]) * mn.float()).reshape(n, 8, 1)
-    qh = b[:, 16:48].reshape(n, 1, 1, 32) >> torch.arange(8, dtype=_U8).view(1, 1, 8, 1)
+    qh = b[:, 16:48].reshape(n, 1, 1, 32) >> torch.arange(8, dtype=_U8, device=b.device).view(
+        1, 1, 8, 1)
     q = _nibbles(b[:, 48:], 4, 32) | ((qh & 0x01).reshape(n, 8, 32) << 4)
     return (d * q.float() - dm).reshape(n, 256)
 
@@ -88,8 +90,8 @@ def _q5_k(b):
 def _q6_k(b):
     n = b.shape[0]
     ql = _nibbles(b[:, :128], 2, 64).reshape(n, 8, 32)
-    qh = b[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=_U8).view(
-        1, 1, 4, 1)
+    qh = b[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor(
+        [0, 2, 4, 6], dtype=_U8, device=b.device).view(1, 1, 4, 1)
     q = (ql | ((qh & 0x03).reshape(n, 8, 32) << 4)).to(torch.int8) - 32
     d = (_f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float())
     return (d.reshape(n, 16, 1) * q.reshape(n, 16, 16).float()).reshape(n, 256)

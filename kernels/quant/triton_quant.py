@@ -16,18 +16,19 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
 from ckptd.kernels.moe.triton_moe import align, grouped_gemm
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
 from ckptd.kernels.quant.tiles import weight_tile
 
 
 @triton.jit
-def _matmul_kernel(x, w, y, bias, M, N, K, row_bytes, stride_xm, stride_ym,
-                   HAS_BIAS: tl.constexpr, FMT: tl.constexpr, BS: tl.constexpr,
-                   TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   PREC: tl.constexpr):
+def _matmul_kernel(x, w, y, bias, M, N, K, row_bytes, stride_xm, stride_ym, fmt,
+                   HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, PREC: tl.constexpr):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
+    DT = x.dtype.element_ty                 # tiles dequantized to x's dtype, fp32 sums
     m = i_m * BM + tl.arange(0, BM)
     n = i_n * BN + tl.arange(0, BN)
     mm, mn = m < M, n < N
@@ -36,27 +37,14 @@ def _matmul_kernel(x, w, y, bias, M, N, K, row_bytes, stride_xm, stride_ym,
         k = k0 + tl.arange(0, BK)
         mk = k < K
         a = tl.load(x + m[:, None].to(tl.int64) * stride_xm + k[None, :],
-                    mask=mm[:, None] & mk[None, :], other=0.).to(tl.float32)
+                    mask=mm[:, None] & mk[None, :], other=0.)
         b = weight_tile(w, row_bytes, n[None, :].to(tl.int64), k[:, None].to(tl.int64),
-                         mk[:, None] & mn[None, :], FMT, BS, TS)
+                        mk[:, None] & mn[None, :], fmt, True).to(DT)
         acc += tl.dot(a, b, input_precision=PREC)
     if HAS_BIAS:
         acc += tl.load(bias + n, mask=mn, other=0.).to(tl.float32)[None, :]
     tl.store(y + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y.dtype.element_ty),
              mask=mm[:, None] & mn[None, :])
-
-
-def _blocks(x: torch.Tensor, M: int, N: int, K: int) -> tuple[int, int, int]:
-    cpu = x.device.type == "cpu"
-    # the interpreter pays per operation, not per element: bigger blocks on the CPU
-    BM = max(16, min(64, triton.next_power_of_2(M)))
-    BN = max(16, min(128 if cpu else 64, triton.next_power_of_2(N)))
-    BK = max(32, min(128 if cpu else 64, triton.next_power_of_2(K)))
-    return BM, BN, BK
-
-
-def _prec(x: torch.Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,12 +58,11 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None) -
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y
-    fmt, bs, ts = FORMATS[qt.fmt]
-    BM, BN, BK = _blocks(x, M, N, K)
-    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    p = launch.quant_matmul(launch.target(x.device), M, x.dtype)
+    grid = (triton.cdiv(M, p["BM"]), triton.cdiv(N, p["BN"]))
     _matmul_kernel[grid](x, data, y, bias if bias is not None else y, M, N, K,
-                         data.stride(0), x.stride(0), y.stride(0), HAS_BIAS=bias is not None,
-                         FMT=fmt, BS=bs, TS=ts, BM=BM, BN=BN, BK=BK, PREC=_prec(x))
+                         data.stride(0), x.stride(0), y.stride(0), FORMATS[qt.fmt][0],
+                         HAS_BIAS=bias is not None, **p.kwargs())
     return y
 
 
@@ -92,12 +79,12 @@ def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: Q
     if N == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
-    BM = block_m or max(16, min(64, triton.next_power_of_2(triton.cdiv(N * k, E))))
+    BM = block_m or launch.grouped_rows(N * k, E)
     slot_ids, block_expert = align(topk_ids.to(x.device), E, BM)
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
     h = torch.empty(N * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
-    tiles = [(t.data.contiguous(), *FORMATS[t.fmt]) for t in (gate, up, down)]
+    tiles = [(t.data.contiguous(), FORMATS[t.fmt][0]) for t in (gate, up, down)]
     grouped_gemm(x, tiles[0], tiles[1], h, slot_ids, block_expert, weights, k, inter, BM,
                  swiglu=True)
     grouped_gemm(h, tiles[2], tiles[2], y, slot_ids, block_expert, weights, k, H, BM,

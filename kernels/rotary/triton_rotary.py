@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
+
 
 @triton.jit
 def _rotary_kernel(x, cos, sin, y, M, H, stride_xt, stride_xh, stride_ct, stride_st,
@@ -63,9 +65,8 @@ def apply_rotary(x, cos, sin):
     M = T * H
     if M == 0:
         return y
-    BM = max(1, (1024 if x.device.type == "cuda" else 65536) // triton.next_power_of_2(D))
-    _rotary_kernel[(triton.cdiv(M, BM),)](
+    p = launch.rotary(launch.target(x.device), R, D)
+    _rotary_kernel[(triton.cdiv(M, p["BM"]),)](
         x, cos, sin, y, M, H, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
-        R=R, D=D, BM=BM, BHALF=triton.next_power_of_2(R // 2),
-        BREST=triton.next_power_of_2(max(D - R, 1)))
+        R=R, D=D, **p.kwargs())
     return y

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ckptd.kernels import launch
+
 
 @triton.jit
 def _silu_mul_kernel(gate, up, y, n, BLOCK: tl.constexpr):
@@ -30,6 +32,6 @@ def silu_and_mul(gate, up):
                     device=gate.device)
     n = gate.numel()
     if n:
-        block = 1024 if gate.device.type == "cuda" else 1 << 16
-        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, y, n, BLOCK=block)
+        p = launch.swiglu(launch.target(gate.device))
+        _silu_mul_kernel[(triton.cdiv(n, p["BLOCK"]),)](gate, up, y, n, **p.kwargs())
     return y

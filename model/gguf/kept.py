@@ -76,7 +76,7 @@ def _kept(tensors: GGUFTensors, name: str, recipe: Recipe) -> Recipe:
             return out if out is not None else recipe(dtype, device)
         if isinstance(out, (QuantTensor, KeptGateUp)):
             return out                  # experts.py built it from the kept tensors
-        if dtype not in (torch.float32, torch.float64):
+        if dtype not in (torch.float32, torch.float64) or device.type != "cpu":
             out, reads = probe(torch.float64, torch.device("cpu"))   # exact row numbers
         rows = _row_selection(out, reads)
         if rows is None and len(reads) == 1 and reads[0].data.dim() == 2:

@@ -60,3 +60,29 @@ def test_external_kernels_are_off_on_the_cpu_and_when_turned_off(monkeypatch):
     monkeypatch.setattr(dispatch, "EXTERNAL", False)
     if CUDA:
         assert not dispatch.use_external("fla", x.cuda())
+
+
+@pytest.mark.usefixtures("triton_env")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fla_takes_half_precision_prefill_and_fp32_keeps_ckptd_kernel(dtype, monkeypatch):
+    # fla multiplies fp32 inputs in TF32 (~4e-4 off at K = 128, where ckptd's fp32 kernel
+    # is exact): an fp32 step must not reach it. Its bf16 call's dtypes: the gate's
+    # test_fla_through_the_adapter_compiles compiles it for sm_80..90.
+    from ckptd.kernels.external import fla
+
+    taken = []
+    monkeypatch.setattr(dispatch, "use_external", lambda name, x: name == "fla")
+    monkeypatch.setattr(fla, "chunk_gated_delta_rule_varlen",
+                        lambda q, k, v, *rest: taken.append(v.dtype) or v)
+    q_lens, slots = [20, 1], [1, 0]
+    v = _varlen([0, 3], q_lens, torch.zeros(2, 8, dtype=torch.int32), slots, "cpu")
+    q, k, vv, g, beta = _gdn(sum(q_lens), 2, 16, 16, 3, "cpu", dtype)
+    pool = torch.zeros(2, 2, 16, 16)
+    want_pool = pool.clone()
+    out = dispatch.step_gated_delta(q, k, vv, g, beta, pool, v)
+    assert taken == ([] if dtype == torch.float32 else [dtype])
+    if dtype == torch.float32:
+        want = gdn_ref.chunk_gated_delta_rule_varlen(q, k, vv, g, beta, list(v.cu),
+                                                     want_pool, slots)
+        assert torch.allclose(out, want, atol=1e-5) and torch.allclose(pool, want_pool,
+                                                                       atol=1e-5)

@@ -43,6 +43,23 @@ def test_step_attention_head_dims(D, shape, device, close):
     assert close(dispatch.step_attention(q, pool, 1, v, D ** -0.5), want)
 
 
+def test_step_attention_fp32_head_dim_256_on_a_small_shared_memory_card(device, close):
+    # an RTX 3090 / 4090 / L4 (sm_86 / sm_89: 101,376 B a block) takes fp32 keys in blocks
+    # of 32 at head dim 256 (kernels/launch.py: attention); more than one block of them
+    from ckptd.kernels import launch
+
+    ctx, q_lens, D = [0, 70], [20, 1], 256
+    pool, tables = _filled([c + n for c, n in zip(ctx, q_lens)], Hkv=2, D=D, seed=3,
+                           device=device)
+    v = _varlen(ctx, q_lens, tables, [0, 1], device)
+    q = torch.randn(sum(q_lens), 4, D, generator=torch.Generator().manual_seed(5)).to(device)
+    want = attn_ref.paged_attention_varlen(q, pool, 1, list(v.cu), ctx, tables, D ** -0.5)
+    t = launch.Target(86, 84)
+    assert launch.attention(t, D, 40, torch.float32)["BN"] == 32
+    with launch.forced(t):
+        assert close(dispatch.step_attention(q, pool, 1, v, D ** -0.5), want)
+
+
 def _gdn(N, H, K, V, seed, device, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     q = gdn_naive.l2norm(torch.randn(N, H, K, generator=g))

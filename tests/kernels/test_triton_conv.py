@@ -21,7 +21,8 @@ def _inputs(T, C=40, K=4, seed=0, device="cpu", dtype=torch.float32):
     return [t.to(device, dtype) for t in (x, w, b, s0)]
 
 
-@pytest.mark.parametrize("T", [1, 2, 63, 500])
+@pytest.mark.parametrize("T", [1, pytest.param(2, marks=pytest.mark.grid),
+                               pytest.param(63, marks=pytest.mark.grid), 500])
 @pytest.mark.parametrize("activation", ["silu", None])
 def test_prefill_equals_reference(T, activation, device, close):
     x, w, b, s0 = _inputs(T, device=device)
