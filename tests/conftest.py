@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import os
 
 import pytest
+import torch
 
 from ckptd.tools.make_tiny import make_tiny
 
@@ -12,6 +16,22 @@ from ckptd.tools.make_tiny import make_tiny
 # invariants whenever it goes idle, and exits non-zero at shutdown if one broke:
 # the tests that stop a daemon assert its exit code (daemon/runtime.py).
 os.environ["CKPTD_CHECK_INVARIANTS"] = "1"
+
+
+def _transformers_on_torch() -> None:
+    """fla-core is a test dependency (the compile gate compiles its kernels), and where it
+    imports, transformers routes its gated DeltaNet models through fla's Triton kernels,
+    which do not run on the CPU: point the references back at transformers' own torch
+    functions (the decorator keeps them as __wrapped__)."""
+    if torch.cuda.is_available() or importlib.util.find_spec("fla") is None:
+        return
+    for arch in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        mod = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+            setattr(mod, name, inspect.unwrap(getattr(mod, name)))
+
+
+_transformers_on_torch()
 _KERNELS = {name: os.environ.get(name) for name in ("CKPTD_KERNELS", "CKPTD_EXTERNAL_KERNELS")}
 
 
