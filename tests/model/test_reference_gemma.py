@@ -1,0 +1,85 @@
+"""Gemma 3's text model against transformers, on a checkpoint transformers' own
+Gemma3ForCausalLM wrote (make-tiny --arch gemma3: six local layers of a 16-token window
+around one global layer, soft-capped logits, the global rotary linearly scaled).
+Prompts far longer than the window, greedy decoding one token a step, and a prompt fed
+in uneven chunks against the one-step logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ckptd.model.configs import config_from_hf
+from ckptd.model.gemma_config import GemmaConfig
+from ckptd.model.testing import Scratch, prompt_logits
+from tests.model.reference import check_greedy, check_prompt_logits
+
+
+@pytest.fixture(scope="module")
+def gemma(hf_dirs, hf_models):
+    return hf_dirs["gemma3"], hf_models["gemma3"]
+
+
+def test_logits_and_greedy_match_transformers(gemma):
+    folder, ours = gemma
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert type(ref).__name__ == "Gemma3ForCausalLM"
+    cfg = ours.config
+    assert isinstance(cfg, GemmaConfig) and cfg.sliding_window == 16
+    assert cfg.layer_types.count("sliding_attention") == 6 and cfg.rope_factor == 2.0
+    tokens = check_prompt_logits(ref, ours, lengths=(1, 17, 40, 300))
+    check_greedy(ref, ours, tokens[:40])
+
+
+def test_chunks_and_packed_sequences_equal_one_step(gemma):
+    """Uneven chunks (crossing pages and windows), two sequences packed in one step and
+    decodes beside a prefill: every logit equals the one-step prefill's."""
+    model = gemma[1]
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(3, 512, (150,), generator=g).tolist()
+    b = torch.randint(3, 512, (90,), generator=g).tolist()
+    want_a, want_b = prompt_logits(model, a), prompt_logits(model, b)
+    s = Scratch(model, max_tokens=256, n_seqs=2)
+    got_a, got_b, pos_a, pos_b = [], [], 0, 0
+    for na, nb in ((1, 70), (63, 1), (2, 19), (84, 0)):
+        chunks = {k: v for k, v in ((0, a[pos_a:pos_a + na]), (1, b[pos_b:pos_b + nb])) if v}
+        out = s.feed(chunks, all_logits=True)
+        got_a.append(out[:len(chunks.get(0, []))])
+        got_b.append(out[len(chunks.get(0, [])):])
+        pos_a, pos_b = pos_a + na, pos_b + nb
+    assert (torch.cat(got_a) - want_a).abs().max().item() <= 1e-4
+    assert (torch.cat(got_b) - want_b).abs().max().item() <= 1e-4
+
+
+def test_the_hubs_older_config_keys_are_read():
+    """Released Gemma 3 configs name a pattern, rope_theta, rope_local_base_freq and
+    rope_scaling where transformers 5 writes layer_types and rope_parameters."""
+    cfg = config_from_hf({
+        "model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+        "sliding_window_pattern": 2, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+        "query_pre_attn_scalar": 16})
+    assert cfg.layer_types == ("sliding_attention", "full_attention")
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_factor) == (1e6, 1e4, 4.0)
+    assert cfg.window(0) == 8 and cfg.window(1) == 0
+    assert cfg.state_spec(16).attention.n_layers == 2
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping"),
+    ("use_bidirectional_attention", True, "use_bidirectional_attention"),
+    ("hidden_activation", "relu", "hidden_activation"),
+    ("sliding_window", None, "sliding_window"),
+    ("layer_types", ["sliding_attention", "chunked"], "layer_types"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope type"),
+])
+def test_unsupported_configs_are_refused_by_name(key, value, says):
+    d = {"model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 64,
+         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+         "query_pre_attn_scalar": 16, key: value}
+    with pytest.raises(ValueError, match=says):
+        config_from_hf(d)
