@@ -12,8 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from ckptd.model.configs import config_from_hf
 from ckptd.model.gemma_config import GemmaConfig
-from ckptd.model.testing import Scratch, prompt_logits
-from tests.model.reference import check_greedy, check_prompt_logits
+from tests.model.reference import check_chunks_equal_one_step, check_greedy, check_prompt_logits
 
 
 @pytest.fixture(scope="module")
@@ -35,21 +34,7 @@ def test_logits_and_greedy_match_transformers(gemma):
 def test_chunks_and_packed_sequences_equal_one_step(gemma):
     """Uneven chunks (crossing pages and windows), two sequences packed in one step and
     decodes beside a prefill: every logit equals the one-step prefill's."""
-    model = gemma[1]
-    g = torch.Generator().manual_seed(2)
-    a = torch.randint(3, 512, (150,), generator=g).tolist()
-    b = torch.randint(3, 512, (90,), generator=g).tolist()
-    want_a, want_b = prompt_logits(model, a), prompt_logits(model, b)
-    s = Scratch(model, max_tokens=256, n_seqs=2)
-    got_a, got_b, pos_a, pos_b = [], [], 0, 0
-    for na, nb in ((1, 70), (63, 1), (2, 19), (84, 0)):
-        chunks = {k: v for k, v in ((0, a[pos_a:pos_a + na]), (1, b[pos_b:pos_b + nb])) if v}
-        out = s.feed(chunks, all_logits=True)
-        got_a.append(out[:len(chunks.get(0, []))])
-        got_b.append(out[len(chunks.get(0, [])):])
-        pos_a, pos_b = pos_a + na, pos_b + nb
-    assert (torch.cat(got_a) - want_a).abs().max().item() <= 1e-4
-    assert (torch.cat(got_b) - want_b).abs().max().item() <= 1e-4
+    check_chunks_equal_one_step(gemma[1])
 
 
 def test_the_hubs_older_config_keys_are_read():
