@@ -60,7 +60,7 @@ _MODELS = {
     # 7 layers: local, local, local, local, local, global, local
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         **{**_BASE, "tie_word_embeddings": True}, num_hidden_layers=7, head_dim=16,
-        intermediate_size=96, sliding_window=16, query_pre_attn_scalar=24,
+        intermediate_size=96, sliding_window=16, query_pre_attn_scalar=16,
         final_logit_softcapping=30.0, rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),

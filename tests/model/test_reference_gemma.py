@@ -12,6 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from ckptd.model.configs import config_from_hf
 from ckptd.model.gemma_config import GemmaConfig
+from ckptd.model.gguf.load import field, open_gguf
+from ckptd.model.loader import load_model
+from ckptd.model.testing import prompt_logits
+from ckptd.tools.fetch_llamacpp import Conversion, convert
 from tests.model.reference import check_chunks_equal_one_step, check_greedy, check_prompt_logits
 
 
@@ -29,6 +33,24 @@ def test_logits_and_greedy_match_transformers(gemma):
     assert cfg.layer_types.count("sliding_attention") == 6 and cfg.rope_factor == 2.0
     tokens = check_prompt_logits(ref, ours, lengths=(1, 17, 40, 300))
     check_greedy(ref, ours, tokens[:40])
+
+
+def test_the_gguf_llamacpp_writes_gives_transformers_logits(gemma, llamacpp, tmp_path):
+    """llama.cpp's converter adds 1 to every norm, keeps only the tokenizer's rows of
+    the embedding and leaves the layer pattern and attention scale to llama.cpp's
+    defaults: the GGUF's logits are transformers' over those rows, past the window."""
+    folder, _ = gemma
+    path = tmp_path / "gemma3.gguf"
+    convert(llamacpp, [Conversion(folder, path, "f32")], tokenizer_pre="gpt-2")
+    assert field(open_gguf(path), "general.architecture") == "gemma3"
+    ours = load_model(path)
+    V = ours.config.vocab_size
+    assert 300 < V <= 512 and ours.config.layer_types == gemma[1].config.layer_types
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokens = torch.randint(3, V, (120,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([tokens])).logits[0, :, :V]
+    assert (prompt_logits(ours, tokens) - want).abs().max().item() <= 1e-4
 
 
 def test_chunks_and_packed_sequences_equal_one_step(gemma):
