@@ -13,7 +13,9 @@ ARCHS = ("llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # the selective state space hybrids: model/ssm_config.py (SSMConfig, a ModelConfig)
 SSM_ARCHS = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
-SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS
+# sliding-window attention models: model/gemma_config.py (GemmaConfig, a ModelConfig)
+GEMMA_ARCHS = ("gemma3_text",)
+SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS + GEMMA_ARCHS
 LAYER_KINDS = ("full_attention", "linear_attention")
 MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,9 +1,11 @@
 """config.json -> the configuration class of its architecture: a state space hybrid
-(SSM_ARCHS) gives an SSMConfig (ssm_config.py), every other one a ModelConfig."""
+(SSM_ARCHS) gives an SSMConfig (ssm_config.py), Gemma 3 (GEMMA_ARCHS) a GemmaConfig
+(gemma_config.py), every other one a ModelConfig."""
 
 from __future__ import annotations
 
-from ckptd.model.config import SSM_ARCHS, ModelConfig
+from ckptd.model.config import GEMMA_ARCHS, SSM_ARCHS, ModelConfig
+from ckptd.model.gemma_config import GemmaConfig
 from ckptd.model.ssm_config import SSMConfig
 
 
@@ -12,4 +14,6 @@ def config_from_hf(d: dict) -> ModelConfig:
     GGUF's metadata); ValueError naming an unsupported architecture or a bad key."""
     if isinstance(d, dict) and d.get("model_type") in SSM_ARCHS:
         return SSMConfig.from_hf(d)
+    if isinstance(d, dict) and d.get("model_type") in GEMMA_ARCHS:
+        return GemmaConfig.from_hf(d)
     return ModelConfig.from_hf(d)

@@ -19,11 +19,13 @@ from pathlib import Path
 import torch
 
 from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.arch.gemma import GemmaLM
 from ckptd.model.arch.ssm_lm import HybridLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.configs import config_from_hf
 from ckptd.model.fingerprint import model_fingerprint
+from ckptd.model.gemma_config import GemmaConfig
 from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
 from ckptd.model.kept_swap import attach_kept
 from ckptd.model.placement import stray_tensors
@@ -96,9 +98,12 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
 
 
 def causal_lm(cfg: ModelConfig) -> CausalLM:
-    """The model class of cfg's architecture (a state space hybrid: arch/ssm_lm.py)."""
+    """The model class of cfg's architecture (a state space hybrid: arch/ssm_lm.py;
+    Gemma 3: arch/gemma.py)."""
     if isinstance(cfg, SSMConfig):
         return HybridLM(cfg)
+    if isinstance(cfg, GemmaConfig):
+        return GemmaLM(cfg)
     return CausalLM(cfg)
 
 

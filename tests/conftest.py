@@ -80,22 +80,37 @@ def tiny_model(tiny_dir):
     return load_model(tiny_dir)
 
 
-# the selective state space hybrids, written by transformers' own classes (tools/tiny_ssm.py)
+# written by transformers' own classes (tools/tiny_ssm.py): the selective state space
+# hybrids, and the sliding-window attention models
 SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+SWA_ARCHES = ("gemma3",)
+HF_ARCHES = SSM_ARCHES + SWA_ARCHES
 
 
 @pytest.fixture(scope="session")
-def ssm_dirs(tmp_path_factory):
-    """{model_type: make-tiny folder} of every state space hybrid."""
-    root = tmp_path_factory.mktemp("tiny-ssm")
-    return {arch: make_tiny(arch, root / arch) for arch in SSM_ARCHES}
+def hf_dirs(tmp_path_factory):
+    """{make-tiny arch: folder} of every model transformers' classes write."""
+    root = tmp_path_factory.mktemp("tiny-hf")
+    return {arch: make_tiny(arch, root / arch) for arch in HF_ARCHES}
 
 
 @pytest.fixture(scope="session")
-def ssm_models(ssm_dirs):
-    """{model_type: loaded model} (fp32, CPU)."""
+def hf_models(hf_dirs):
+    """{make-tiny arch: loaded model} (fp32, CPU)."""
     from ckptd.model.loader import load_model
-    return {arch: load_model(folder) for arch, folder in ssm_dirs.items()}
+    return {arch: load_model(folder) for arch, folder in hf_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def ssm_dirs(hf_dirs):
+    """{model_type: make-tiny folder} of every state space hybrid."""
+    return {arch: hf_dirs[arch] for arch in SSM_ARCHES}
+
+
+@pytest.fixture(scope="session")
+def ssm_models(hf_models):
+    """{model_type: loaded model} (fp32, CPU)."""
+    return {arch: hf_models[arch] for arch in SSM_ARCHES}
 
 
 @pytest.fixture(scope="session")

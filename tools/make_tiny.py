@@ -27,7 +27,9 @@ from ckptd.tools.tiny_ssm import build
 
 # the state space hybrids are built by transformers' own classes (tools/tiny_ssm.py)
 SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
-ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next") + SSM_ARCHES
+# built by transformers' own classes too (tools/tiny_ssm.py): Gemma 3's text model
+HF_ARCHES = SSM_ARCHES + ("gemma3",)
+ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next") + HF_ARCHES
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
@@ -179,7 +181,7 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
     out.mkdir(parents=True, exist_ok=True)
     _tokenizer(out, fim)
     eos = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
-    if arch in SSM_ARCHES:
+    if arch in HF_ARCHES:
         cfg = json.loads((build(arch, out, seed, eos) / "config.json").read_text())
     else:
         cfg = {**_config(arch), **(sizes or {}), "eos_token_id": eos}

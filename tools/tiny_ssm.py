@@ -1,5 +1,7 @@
-"""Tiny random state space hybrids written by transformers' own classes (`ckptd
-make-tiny --arch nemotron_h | granitemoehybrid | falcon_h1 | mamba2 | jamba`).
+"""Tiny random models written by transformers' own classes: the state space hybrids
+(`ckptd make-tiny --arch nemotron_h | granitemoehybrid | falcon_h1 | mamba2 | jamba`)
+and Gemma 3's text model (`--arch gemma3`: local layers of a 16-token window, a global
+one, soft-capped logits, linearly scaled global rotary).
 
 Each is built by its transformers class with seeded weights of a useful scale (the
 classes' init makes near-uniform logits), saved with save_pretrained (the Hub's
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba", "gemma3")
 
 _BASE = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0,
@@ -55,7 +57,16 @@ _MODELS = {
         num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
         attn_layer_period=4, attn_layer_offset=2, mamba_d_state=16, mamba_expand=2,
         mamba_dt_rank=8)),
+    # 7 layers: local, local, local, local, local, global, local
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        **{**_BASE, "tie_word_embeddings": True}, num_hidden_layers=7, head_dim=16,
+        intermediate_size=96, sliding_window=16, query_pre_attn_scalar=16,
+        final_logit_softcapping=30.0, rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
+# norms whose weight is stored as w - 1 (the 1 is added at run time)
+_ZERO_CENTRED = {"gemma3": lambda name: "norm" in name}
 # transformers 5's NemotronHConfig writes every MoE key; a dense checkpoint has none
 _NEMOTRON_MOE_KEYS = ("moe_intermediate_size", "moe_latent_size", "n_routed_experts",
                       "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap",
@@ -113,7 +124,7 @@ def build(arch: str, out: Path, seed: int = 0, eos_token_id: int = 2) -> Path:
     torch.manual_seed(seed)
     config = getattr(transformers, config_cls)(**{**kwargs, "eos_token_id": eos_token_id})
     model = getattr(transformers, model_cls)(config).eval()
-    randomize(model, seed)
+    randomize(model, seed, _ZERO_CENTRED.get(arch, lambda name: False))
     model.save_pretrained(out)
     f = out / "config.json"
     f.write_text(json.dumps(_hub_style(arch, json.loads(f.read_text())), indent=1))

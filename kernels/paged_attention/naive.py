@@ -3,6 +3,10 @@
 kv_pool [P, n_attn, 2, B, Hkv, D]: page p, attention layer l, K (0) or V (1),
 offset in page, kv head, head dim. A sequence's tokens live in the pages of its
 page table, in order: token i is at page_table[i // B], offset i % B.
+
+A sliding window (`window` W > 0) lets the query at position p see keys p - W + 1 .. p
+only; the pages before the first query's window are never read (the device may have
+freed them).
 """
 
 from __future__ import annotations
@@ -18,15 +22,24 @@ def write_kv(kv_pool, layer, slots, k, v):
     kv_pool[pages, layer, 1, offs] = v.to(kv_pool.dtype)
 
 
-def _gather_seq(kv_pool, layer, page_table, n_tokens):
-    """K, V [n_tokens, Hkv, D] of one sequence."""
-    pages = kv_pool[page_table.long(), layer]                 # [n_pages, 2, B, Hkv, D]
+def _gather_seq(kv_pool, layer, page_table, n_tokens, first_page=0):
+    """K, V [n_tokens - first_page * B, Hkv, D] of one sequence, from its page
+    first_page on."""
+    pages = kv_pool[page_table[first_page:].long(), layer]   # [n_pages, 2, B, Hkv, D]
     kv = pages.transpose(0, 1).reshape(2, -1, *pages.shape[-2:])
-    return kv[0, :n_tokens], kv[1, :n_tokens]
+    n = n_tokens - first_page * kv_pool.shape[3]
+    return kv[0, :n], kv[1, :n]
 
 
-def _attend(q, k, v, ctx_len, scale):
-    """q [T, Hq, D] at positions ctx_len..ctx_len+T-1; k, v [ctx_len+T, Hkv, D]."""
+def first_page(ctx_len, window, block_size):
+    """The first page a chunk after ctx_len tokens reads: 0, or under a window the page
+    of the first query's first key."""
+    return max(0, ctx_len - window + 1) // block_size if window else 0
+
+
+def _attend(q, k, v, ctx_len, scale, window=0):
+    """q [T, Hq, D] at positions ctx_len..ctx_len+T-1; k, v [ctx_len+T, Hkv, D]; a query
+    sees the window keys up to its own (all of them when window is 0)."""
     T, Hq, _ = q.shape
     rep = Hq // k.shape[1]
     k = k.float().repeat_interleave(rep, dim=1)
@@ -34,19 +47,25 @@ def _attend(q, k, v, ctx_len, scale):
     scores = torch.einsum("thd,shd->hts", q.float(), k) * scale
     q_pos = torch.arange(T, device=q.device)[:, None] + ctx_len
     k_pos = torch.arange(k.shape[0], device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    hidden = k_pos > q_pos
+    if window:
+        hidden |= k_pos <= q_pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(q.dtype)
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, attend=_attend):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, attend=_attend, window=0):
     """Causal attention for the last T tokens of one sequence.
 
     q [T, Hq, D]; the sequence has ctx_len + T tokens whose K/V are all in the pages of
-    page_table (int32 [n_pages]) already. GQA: Hq is a multiple of Hkv. Returns [T, Hq, D].
-    `attend(q, k, v, ctx_len, scale)` does the math (sdpa.py passes torch's fused one).
+    page_table (int32 [n_pages]) already (under a window, those of the pages it reads).
+    GQA: Hq is a multiple of Hkv. Returns [T, Hq, D]. `attend(q, k, v, ctx_len, scale,
+    window)` does the math (sdpa.py passes torch's fused one); under a window the keys
+    start at a page boundary, shifting queries and keys alike.
     """
-    k, v = _gather_seq(kv_pool, layer, page_table, ctx_len + q.shape[0])
-    return attend(q, k, v, ctx_len, scale)
+    first = first_page(ctx_len, window, kv_pool.shape[3])
+    k, v = _gather_seq(kv_pool, layer, page_table, ctx_len + q.shape[0], first)
+    return attend(q, k, v, ctx_len - first * kv_pool.shape[3], scale, window)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, attend=_attend):

@@ -6,7 +6,8 @@ reference does. On a head-major pool (layout.py) no mask is built either: the T
 queries see every cached token, so the cache is attended without one, span by span
 (each run of consecutive pages in place), and the T new tokens with is_causal; the
 parts are merged through their log-sum-exp. GQA: the query heads that share a kv head
-become rows of one head, so each K/V span streams once per kv head.
+become rows of one head, so each K/V span streams once per kv head. Under a sliding
+window the keys from the first query's window on are attended in one masked call.
 """
 
 from __future__ import annotations
@@ -70,7 +71,15 @@ def _paged(q, memory, layer, page_table, ctx_len, scale, block_size):
     return _merge(parts)
 
 
-def _sdpa(q, k, v, ctx_len, scale):
+def _mask(T, S, ctx_len, window, device):
+    """[T, S] bool: query i (at ctx_len + i) sees key j. Causal, aligned to the lower
+    right; under a window also j > ctx_len + i - window."""
+    seen = torch.ones(T, S, dtype=torch.bool, device=device)
+    mask = seen.tril(ctx_len)
+    return mask & ~seen.tril(ctx_len - window) if window else mask
+
+
+def _sdpa(q, k, v, ctx_len, scale, window=0):
     """q [T, Hq, D] at positions ctx_len..ctx_len+T-1; k, v [ctx_len+T, Hkv, D] (the
     reference's layout, for a pool that is not head-major): one masked call."""
     T, Hq, D = q.shape
@@ -79,19 +88,40 @@ def _sdpa(q, k, v, ctx_len, scale):
     qh = q.transpose(0, 1).reshape(1, Hkv, rep * T, D)
     kh, vh = (x.to(q.dtype).transpose(0, 1)[None] for x in (k, v))
     mask = None
-    if T > 1:  # query i sees keys 0 .. ctx_len + i: causal, aligned to the lower right
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(ctx_len).repeat(rep, 1)
+    if T > 1 or window:
+        mask = _mask(T, S, ctx_len, window, q.device).repeat(rep, 1)
     o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
     return o.view(Hq, T, D).transpose(0, 1)
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
-    """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages. [T, Hq, D]."""
+def _paged_window(q, memory, layer, page_table, ctx_len, scale, block_size, window):
+    """q [Hq, T, D]: the last T of ctx_len + T tokens, each seeing the window's keys:
+    those from the first query's window on, in one masked call. Returns [Hq, T, D]."""
+    Hq, T, D = q.shape
+    start = max(0, ctx_len - window + 1)
+    spans = layout.key_spans(memory, layer, page_table, start, ctx_len + T, block_size, 1)
+    kv = spans[0] if len(spans) == 1 else torch.cat(spans, dim=2)     # [2, Hkv, S, D]
+    Hkv, S = kv.shape[1], kv.shape[2]
+    rep = Hq // Hkv
+    mask = _mask(T, S, ctx_len - start, window, q.device).repeat(rep, 1)
+    o = F.scaled_dot_product_attention(q.reshape(1, Hkv, rep * T, D), kv[0].to(q.dtype)[None],
+                                       kv[1].to(q.dtype)[None], attn_mask=mask, scale=scale)
+    return o.view(Hq, T, D)
+
+
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0):
+    """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages; window: keys
+    a query sees (0: all). [T, Hq, D]."""
     memory = layout.head_major(kv_pool)
     if memory is None:
-        return naive.paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, _sdpa)
-    out = _paged(q.transpose(0, 1), memory, layer, page_table, ctx_len, scale,
-                 kv_pool.shape[3])
+        return naive.paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, _sdpa,
+                                     window)
+    if window:
+        out = _paged_window(q.transpose(0, 1), memory, layer, page_table, ctx_len, scale,
+                            kv_pool.shape[3], window)
+    else:
+        out = _paged(q.transpose(0, 1), memory, layer, page_table, ctx_len, scale,
+                     kv_pool.shape[3])
     return out.transpose(0, 1)
 
 

@@ -8,7 +8,9 @@ G query heads sharing a KV head read each K/V block once, and walks the keys in
 blocks of BN with an online softmax. Key n of a sequence lives at page
 page_table[n // B], offset n % B, so any block size works. When there are too few
 programs to fill a GPU (decode of a few long sequences), each also takes one of
-S key ranges and a second kernel merges the S partial softmaxes.
+S key ranges and a second kernel merges the S partial softmaxes. Under a sliding
+window W (> 0) a query at position p sees keys p - W + 1 .. p: a program starts at its
+first row's first key, so the keys (and pages) before the window are never read.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from ckptd.kernels import launch
 
 @triton.jit
 def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, scale, layer, G,
-                       B, Hq, n_split, split_len, stride_qt, stride_qh, stride_ot, stride_oh,
-                       stride_tab, stride_p, stride_l, stride_kv, stride_b, stride_h,
+                       B, Hq, n_split, split_len, window, stride_qt, stride_qh, stride_ot,
+                       stride_oh, stride_tab, stride_p, stride_l, stride_kv, stride_b, stride_h,
                        D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                        PREC: tl.constexpr):
     i_n = tl.program_id(0)
@@ -48,6 +50,8 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
         kv_end = ctx + tl.minimum(q_len, (i_r * BR + BR - 1) // G + 1)
         kv_lo = i_s * split_len
         kv_hi = tl.minimum(kv_end, kv_lo + split_len)
+        if window > 0:      # the block's first query sees nothing before its window
+            kv_lo = tl.maximum(kv_lo, ctx + (i_r * BR) // G - window + 1)
         base = pool + layer * stride_l + i_kh * stride_h
         p_tab = tables + i_n * stride_tab
         m_i = tl.full((BR,), float("-inf"), dtype=tl.float32)
@@ -62,7 +66,10 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
             b_k = tl.load(p_k, mask=m_kv, other=0.)                             # [BN, BD]
             b_v = tl.load(p_k + stride_kv, mask=m_kv, other=0.)
             s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale      # [BR, BN]
-            s = tl.where((n[None, :] <= q_pos[:, None]) & mn[None, :], s, float("-inf"))
+            seen = (n[None, :] <= q_pos[:, None]) & mn[None, :]
+            if window > 0:
+                seen = seen & (n[None, :] > q_pos[:, None] - window)
+            s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # a row may see no key yet in a split of a long chunk: keep exp() off -inf - -inf
             m_use = tl.where(m_new == float("-inf"), 0., m_new)
@@ -131,14 +138,15 @@ def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
-                           max_q_len=None, num_splits=None):
+                           max_q_len=None, num_splits=None, window=0):
     """Chunks of several sequences at once.
 
     q [N, Hq, D] packed (sequence i's queries are rows cu_seqlens[i]:cu_seqlens[i+1]);
     ctx_lens int [n]: tokens before each chunk; page_tables int32 [n, max_pages] covering
     ctx_len + q_len tokens (whose K/V are all in the pool). Returns o [N, Hq, D] in q's
     dtype. max_q_len (the longest chunk) saves a device sync when given; num_splits
-    overrides how many key ranges are attended in parallel and merged.
+    overrides how many key ranges are attended in parallel and merged; window: the keys a
+    query sees (0: all).
     """
     B, Hkv, D = _check_pool(q, kv_pool, layer)
     n = len(ctx_lens)
@@ -168,23 +176,23 @@ def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
     part_ml = torch.empty(N * Hq * S * 2 if S > 1 else 1, dtype=torch.float32, device=dev)
     _paged_attn_kernel[(n, row_blocks, Hkv * S)](
         q, kv_pool, o, part_acc, part_ml, tables, cu, ctx, float(scale), layer, G, B, Hq, S,
-        split_len, q.stride(0), q.stride(1), o.stride(0), o.stride(1), tables.stride(0),
-        kv_pool.stride(0), kv_pool.stride(1), kv_pool.stride(2), kv_pool.stride(3),
-        kv_pool.stride(4), D=D, **p.kwargs())
+        split_len, int(window), q.stride(0), q.stride(1), o.stride(0), o.stride(1),
+        tables.stride(0), kv_pool.stride(0), kv_pool.stride(1), kv_pool.stride(2),
+        kv_pool.stride(3), kv_pool.stride(4), D=D, **p.kwargs())
     if S > 1:
         _combine_kernel[(N, Hq)](part_acc, part_ml, o, Hq, S, o.stride(0), o.stride(1), D=D,
                                  **launch.attention_combine(t, D).kwargs())
     return o
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0):
     """The last T tokens of one sequence: q [T, Hq, D]; page_table int32 [n_pages];
     ctx_len tokens precede them. Returns [T, Hq, D]."""
     if page_table.dim() != 1:
         raise ValueError(f"need page_table [n_pages], got {tuple(page_table.shape)}")
     T = q.shape[0]
     return paged_attention_varlen(q, kv_pool, layer, [0, T], [int(ctx_len)], page_table[None],
-                                  scale, max_q_len=T)
+                                  scale, max_q_len=T, window=window)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, num_splits=None):

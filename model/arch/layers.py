@@ -28,6 +28,8 @@ class StepContext:
     state: DeviceState
     cos: torch.Tensor    # [N, rotary_dim]
     sin: torch.Tensor
+    # another rotary's (cos, sin) for the layers that ask for it (Gemma 3's local ones)
+    local: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, batch: StepBatch, state: DeviceState, cfg: ModelConfig) -> StepContext:
@@ -178,19 +180,26 @@ class Attention(nn.Module):
 
     llama: plain. Qwen3.5 (`gated`): q_proj also yields a per-head output gate,
     q and k get a zero-centred RMSNorm, and only a part of each head is rotated.
+    Gemma 3: q and k normed (`qk_norm`) without a gate; a local layer sees `window` keys
+    and rotates by the context's `local` rotary.
     """
 
-    def __init__(self, cfg: ModelConfig, attn_index: int, gated: bool) -> None:
+    def __init__(self, cfg: ModelConfig, attn_index: int, gated: bool,
+                 qk_norm: bool | None = None, window: int = 0, local_rotary: bool = False
+                 ) -> None:
         super().__init__()
         self.attn_index = attn_index
         self.gated = gated
+        self.qk_norm = gated if qk_norm is None else qk_norm
+        self.window = window
+        self.local_rotary = local_rotary
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d * (2 if gated else 1), bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=bias)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=bias)
-        if gated:
+        if self.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, offset=1.0)
             self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, offset=1.0)
         self.scale = self.d ** -0.5
@@ -217,13 +226,15 @@ class Attention(nn.Module):
         q = q.reshape(N, self.h, self.d)
         k = k.reshape(N, self.hkv, self.d)
         v = v.reshape(N, self.hkv, self.d)
-        if self.gated:
+        if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = ops.apply_rotary(q, ctx.cos, ctx.sin)
-        k = ops.apply_rotary(k, ctx.cos, ctx.sin)
+        cos, sin = ctx.local if self.local_rotary else (ctx.cos, ctx.sin)
+        q = ops.apply_rotary(q, cos, sin)
+        k = ops.apply_rotary(k, cos, sin)
         kv = ctx.state.kv
         ops.write_kv(kv, self.attn_index, ctx.batch.kv_index, k, v)
-        out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale)
+        out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale,
+                                 self.window)
         out = out.reshape(N, self.h * self.d)
         if gate is not None:
             out = out * torch.sigmoid(gate)

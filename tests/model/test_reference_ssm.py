@@ -12,9 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ckptd.model.configs import config_from_hf
-from ckptd.model.testing import Scratch, prompt_logits
 from tests.conftest import SSM_ARCHES
-from tests.model.reference import check_greedy, check_prompt_logits
+from tests.model.reference import check_chunks_equal_one_step, check_greedy, check_prompt_logits
 
 CLASSES = {"nemotron_h": "NemotronHForCausalLM", "granitemoehybrid":
            "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
@@ -39,24 +38,7 @@ def test_chunked_prefill_and_batched_sequences_equal_one_step(ssm_models, arch):
     """Uneven chunks (the conv and SSM state carried across steps, chunks crossing the
     scan's 64-token chunks), two sequences packed in one step, and decodes mixed with a
     prefill: every logit equals the one-step prefill's."""
-    model = ssm_models[arch]
-    g = torch.Generator().manual_seed(2)
-    a = torch.randint(3, 512, (150,), generator=g).tolist()
-    b = torch.randint(3, 512, (90,), generator=g).tolist()
-    want_a, want_b = prompt_logits(model, a), prompt_logits(model, b)
-    s = Scratch(model, max_tokens=256, n_seqs=2)
-    got_a, got_b, pos_a, pos_b = [], [], 0, 0
-    for na, nb in ((1, 70), (63, 1), (2, 19), (84, 0), (0, 0)):
-        chunks = {k: v for k, v in ((0, a[pos_a:pos_a + na]), (1, b[pos_b:pos_b + nb])) if v}
-        if not chunks:
-            break
-        out = s.feed(chunks, all_logits=True)
-        got_a.append(out[:len(chunks.get(0, []))])
-        got_b.append(out[len(chunks.get(0, [])):])
-        pos_a, pos_b = pos_a + na, pos_b + nb
-    assert pos_a == len(a) and pos_b == len(b)
-    assert (torch.cat(got_a) - want_a).abs().max().item() <= 1e-4
-    assert (torch.cat(got_b) - want_b).abs().max().item() <= 1e-4
+    check_chunks_equal_one_step(ssm_models[arch])
 
 
 @pytest.mark.parametrize("arch", SSM_ARCHES)

@@ -28,7 +28,7 @@ from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.runner import Runner  # noqa: E402
 from ckptd.model.sequence import Sequence  # noqa: E402
 from ckptd.model.testing import Scratch  # noqa: E402
-from tests.conftest import SSM_ARCHES  # noqa: E402
+from tests.conftest import HF_ARCHES  # noqa: E402
 
 
 def _tokens(n, seed):
@@ -61,14 +61,14 @@ def test_meta_default_device_catches_a_tensor_made_without_a_device():
             (cpu + forgot).sum()
 
 
-MODELS = ["hybrid", "llama", "moe", *SSM_ARCHES]
+MODELS = ["hybrid", "llama", "moe", *HF_ARCHES]
 # on the Triton path (interpreted: ~20 s a model): the Mamba2 and the Mamba (v1) kernels
-TRITON_MODELS = ["hybrid", "llama", "moe", "nemotron_h", "jamba"]
+TRITON_MODELS = ["hybrid", "llama", "moe", "nemotron_h", "jamba", "gemma3"]
 
 
 def _path(which: str, request):
-    if which in SSM_ARCHES:
-        return request.getfixturevalue("ssm_dirs")[which]
+    if which in HF_ARCHES:
+        return request.getfixturevalue("hf_dirs")[which]
     return request.getfixturevalue(f"tiny_{which}_dir")
 
 

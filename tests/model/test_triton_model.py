@@ -61,6 +61,11 @@ def test_state_space_model_on_triton_kernels_equals_references(ssm_dirs, arch, m
     _compare(ssm_dirs[arch], monkeypatch)
 
 
+def test_sliding_window_model_on_triton_kernels_equals_references(hf_dirs, monkeypatch):
+    """Gemma 3: windowed attention (16 keys) beside global layers, qk norms, GELU."""
+    _compare(hf_dirs["gemma3"], monkeypatch)
+
+
 def _compare(model_dir, monkeypatch):
     model = load_model(model_dir, device=DEVICE)
     monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))

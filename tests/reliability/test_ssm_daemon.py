@@ -1,14 +1,14 @@
-"""Each state space hybrid served by `ckptd serve`, through the OpenAI client: a three-turn
-chat whose later turns restore the earlier ones, then a SIGKILL and a restart after which
-the same chat is answered the same from the disk tier; every answer also equals the
-uncached one of the same process."""
+"""Each state space hybrid and sliding-window model served by `ckptd serve`, through the
+OpenAI client: a three-turn chat whose later turns restore the earlier ones, then a
+SIGKILL and a restart after which the same chat is answered the same from the disk
+tier; every answer also equals the uncached one of the same process."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from tests.conftest import SSM_ARCHES
+from tests.conftest import HF_ARCHES
 from tests.daemon.daemon_proc import start
 from tests.reliability.conftest import ARGS, ENV, kill9, wait_written
 
@@ -31,10 +31,10 @@ def _chat(d, cache: bool = True) -> list[tuple[str, int, int]]:
     return out
 
 
-@pytest.mark.parametrize("arch", SSM_ARCHES)
-def test_a_chat_through_the_openai_client_survives_sigkill(ssm_dirs, tmp_path, arch):
+@pytest.mark.parametrize("arch", HF_ARCHES)
+def test_a_chat_through_the_openai_client_survives_sigkill(hf_dirs, tmp_path, arch):
     cache = tmp_path / "cache"
-    d = start(ssm_dirs[arch], cache, *ARGS, "--parallel", "2", env=ENV)
+    d = start(hf_dirs[arch], cache, *ARGS, "--parallel", "2", env=ENV)
     try:
         first = _chat(d)
         assert _chat(d, cache=False) == [(a, n, 0) for a, n, _ in first]
@@ -44,7 +44,7 @@ def test_a_chat_through_the_openai_client_survives_sigkill(ssm_dirs, tmp_path, a
         wait_written(d)                   # committed: the kill may take the queue only
     finally:
         kill9(d)
-    d = start(ssm_dirs[arch], cache, *ARGS, "--parallel", "2", env=ENV)
+    d = start(hf_dirs[arch], cache, *ARGS, "--parallel", "2", env=ENV)
     try:
         again = _chat(d)
         assert [a for a, _, _ in again] == [a for a, _, _ in first]

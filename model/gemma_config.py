@@ -1,0 +1,151 @@
+"""The configuration of Gemma 3's text model (`gemma3_text`, Gemma3ForCausalLM), from its
+config.json.
+
+A `GemmaConfig` is a `ModelConfig` whose layers are all attention, of two kinds:
+
+    sliding_attention  a query sees the `sliding_window` keys up to its own position
+                       (transformers' `kv_idx > q_idx - sliding_window`), rotary base
+                       `rope_local_theta`
+    full_attention     every earlier key, rotary base `rope_theta` (Gemma 3's 4B and up
+                       scale its positions linearly: `rope_factor`)
+
+Both kinds keep their KV pages like full layers (the cache restores any prefix exactly);
+the window only masks what a query sees. The rest of Gemma 3 is read here too: the
+attention scale `query_pre_attn_scalar ** -0.5`, the GELU (tanh) MLP, and the final
+logits' soft cap `cap * tanh(logits / cap)`. Attention logit soft-capping (Gemma 2) and
+bidirectional attention (EmbeddingGemma) are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ckptd.model.config import GEMMA_ARCHS, ModelConfig
+from ckptd.model.spec import AttentionSpec, StateSpec
+
+KINDS = ("sliding_attention", "full_attention")
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class GemmaConfig(ModelConfig):
+    sliding_window: int = 0
+    rope_local_theta: float = 10000.0
+    rope_factor: float = 1.0                 # full layers' linear position scaling
+    query_pre_attn_scalar: float = 0.0
+    final_logit_softcapping: float = 0.0     # 0: none
+
+    def __post_init__(self) -> None:
+        if self.arch not in GEMMA_ARCHS:
+            raise ValueError(f"config: {self.arch!r} is not a Gemma 3 text model")
+        if not self.mlp_types:
+            object.__setattr__(self, "mlp_types", ("dense",) * self.num_layers)
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "query_pre_attn_scalar"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple "
+                             f"of num_key_value_heads {self.num_kv_heads}")
+        if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(KINDS):
+            raise ValueError(f"config: layer_types must name {self.num_layers} layers, each "
+                             f"one of {', '.join(KINDS)}; got {list(self.layer_types)}")
+        if "sliding_attention" in self.layer_types and self.sliding_window <= 0:
+            raise ValueError(f"config: sliding_window must be positive, got {self.sliding_window}")
+        if self.head_dim % 2:
+            raise ValueError(f"config: head_dim {self.head_dim} must be even")
+        if self.rope_factor <= 0:
+            raise ValueError(f"config: the rope scaling factor must be positive, "
+                             f"got {self.rope_factor}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"config: unsupported dtype {self.dtype!r}")
+
+    @property
+    def qwen(self) -> bool:
+        return False
+
+    @property
+    def n_attention(self) -> int:
+        return self.num_layers
+
+    @property
+    def n_recurrent(self) -> int:
+        return 0
+
+    def window(self, layer: int) -> int:
+        """Keys a query of `layer` sees (its own included); 0: all of them."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
+
+    def state_spec(self, block_size: int, dtype: torch.dtype = torch.float32) -> StateSpec:
+        return StateSpec(block_size, AttentionSpec(self.num_layers, self.num_kv_heads,
+                                                   self.head_dim, dtype), None)
+
+    @classmethod
+    def from_hf(cls, d: dict) -> GemmaConfig:
+        """From a gemma3_text config.json dict: transformers 5's `rope_parameters` per
+        layer kind, or the Hub's older `rope_theta`, `rope_local_base_freq`,
+        `rope_scaling` and `sliding_window_pattern`. ValueError naming a missing,
+        mistyped or unsupported key."""
+        try:
+            return cls(**_fields(d), raw=dict(d))
+        except KeyError as e:
+            raise ValueError(f"config.json is missing {e.args[0]!r}") from None
+        except TypeError as e:                # int(None), float([...]), ...
+            raise ValueError(f"config.json has a value of the wrong type: {e}") from None
+
+
+def _fields(d: dict) -> dict:
+    for name in ("attn_logit_softcapping", "use_bidirectional_attention"):
+        if d.get(name):
+            raise ValueError(f"config: {name} is not supported (Gemma 3 text models have "
+                             f"none), got {d[name]!r}")
+    if d.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ValueError(f"config: unsupported hidden_activation {d['hidden_activation']!r}")
+    n_layers = int(d["num_hidden_layers"])
+    types = d.get("layer_types")
+    if types is None:
+        every = int(d.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % every else "full_attention"
+                 for i in range(n_layers)]
+    rope = d.get("rope_parameters") or {}
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    full.update(d.get("rope_scaling") or {})
+    kind = full.get("rope_type", full.get("type", "default"))
+    if kind not in ("default", "linear"):
+        raise ValueError(f"config: unsupported rope type {kind!r} (default and linear are)")
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"config: unsupported local rope type {local['rope_type']!r}")
+    heads = int(d["num_attention_heads"])
+    hidden = int(d["hidden_size"])
+    head_dim = int(d.get("head_dim") or hidden // heads)
+    eos = d.get("eos_token_id")
+    cap = d.get("final_logit_softcapping")
+    dtype = str(d.get("dtype") or d.get("torch_dtype") or "float32")
+    return dict(
+        arch=d["model_type"],
+        vocab_size=int(d["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(d["intermediate_size"]),
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        layer_types=tuple(types),
+        rope_theta=float(full.get("rope_theta", d.get("rope_theta", 1_000_000.0))),
+        rope_local_theta=float(local.get("rope_theta", d.get("rope_local_base_freq", 10000.0))),
+        rope_factor=float(full.get("factor", 1.0)) if kind == "linear" else 1.0,
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
+        attention_bias=bool(d.get("attention_bias", False)),
+        max_position_embeddings=int(d.get("max_position_embeddings", 131072)),
+        sliding_window=int(d.get("sliding_window") or 0),
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or head_dim),
+        final_logit_softcapping=float(cap) if cap else 0.0,
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None
+                                                                else (int(eos),)),
+        dtype=dtype if dtype in _DTYPES else "float32",
+    )
