@@ -48,7 +48,7 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
         q_pos = ctx + tq
         # keys past the last query of this block are masked for every row: stop there
         kv_end = ctx + tl.minimum(q_len, (i_r * BR + BR - 1) // G + 1)
-        kv_lo = i_s * split_len
+        kv_lo = i_s.to(tl.int64) * split_len
         kv_hi = tl.minimum(kv_end, kv_lo + split_len)
         if window > 0:      # the block's first query sees nothing before its window
             kv_lo = tl.maximum(kv_lo, ctx + (i_r * BR) // G - window + 1)
