@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ckptd.cache.entry import EntryMeta
+from ckptd.cache.entry import BLOCK, EntryMeta
 from ckptd.cache.store.commit import Fetched
 
 if TYPE_CHECKING:
@@ -17,15 +17,24 @@ class RemoteLink:
     def __init__(self, store: CacheStore, remote: RemoteTier) -> None:
         self.store, self.remote = store, remote
 
-    def committed(self, key: bytes, kind: str) -> tuple[EntryMeta, bytes] | None:
-        """A committed entry's meta and LMDB value (None once it is gone)."""
-        s = self.store
-        with s.catalog.lock:
-            meta = s.catalog.index.get(key)
-        if meta is None:
-            return None
-        blob = s.disk.read_many([(key, kind)], lambda k, b: None if b is None else bytes(b))
-        return None if blob[0] is None else (meta, blob[0])
+    def chain(self, key: bytes) -> tuple[bytes, list[bytes]] | None:
+        """(the root key, the keys of blocks 0 .. `key`) as the index has them; None
+        when a block of the prefix is gone (evicted)."""
+        cat = self.store.catalog
+        keys = []
+        with cat.lock:
+            meta = cat.index.get(key)
+            while meta is not None and meta.kind == BLOCK:
+                keys.append(key)
+                if not meta.has_block_parent:
+                    return meta.parent, keys[::-1]
+                key = meta.parent
+                meta = cat.index.get(key)
+        return None
+
+    def values(self, items: list[tuple[bytes, str]]) -> list[bytes | None]:
+        """Committed LMDB values (None where one is gone)."""
+        return self.store.disk.read_many(items, lambda k, b: None if b is None else bytes(b))
 
     def adopt(self, items: list[tuple[bytes, EntryMeta, bytes, dict | None]]) -> None:
         """Keep what a restore read from the remote: in LMDB through the write-behind

@@ -110,7 +110,7 @@ class CacheStore:
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
         self.admin = StoreAdmin(self)
         if remote is not None and not readonly:
-            remote.attach(self.link.committed)
+            remote.attach(self.link.chain, self.link.values)
 
     @classmethod
     def open_readonly(cls, path: str | Path, spec: StateSpec | None = None,

@@ -90,7 +90,7 @@ def test_the_remote_is_taken_on_cost_and_asked_on_expectation(daemons):
     _uploaded(a)
     remote = b.store.remote
     # Reading would cost more than computing: asked, not taken.
-    b.rates.prefill_tps, b.rates.remote_object_s = 100.0, 10.0
+    b.rates.prefill_tps, b.rates.bytes_per_s["remote"] = 100.0, 1.0
     info, _ = _prefill(rb, b, tokens)
     assert info.cached_tokens == 0 and remote.finder.lookups == 1
     assert remote.fetcher.restores == 0

@@ -1,7 +1,7 @@
 """`ckptd inspect`: look into a cache, on disk or in a running daemon, and tidy it.
 
     ckptd inspect [--cache-dir DIR | --url URL [--api-key KEY]] [--model PATH] [--json] ACTION
-    ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc
+    ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc|migrate
 
 Reads go to the LMDB store directly, read-only, so they work beside a running daemon
 (LMDB readers never block its writer), or to the daemon's /cache/* endpoints with
@@ -89,6 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --remote: delete objects older than this (e.g. 12h, 7d)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --remote: say what would be deleted, delete nothing")
+    p.add_argument("--grace", metavar="AGE", default="1h",
+                   help="with --remote: segments no state names go once this old (default "
+                        "1h: younger ones may belong to an upload still going on)")
+    p = add("migrate", "with --remote: rewrite objects of the first remote layout (one a "
+                       "block) as segments and states, then delete them")
+    p.add_argument("--segment-bytes", metavar="SIZE", default="8MiB",
+                   help="the daemons' --remote-segment-bytes (default 8MiB)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be done")
     add("export", "copy the store (compacted) to an empty folder").add_argument("dir")
     add("import", "add the entries of an exported store (same model) to this one"
         ).add_argument("dir")
@@ -271,9 +279,13 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+def _migrate(args, source):
+    raise ValueError("migrate works on a remote tier: give --remote s3://BUCKET/PREFIX")
+
+
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
-           "export": _export, "import": _import}
+           "export": _export, "import": _import, "migrate": _migrate}
 
 
 def _console():
