@@ -96,6 +96,7 @@ class _Run:
         self.open = len(locs)                              # values not yet resolved
         self.decodes: list[Future] = []
         self.bad: set[str] = set()                         # objects with a corrupt value
+        self.gone: set[str] = set()                        # objects missing (or others)
         self.late = 0
 
     def resolve(self, i: int, result) -> None:
@@ -108,10 +109,10 @@ class _Run:
 
 
 class Fetcher:
-    def __init__(self, client: RemoteClient, on_corrupt: Callable[[str], object] | None = None
+    def __init__(self, client: RemoteClient, forget: Callable[[str], object] | None = None
                  ) -> None:
-        """on_corrupt(name): an object found bad and deleted (to forget it)."""
-        self.client, self.cfg, self.on_corrupt = client, client.config, on_corrupt
+        """forget(name): an object found missing, or bad (and deleted)."""
+        self.client, self.cfg, self.forget = client, client.config, forget
         self.lock = threading.Lock()
         self.restores = self.pieces = self.missing = self.corrupt = self.late = 0
         self.requests = self.bytes = 0
@@ -125,9 +126,12 @@ class Fetcher:
         return math.ceil(len(plan_ranges(locs, self.cfg.range_bytes)) / self.cfg.concurrency)
 
     def fetch(self, locs: list[Loc], timeout: float, decode: Callable[[int, memoryview], object],
-              pool: Executor) -> list:
+              pool: Executor, owner: str | None = None) -> list:
         """decode(i, value) on `pool` for each location whose bytes came in; returns, per
-        location, what decode returned (CORRUPT for a bad value), or MISSING."""
+        location, what decode returned (CORRUPT for a bad value), or MISSING. owner: the
+        state object that named these locations: when one of them is corrupt or not
+        there, it names what is not there, and is deleted too (the next daemon that
+        computes it puts it again)."""
         t0 = time.perf_counter()
         chunks = plan_ranges(locs, self.cfg.range_bytes)
         run = _Run(locs, chunks)
@@ -146,6 +150,12 @@ class Fetcher:
             if not f.cancelled():
                 f.exception()          # a decode that had begun writes before we return
         self._forget_bad(run.bad)
+        if self.forget is not None:
+            for name in run.gone:
+                self.forget(name)
+        if owner is not None and (run.bad | run.gone) - {owner}:
+            log.warning("remote: state %s names a segment that is not there; deleted", owner)
+            self._delete(owner)
         out = run.out
         got = sum(locs[i].length for i, v in enumerate(out) if v not in (MISSING, CORRUPT))
         seconds = time.perf_counter() - t0
@@ -167,14 +177,17 @@ class Fetcher:
         return out
 
     def _get(self, run: _Run, c: Chunk, locs: list[Loc], decode, pool: Executor) -> None:
+        failed = False
         try:
             got = None if run.cancelled else self.client.get_range(c.name, c.start, c.end)
-        except RemoteError:
-            got = None
+        except RemoteError:          # the remote failing says nothing of the object
+            got, failed = None, True
         with run.lock:
             if run.cancelled:
                 return
             if got is None or got[1] != c.size or len(got[0]) != c.end - c.start:
+                if not failed:
+                    run.gone.add(c.name)
                 if got is not None:
                     log.warning("remote: %s is %d bytes, planned as %d: another object "
                                 "under its name; not read", c.name, got[1], c.size)
@@ -213,12 +226,15 @@ class Fetcher:
     def _forget_bad(self, names: set[str]) -> None:
         for name in names:
             log.warning("remote: %s holds a corrupt value; deleted, to be put again", name)
-            try:
-                self.client.delete([name])
-            except RemoteError:
-                pass                               # the next reader finds it bad again
-            if self.on_corrupt is not None:
-                self.on_corrupt(name)
+            self._delete(name)
+            if self.forget is not None:
+                self.forget(name)
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.client.delete([name])
+        except RemoteError:
+            pass                                   # the next reader finds it bad again
 
     def stats(self) -> dict:
         with self.lock:

@@ -43,6 +43,7 @@ class Found:
     where: dict[bytes, Loc] = field(default_factory=dict)
     segments: list[tuple[SegmentRef, list[bytes], bytes]] = field(default_factory=list)
     fetcher: Fetcher | None = None
+    state: str | None = None      # the state object whose head named these pieces
     requests: int = 0
     seconds: float = 0.0
     failed: bool = False          # a request failed: what was found may be partial
@@ -193,6 +194,7 @@ class Finder:
                          plain=ctx.plain(d, B), role=head.role)
         out.snaps[head.parent] = [(head.key, meta)]
         out.where[head.key] = Loc(obj.name, head.snapshot_at, n, obj.size)
+        out.state = obj.name
 
     def _parallel(self, fn, names: list[str], out: Found) -> list:
         """fn(name) for each name on the client's pool; RemoteError when one failed or

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.remote import segment, state
 from ckptd.cache.remote.client import RemoteClient, RemoteError
+from ckptd.cache.remote.known import Known
 from ckptd.cache.remote.layout import Layout
 from ckptd.cache.remote.state import SegmentRef, StateHead
 
@@ -34,58 +34,6 @@ log = logging.getLogger(__name__)
 # read([(key, kind)]) -> each committed value's bytes, None where it is gone
 ReadValues = Callable[[list[tuple[bytes, str]]], list["bytes | None"]]
 Chain = Callable[[bytes], "tuple[bytes, list[bytes]] | None"]
-
-
-class Known:
-    """Segments on the remote, by the keys of their blocks: what an upload names
-    instead of putting again. Entries expire (a segment may be taken by gc once no
-    state names it) and the oldest go beyond max_blocks."""
-
-    def __init__(self, ttl: float = 600.0, max_blocks: int = 1 << 20) -> None:
-        self.ttl, self.max_blocks = ttl, max_blocks
-        self.lock = threading.Lock()
-        self.refs: OrderedDict[str, tuple[SegmentRef, list[bytes], float]] = OrderedDict()
-        self.by_key: dict[bytes, tuple[str, int]] = {}
-        self.blocks = 0
-
-    def add(self, ref: SegmentRef, keys: list[bytes]) -> None:
-        """keys: the chain keys of ref's used blocks."""
-        with self.lock:
-            old = self.refs.pop(ref.name, None)
-            if old is not None and old[0].used > ref.used:
-                ref, keys = old[0], old[1]
-            self._drop(old)
-            self.refs[ref.name] = (ref, keys, time.monotonic())
-            for j, k in enumerate(keys):
-                self.by_key[k] = (ref.name, j)
-            self.blocks += len(keys)
-            while self.blocks > self.max_blocks and len(self.refs) > 1:
-                self._drop(self.refs.popitem(last=False)[1])
-
-    def _drop(self, item) -> None:
-        if item is None:
-            return
-        ref, keys, _ = item
-        for k in keys:
-            if self.by_key.get(k, (None,))[0] == ref.name:
-                del self.by_key[k]
-        self.blocks -= len(keys)
-
-    def at(self, key: bytes) -> tuple[SegmentRef, int] | None:
-        """The segment holding the block of this key, and its index there."""
-        with self.lock:
-            hit = self.by_key.get(key)
-            if hit is None:
-                return None
-            ref, _, t = self.refs[hit[0]]
-            if time.monotonic() - t > self.ttl:
-                self._drop(self.refs.pop(hit[0]))
-                return None
-            return ref, hit[1]
-
-    def forget(self, name: str) -> None:
-        with self.lock:
-            self._drop(self.refs.pop(name, None))
 
 
 @dataclass
@@ -145,17 +93,14 @@ class Publisher:
                 continue
             root, chain = got
             d = len(chain)
-            part = self._segment(root, chain, d - self.G, d)
-            parts.append(part)
+            parts.append(self._segment(root, chain, d - self.G, d))
             keys.update(chain[d - self.G:])
-            if isinstance(part[0], SegmentJob):
-                for j, k in enumerate(part[0].keys):
-                    self.batch[k] = (part[0], j)
         return parts, keys
 
     def state_job(self, key: bytes, meta: EntryMeta) -> StateJob | None:
-        """What a state needs (after `cells` for the batch); None when its blocks are
-        gone from LMDB."""
+        """What a state needs (after `cells` for the batch; the deepest states of a
+        batch first, so that those below name a part of their segments); None when its
+        blocks are gone from LMDB."""
         d = meta.position // self.B
         if d:
             got = self.chain(meta.parent)
@@ -185,6 +130,8 @@ class Publisher:
             return hit[0], hi - lo
         parent = keys[lo - 1] if lo else root
         job = SegmentJob(self.layout.segment(parent, keys[hi - 1]), lo, parent, keys[lo:hi])
+        for j, k in enumerate(job.keys):           # going up in this batch: name it
+            self.batch[k] = (job, j)
         return job, hi - lo
 
     def _cover(self, root: bytes, keys: list[bytes], lo: int, hi: int) -> list:
@@ -206,22 +153,35 @@ class Publisher:
         return parts[::-1]
 
     # ---- running ------------------------------------------------------------------
-    def run(self, cells: list, states: list[StateJob]) -> None:
-        """Put what the jobs need: segments (in parallel), then each state whose
-        segments are all there."""
+    def run(self, cells: list, states: list[StateJob], again: bool = True) -> None:
+        """Put what the jobs need: segments (in parallel, one job per name), then each
+        state whose segments are all there. A segment named from what is known is asked
+        for first (HEAD: another daemon may have found it corrupt and deleted it, or gc
+        taken it): a state never names what is not there. One that is gone is forgotten,
+        and the states that named it are planned again (once)."""
         jobs: dict[str, SegmentJob] = {}
+        reused: dict[str, SegmentRef] = {}
         for seg, _ in cells + [p for s in states for p in s.parts]:
             if isinstance(seg, SegmentJob):
                 jobs.setdefault(seg.name, seg)
             else:
-                with self.lock:
-                    self.counts.reused += 1
-        for f in [self.pool.submit(self._put_segment, j) for j in jobs.values()]:
+                reused[seg.name] = seg
+        puts = [self.pool.submit(self._put_segment, j) for j in jobs.values()]
+        heads = {n: self.pool.submit(self._there, r) for n, r in reused.items()}
+        for f in puts:
             f.result()
+        gone = {n for n, f in heads.items() if not f.result()}
+        with self.lock:
+            self.counts.reused += len(reused) - len(gone)
+        for n in gone:
+            self.known.forget(n)
         self.batch = {}
-        ready = []
-        for s in states:            # one job per name: the first one asked for puts it
+        ready, replan = [], []
+        for s in states:
             segs = [jobs[seg.name] if isinstance(seg, SegmentJob) else seg for seg, _ in s.parts]
+            if any(isinstance(seg, SegmentRef) and seg.name in gone for seg in segs):
+                replan.append(s)
+                continue
             refs = [seg.ref if isinstance(seg, SegmentJob) else seg for seg in segs]
             if any(r is None for r in refs):
                 why = next((seg.failed for seg in segs if isinstance(seg, SegmentJob)
@@ -233,6 +193,17 @@ class Publisher:
             ready.append(self.pool.submit(self._put_state, s, refs))
         for f in ready:
             f.result()
+        if replan:
+            jobs2 = [self.state_job(s.key, s.meta) for s in replan] if again else []
+            with self.lock:
+                self.counts.failed += len(replan) - sum(1 for j in jobs2 if j is not None)
+            self.run([], [j for j in jobs2 if j is not None], again=False)
+
+    def _there(self, ref: SegmentRef) -> bool:
+        try:
+            return self.client.head(ref.name) == ref.size
+        except RemoteError:
+            return False
 
     def _put_segment(self, job: SegmentJob) -> None:
         try:
@@ -299,7 +270,7 @@ class Publisher:
         body = state.pack(head, value, self.layout.relative)
         name = self.layout.state(job.cell_parent, m.position, job.key)
         try:
-            written = self._put(name, body)
+            written = self._put(name, body) or self._replace_dangling(name, body, refs)
         except RemoteError:
             with self.lock:
                 self.counts.failed += 1
@@ -310,6 +281,30 @@ class Publisher:
                 self.counts.state_bytes += len(body)
             else:
                 self.counts.exists += 1
+
+    def _replace_dangling(self, name: str, body: bytes, refs: list[SegmentRef]) -> bool:
+        """Another daemon's state object is under this name: put this one in its place
+        when that one names a segment that is not there (deleted as corrupt), so the
+        state restores again. True when it was replaced."""
+        ours = {r.name: r.size for r in refs}
+        got = self.client.get_range(name, 0, state.FIRST_READ)
+        try:
+            if got is None:
+                raise codec.CorruptValue("gone")
+            data = got[0]
+            need = state.head_bytes(data)
+            if need > len(data):
+                more = self.client.get_range(name, len(data), need)
+                data += more[0] if more else b""
+            head = state.read_head(data, self.layout.fp, self.layout.absolute)
+            if all(ours.get(r.name) == r.size or self.client.head(r.name) == r.size
+                   for r in head.segments):
+                return False
+        except codec.CorruptValue:
+            pass
+        log.warning("remote: state %s names a segment that is not there; put again", name)
+        self.client.delete([name])
+        return self._put(name, body)
 
     def _put(self, name: str, body: bytes) -> bool:
         """A conditional put with retries: True when written, False when it was there.

@@ -42,7 +42,7 @@ class RemoteTier:
         self.layout = Layout(config.url, fingerprint, grid_for(config.segment_bytes,
                                                                self.block_bytes))
         self.known = Known()
-        self.fetcher = Fetcher(self.client, on_corrupt=self.known.forget)
+        self.fetcher = Fetcher(self.client, forget=self.known.forget)
         self.finder = Finder(self.client, self.layout, self.fetcher)
         self.uploader: Uploader | None = None
         self.skipped = 0             # lookups that did not ask the remote (cooling off)

@@ -138,7 +138,7 @@ class Uploader:
         pub = self.publisher
         cell_jobs, full = pub.cells([k for k, _ in cells])
         now, ready, done, back = time.monotonic(), [], [], []
-        for item in states:
+        for item in sorted(states, key=lambda s: -s[1].position):
             key, meta, since, _ = item
             d = meta.position // self.B
             # A state in a cell still filling waits, unless this batch fills its cell

@@ -179,7 +179,7 @@ class Reader:
                 raw[i] = bytes(buf)          # written through into LMDB (adopt)
             return v
         got = self.fetcher.fetch(found.locs([pieces[i] for i in idx]), timeout, decode,
-                                 self.pool)
+                                 self.pool, found.state)
         for i, v in zip(idx, got):
             values[i] = v
         keep = []

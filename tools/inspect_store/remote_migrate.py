@@ -63,7 +63,9 @@ def migrate(src: RemoteSource, segment_bytes: int, dry_run: bool = False) -> dic
         pub = Publisher(c, layout, Known(), chain,
                         lambda items: [values.get(i) for i in items], B, block_bytes, pool)
         cells, _ = pub.cells([k for k, meta in blocks if (meta.position // B) % layout.grid == 0])
-        states = [pub.state_job(k, meta) for k, meta in metas.items() if meta.kind == SNAPSHOT]
+        snaps = sorted(((k, m) for k, m in metas.items() if m.kind == SNAPSHOT),
+                       key=lambda s: -s[1].position)
+        states = [pub.state_job(k, meta) for k, meta in snaps]
         out["skipped"] = sum(1 for s in states if s is None)
         out["grid_blocks"] = layout.grid
         if dry_run:
