@@ -40,7 +40,7 @@ class RemoteConfig:
     segment_bytes: int = 8 << 20    # blocks a segment object holds, in their bytes
     range_bytes: int = 4 << 20      # the most one ranged GET of a restore asks for
     linger: float = 0.5             # s without commits before a chain's end goes up
-    max_linger: float = 30.0        # the longest a committed state waits to go up
+    max_linger: float = 300.0       # the longest a committed state waits to go up
     connect_timeout: float = 2.0    # seconds
     read_timeout: float = 10.0      # seconds without a byte
     upload_attempts: int = 5        # tries per object before it is counted failed

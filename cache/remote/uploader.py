@@ -11,11 +11,13 @@ dropped and counted, as is a state whose blocks left LMDB before its turn.
 One thread takes what was offered, a batch at a time:
   - a block that ends a cell (block cG - 1) puts that cell's segment: a long prefill
     goes up a segment at a time, while it runs;
-  - a state (a committed snapshot) waits until its cell is full on its chain (then it
-    names that cell's segment), or until no commit came for `linger` seconds (the
-    chain ended there: the end of its last cell goes up as its own segment), or
-    `max_linger` after it came, or a flush;
-each batch's segments are put in parallel (`concurrency` at once), then its states.
+  - a state (a committed snapshot) waits while its chain grows: until the cell it is
+    in is full on its chain (then it names that cell's segment, shared with every
+    prefix of that chain), or until its chain has had no new block for `linger`
+    seconds (it ended there: the end of its last cell goes up as a segment of its
+    own), or `max_linger` after it came, or a flush. Each state follows its chain's
+    newest block (its frontier) as blocks commit.
+Each batch's segments are put in parallel (`concurrency` at once), then its states.
 A failed put waits `backoff`, doubling, and tries again up to `upload_attempts`
 times; while the remote is in its cool-off (client.py) the puts wait instead.
 """
@@ -25,10 +27,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from ckptd.cache.entry import BLOCK, EntryMeta
 from ckptd.cache.remote.client import RemoteClient
@@ -36,6 +38,19 @@ from ckptd.cache.remote.layout import Layout
 from ckptd.cache.remote.publish import Chain, Known, Publisher, ReadValues
 
 log = logging.getLogger(__name__)
+_RECENT = 1 << 16       # blocks remembered by parent: a state committed after blocks of
+                        # its chain (the writer puts blocks first) catches up through them
+
+
+@dataclass
+class _Waiting:
+    """A committed state waiting to go up."""
+    meta: EntryMeta
+    since: float          # when it came
+    size: int             # its stored bytes
+    frontier: bytes       # the newest block of its chain seen
+    grown: float          # when the frontier last moved
+    full: bool = False    # its cell is full on its chain
 
 
 class Uploader:
@@ -47,10 +62,11 @@ class Uploader:
                                    self.pool, stopping=lambda: self.closed)
         self.cond = threading.Condition()
         self.queue: deque[tuple[bytes, EntryMeta, int]] = deque()   # key, meta, stored bytes
-        self.pending: dict[bytes, tuple[EntryMeta, float, int]] = {}  # state -> meta, since
+        self.pending: dict[bytes, _Waiting] = {}
+        self.frontiers: dict[bytes, set[bytes]] = {}    # block key -> states it is the front of
+        self.children: OrderedDict[bytes, tuple[bytes, int]] = OrderedDict()  # recent blocks
         self.active = 0                      # entries in the batch going up now
         self.queued_bytes = 0                # stored bytes waiting (on disk, not in RAM)
-        self.last_offer = 0.0
         self.flushing = 0
         self.dropped = 0
         self.closed = False
@@ -69,7 +85,6 @@ class Uploader:
                 self.queue.append((key, meta, len(blob)))
                 self.queued_bytes += len(blob)
                 taken += 1
-            self.last_offer = time.monotonic()
             self.cond.notify_all()
         return taken
 
@@ -82,11 +97,10 @@ class Uploader:
                 self.cond.wait_for(lambda: self.closed or self._due(), self._wait())
                 if self.closed and not self.flushing:
                     return
-                cells, states, quiet = self._take()
+                cells, states = self._take()
                 self.active = len(cells) + len(states)
-            done = states
             try:
-                done = self._batch(cells, states, quiet)
+                self._batch(cells, states)
             except Exception:                  # counted as failed; the thread never dies
                 log.exception("remote: an upload batch failed")
                 with self.publisher.lock:
@@ -94,74 +108,85 @@ class Uploader:
             finally:
                 with self.cond:
                     self.active = 0
-                    self.queued_bytes -= sum(s[-1] for s in done) + sum(c[-1] for c in cells)
+                    self.queued_bytes -= sum(w.size for _, w in states) + \
+                        sum(size for _, size in cells)
                     self.cond.notify_all()
 
+    # ---- what goes up when (under the lock) -------------------------------------------
+    def _ready(self, w: _Waiting, now: float) -> bool:
+        return bool(self.flushing or self.closed) or w.full or \
+            (w.meta.position // self.B) % self.G == 0 or now - w.grown >= self.cfg.linger \
+            or now - w.since >= self.cfg.max_linger
+
     def _due(self) -> bool:
-        """Under the lock: whether a batch should go now."""
-        if self.queue:
-            return True
-        if not self.pending:
-            return False
         now = time.monotonic()
-        return bool(self.flushing) or now - self.last_offer >= self.cfg.linger or \
-            any(now - since >= self.cfg.max_linger for _, since, _ in self.pending.values())
+        return bool(self.queue) or any(self._ready(w, now) for w in self.pending.values())
 
     def _wait(self) -> float | None:
         if not self.pending:
             return None
-        oldest = min(since for _, since, _ in self.pending.values())
-        return max(0.01, min(self.last_offer + self.cfg.linger, oldest + self.cfg.max_linger)
-                   - time.monotonic())
+        due = min(min(w.grown + self.cfg.linger, w.since + self.cfg.max_linger)
+                  for w in self.pending.values())
+        return max(0.01, due - time.monotonic())
 
-    def _take(self) -> tuple[list, list, bool]:
-        """Under the lock: the cells the queue completes, every waiting state, and
-        whether the commits have gone quiet."""
+    def _take(self) -> tuple[list, list]:
+        """The cells the queue completes and the states that are ready; the frontiers of
+        the states that wait move with the blocks committed."""
         cells = []
         now = time.monotonic()
         while self.queue:
             key, meta, size = self.queue.popleft()
             if meta.kind != BLOCK:
-                self.pending[key] = (meta, now, size)
-            elif (meta.position // self.B) % self.G == 0:
+                w = _Waiting(meta, now, size, meta.parent, now)
+                self.pending[key] = w
+                self._follow(key, w, now)
+                continue
+            self.children[meta.parent] = (key, meta.position)
+            if len(self.children) > _RECENT:
+                self.children.popitem(last=False)
+            for s in self.frontiers.pop(meta.parent, ()):
+                if s in self.pending:
+                    self._follow(s, self.pending[s], now)
+            if (meta.position // self.B) % self.G == 0:
                 cells.append((key, size))
             else:
                 self.queued_bytes -= size      # read back with its cell's segment
-        states = [(k, m, since, size) for k, (m, since, size) in self.pending.items()]
-        self.pending.clear()
-        quiet = bool(self.flushing or self.closed) or now - self.last_offer >= self.cfg.linger
-        return cells, states, quiet
+        states = [(k, w) for k, w in self.pending.items() if self._ready(w, now)]
+        for k, w in states:
+            del self.pending[k]
+            waiting = self.frontiers.get(w.frontier)
+            if waiting is not None:
+                waiting.discard(k)
+                if not waiting:
+                    del self.frontiers[w.frontier]
+        return cells, states
 
-    def _batch(self, cells: list, states: list, quiet: bool) -> list:
-        """Put the cells, and the states that are ready; the others wait again. Returns
-        the states done with."""
+    def _follow(self, key: bytes, w: _Waiting, now: float) -> None:
+        """Move a state's frontier along the blocks committed after it."""
+        end = (w.meta.position // self.B // self.G + 1) * self.G   # its cell's end, blocks
+        while w.frontier in self.children and not w.full:
+            w.frontier, position = self.children[w.frontier]
+            w.grown = now
+            w.full = position // self.B >= end
+        if not w.full:
+            self.frontiers.setdefault(w.frontier, set()).add(key)
+
+    def _batch(self, cells: list, states: list) -> None:
+        """Put the cells, then the states (the deepest first: those below them on a chain
+        then name a part of the segments the deeper ones put)."""
         pub = self.publisher
-        cell_jobs, full = pub.cells([k for k, _ in cells])
-        now, ready, done, back = time.monotonic(), [], [], []
-        for item in sorted(states, key=lambda s: -s[1].position):
-            key, meta, since, _ = item
-            d = meta.position // self.B
-            # A state in a cell still filling waits, unless this batch fills its cell
-            # on its chain (its parent block is in that cell): then it names that
-            # cell's segment rather than a segment of its own.
-            if not (quiet or d % self.G == 0 or meta.parent in full
-                    or now - since >= self.cfg.max_linger):
-                back.append(item)
-                continue
-            done.append(item)
-            job = pub.state_job(key, meta)
+        cell_jobs, _ = pub.cells([k for k, _ in cells])
+        ready = []
+        for key, w in sorted(states, key=lambda s: -s[1].meta.position):
+            job = pub.state_job(key, w.meta)
             if job is None:
                 with pub.lock:
                     pub.counts.evicted += 1
             else:
                 ready.append(job)
-        if back:
-            with self.cond:
-                for key, meta, since, size in back:
-                    self.pending[key] = (meta, since, size)
         pub.run(cell_jobs, ready)
-        return done
 
+    # ---- the outside --------------------------------------------------------------------
     @property
     def depth(self) -> int:
         with self.cond:
@@ -195,6 +220,7 @@ class Uploader:
             self.dropped += len(self.queue) + len(self.pending)
             self.queue.clear()
             self.pending.clear()
+            self.frontiers.clear()
             self.cond.notify_all()
         # A put stuck on a hung remote runs on a daemon thread: the process may exit
         # under it (an S3 put is whole or nothing, and a state goes up last).

@@ -158,17 +158,22 @@ def test_corrupt_and_missing_segments_end_the_restore_below_them(aws, open_store
     restored = b.load(plan)
     assert not restored.ok and restored.position == 10 * 4 and restored.dropped == 1
     assert b.stats()["remote"]["fetch"]["corrupt"] == 1
-    # The bad segment is gone, for the next daemon that computes it to put back.
+    # The bad segment is gone, for the next daemon that computes it to put back, and so
+    # is the state that named it (it would name what is not there).
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=bad).get("KeyCount") == 0
+    assert not [n for n in names(s3_server, url) if "/state/" in n]
     # What was good before it was kept (a hybrid has no snapshot there to restore).
     assert b.flush(30)
     assert b.has(chain.keys[9]) and not b.has(chain.keys[10])
     assert b.lookup(TOKENS).position == (0 if spec.is_hybrid else 10 * 4)
     # A missing segment ends a restore the same way.
+    url = fresh_url()
+    a = uploaded(open_store, spec, url, tmp_path / "a2")
     s3.delete_object(Bucket=BUCKET, Key=a.remote.layout.segment(chain.keys[15], chain.keys[19]))
     c = open_store(spec, path=tmp_path / "c", remote=remote(spec, url))
     restored = c.load(c.lookup_remote(TOKENS, len(TOKENS), chain))
-    assert not restored.ok and restored.position == 8 * 4
+    assert not restored.ok and restored.position == 16 * 4
+    assert not [n for n in names(s3_server, url) if "/state/" in n]
 
 
 def test_a_dead_remote_costs_one_failed_request_then_is_skipped(aws, open_store, spec,
