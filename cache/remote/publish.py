@@ -216,13 +216,7 @@ class Publisher:
                 for k, v in zip(job.keys, values):
                     codec.verify(v, self.layout.fp, k)      # disk damage stays off the remote
                 body = segment.pack(job.start, job.parent, list(zip(job.keys, values)))
-                written = self._put(job.name, body)
-                with self.lock:
-                    if written:
-                        self.counts.segments += 1
-                        self.counts.segment_bytes += len(body)
-                    else:
-                        self.counts.exists += 1
+                self._count("segment", self._put(job.name, body), len(body))
                 ref = SegmentRef(job.name, job.start, len(values), len(body),
                                  tuple(len(v) for v in values))
         except codec.CorruptValue:
@@ -275,12 +269,17 @@ class Publisher:
             with self.lock:
                 self.counts.failed += 1
             return
+        self._count("state", written, len(body))
+
+    def _count(self, kind: str, written: bool, nbytes: int) -> None:
+        """An object put (written) or found there already (another daemon's)."""
+        c = self.counts
         with self.lock:
             if written:
-                self.counts.states += 1
-                self.counts.state_bytes += len(body)
+                setattr(c, f"{kind}s", getattr(c, f"{kind}s") + 1)
+                setattr(c, f"{kind}_bytes", getattr(c, f"{kind}_bytes") + nbytes)
             else:
-                self.counts.exists += 1
+                c.exists += 1
 
     def _replace_dangling(self, name: str, body: bytes, refs: list[SegmentRef]) -> bool:
         """Another daemon's state object is under this name: put this one in its place

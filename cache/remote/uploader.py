@@ -16,7 +16,11 @@ One thread takes what was offered, a batch at a time:
     prefix of that chain), or until its chain has had no new block for `linger`
     seconds (it ended there: the end of its last cell goes up as a segment of its
     own), or `max_linger` after it came, or a flush. Each state follows its chain's
-    newest block (its frontier) as blocks commit.
+    newest block (its frontier) as blocks commit. An interval snapshot is taken in the
+    middle of a prefill, whose next checkpoint may be far off (minutes, on a busy
+    machine): it waits for its cell, or goes with the next end or branch state of its
+    chain (which puts the segment it then names a part of), or after its chain has not
+    grown for max_linger / 10.
 Each batch's segments are put in parallel (`concurrency` at once), then its states.
 A failed put waits `backoff`, doubling, and tries again up to `upload_attempts`
 times; while the remote is in its cool-off (client.py) the puts wait instead.
@@ -30,9 +34,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from ckptd.cache.entry import BLOCK, EntryMeta
+from ckptd.cache.entry import BLOCK, INTERVAL, EntryMeta
 from ckptd.cache.remote.client import RemoteClient
 from ckptd.cache.remote.layout import Layout
 from ckptd.cache.remote.publish import Chain, Known, Publisher, ReadValues
@@ -51,6 +55,7 @@ class _Waiting:
     frontier: bytes       # the newest block of its chain seen
     grown: float          # when the frontier last moved
     full: bool = False    # its cell is full on its chain
+    passed: set = field(default_factory=set)    # blocks the frontier moved through
 
 
 class Uploader:
@@ -114,8 +119,9 @@ class Uploader:
 
     # ---- what goes up when (under the lock) -------------------------------------------
     def _ready(self, w: _Waiting, now: float) -> bool:
+        linger = self.cfg.max_linger / 10 if w.meta.role == INTERVAL else self.cfg.linger
         return bool(self.flushing or self.closed) or w.full or \
-            (w.meta.position // self.B) % self.G == 0 or now - w.grown >= self.cfg.linger \
+            (w.meta.position // self.B) % self.G == 0 or now - w.grown >= linger \
             or now - w.since >= self.cfg.max_linger
 
     def _due(self) -> bool:
@@ -125,7 +131,8 @@ class Uploader:
     def _wait(self) -> float | None:
         if not self.pending:
             return None
-        due = min(min(w.grown + self.cfg.linger, w.since + self.cfg.max_linger)
+        due = min(min(w.grown + (self.cfg.max_linger / 10 if w.meta.role == INTERVAL
+                                 else self.cfg.linger), w.since + self.cfg.max_linger)
                   for w in self.pending.values())
         return max(0.01, due - time.monotonic())
 
@@ -152,6 +159,10 @@ class Uploader:
             else:
                 self.queued_bytes -= size      # read back with its cell's segment
         states = [(k, w) for k, w in self.pending.items() if self._ready(w, now)]
+        ends = {w.meta.parent for _, w in states if w.meta.role != INTERVAL}
+        if ends:                   # interval states below a state going up go with it
+            states += [(k, w) for k, w in self.pending.items() if not self._ready(w, now)
+                       and w.meta.role == INTERVAL and ends & (w.passed | {w.meta.parent})]
         for k, w in states:
             del self.pending[k]
             waiting = self.frontiers.get(w.frontier)
@@ -166,6 +177,7 @@ class Uploader:
         end = (w.meta.position // self.B // self.G + 1) * self.G   # its cell's end, blocks
         while w.frontier in self.children and not w.full:
             w.frontier, position = self.children[w.frontier]
+            w.passed.add(w.frontier)
             w.grown = now
             w.full = position // self.B >= end
         if not w.full:
