@@ -194,7 +194,7 @@ class Fetcher:
                 for i in c.values:
                     run.resolve(i, MISSING)
                 return
-            data = got[0]
+            data, ready = got[0], []
             for i in c.values:
                 loc = locs[i]
                 lo, hi = max(loc.offset, c.start), min(loc.offset + loc.length, c.end)
@@ -208,20 +208,24 @@ class Fetcher:
                     view = memoryview(buf)
                 run.waiting[i] -= 1
                 if not run.waiting[i]:
-                    run.decodes.append(pool.submit(self._decode, run, i, view, decode, c.name))
+                    ready.append((i, view))
+            if ready:                  # one job a range: a future per value costs more
+                run.decodes.append(pool.submit(self._decode, run, ready, decode, c.name))
 
-    def _decode(self, run: _Run, i: int, view: memoryview, decode, name: str) -> None:
-        if run.cancelled:
-            return
-        try:
-            result = decode(i, view)
-        except Exception:                          # never a reason to fail the restore
-            log.exception("remote: decoding %s failed", name)
-            result = CORRUPT
-        with run.lock:
-            if result == CORRUPT:
-                run.bad.add(name)
-            run.resolve(i, result)
+    def _decode(self, run: _Run, ready: list[tuple[int, memoryview]], decode, name: str
+                ) -> None:
+        for i, view in ready:
+            if run.cancelled:
+                return
+            try:
+                result = decode(i, view)
+            except Exception:                      # never a reason to fail the restore
+                log.exception("remote: decoding %s failed", name)
+                result = CORRUPT
+            with run.lock:
+                if result == CORRUPT:
+                    run.bad.add(name)
+                run.resolve(i, result)
 
     def _forget_bad(self, names: set[str]) -> None:
         for name in names:

@@ -174,6 +174,7 @@ class Finder:
     def _fill(self, chain: KeyChain, tokens: list[int], first: int, head: StateHead,
               obj: ObjectInfo, out: Found) -> None:
         B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
+        simple = ctx.extras is None and ctx.positions is None     # every block plain
         for seg in head.segments:
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
@@ -185,7 +186,8 @@ class Finder:
                     continue
                 out.blocks[keys[j]] = EntryMeta(
                     BLOCK, chain.parent(b), (b + 1) * B, tokens[b * B:(b + 1) * B], fp,
-                    stored_bytes=n, logical_bytes=head.block_bytes, plain=ctx.plain(b, B))
+                    stored_bytes=n, logical_bytes=head.block_bytes,
+                    plain=simple or ctx.plain(b, B))
                 out.where[keys[j]] = Loc(seg.name, off, n, seg.size)
         d = head.position // B
         n = obj.size - head.snapshot_at

@@ -187,10 +187,13 @@ class Reader:
             if not isinstance(values[i], dict):
                 break
             key = pieces[i].key
+            # a snapshot's tensors are copied now: the caller may change its own
             keep.append((key, found.meta(key), raw[i], None if i < len(plan.blocks)
-                         else values[i]))
+                         else {k: t.clone() for k, t in values[i].items()}))
         if keep and self.adopt is not None:
-            self.adopt(keep)
+            # Off the restore's path, as disk reads' promotions are: queueing ~16K
+            # blocks for the writer took longer than reading them.
+            self.promoter.submit(self.adopt, keep)
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = {ref.key: out for ref, out in job}

@@ -38,7 +38,8 @@ class RemoteLink:
 
     def adopt(self, items: list[tuple[bytes, EntryMeta, bytes, dict | None]]) -> None:
         """Keep what a restore read from the remote: in LMDB through the write-behind
-        queue (as it is: not encoded again, not uploaded back), a snapshot in RAM too."""
+        queue (as it is: not encoded again, not uploaded back), a snapshot in RAM too
+        (its tensors are the store's: the reader copied them)."""
         s = self.store
         if s.readonly:
             return
@@ -47,7 +48,7 @@ class RemoteLink:
             if cat.known(key):
                 continue
             if tensors is not None:
-                s.host.put(key, meta, {k: v.clone() for k, v in tensors.items()})
+                s.host.put(key, meta, tensors)
             with s.put_lock:
                 with cat.lock:
                     cat.queued[key] = meta.parent

@@ -374,6 +374,7 @@ class CacheStore:
         if self.closed:
             return
         self.closed = True
+        self.reader.flush(30)          # what restores read from the remote, into the queue
         if self.writer is not None:
             self.writer.close()
             touched = self.catalog.take_touched()
