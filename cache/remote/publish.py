@@ -81,21 +81,17 @@ class Publisher:
         self.batch: dict[bytes, tuple[SegmentJob, int]] = {}   # keys of cells going up now
 
     # ---- planning -----------------------------------------------------------------
-    def cells(self, ends: list[bytes]) -> tuple[list, set[bytes]]:
-        """The full cells whose last blocks these are (committed just now): what puts
-        them, and the keys of their blocks (a state whose parent is among them names
-        its cell's segment)."""
-        parts, keys = [], set()
+    def cells(self, ends: list[bytes]) -> list:
+        """What puts the full cells whose last blocks these are (committed just now).
+        Starts a batch: the states planned next name these cells' segments."""
+        parts = []
         self.batch = {}
         for last in ends:
             got = self.chain(last)
-            if got is None:
-                continue
-            root, chain = got
-            d = len(chain)
-            parts.append(self._segment(root, chain, d - self.G, d))
-            keys.update(chain[d - self.G:])
-        return parts, keys
+            if got is not None:
+                root, chain = got
+                parts.append(self._segment(root, chain, len(chain) - self.G, len(chain)))
+        return parts
 
     def state_job(self, key: bytes, meta: EntryMeta) -> StateJob | None:
         """What a state needs (after `cells` for the batch; the deepest states of a

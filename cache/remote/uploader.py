@@ -187,7 +187,7 @@ class Uploader:
         """Put the cells, then the states (the deepest first: those below them on a chain
         then name a part of the segments the deeper ones put)."""
         pub = self.publisher
-        cell_jobs, _ = pub.cells([k for k, _ in cells])
+        cell_jobs = pub.cells([k for k, _ in cells])
         ready = []
         for key, w in sorted(states, key=lambda s: -s[1].meta.position):
             job = pub.state_job(key, w.meta)

@@ -118,3 +118,37 @@ def test_any_grid_restores_exactly(aws, open_store, spec, tmp_path, grid):  # no
     b = open_store(spec, path=tmp_path / "b",
                    remote=remote(spec, url, segment_bytes=grid * spec.page_bytes()))
     check_restored(spec, b.load(b.lookup_remote(t, len(t), b.chain(t))), t)
+
+
+def test_a_segment_put_again_with_other_bytes_is_not_misread(aws, open_store, spec,  # noqa: F811
+                                                             tmp_path, s3_server):
+    """A segment taken (gc) and put again by a daemon whose values compress otherwise:
+    same name, other offsets. A state written against the first is stale for it: its
+    blocks there count as missing (the object stays: it is good), never misread."""
+    from ckptd.cache import codec
+    from ckptd.cache.remote import segment
+    from tests.s3 import BUCKET
+
+    url = fresh_url()
+    t = tokens(20)
+    a = open_store(spec, path=tmp_path / "a", remote=remote(spec, url))
+    fill(a, spec, t)
+    assert a.flush(30) and a.remote.flush(30)
+    chain = a.chain(t)
+    name = a.remote.layout.segment(chain.keys[7], chain.keys[15])       # blocks 8-15
+    s3 = s3_server.client()
+    h = segment.read_header(s3.get_object(Bucket=BUCKET, Key=name)["Body"].read())
+    # The same blocks, encoded without their key in the header (a value any key reads):
+    # every value shorter, every offset after the first another.
+    again = [(k, codec.encode({"kv": fake_pages(spec, t, 8 + j, 1)[0]}, a.fp))
+             for j, k in enumerate(h.keys)]
+    body = segment.pack(h.start, h.parent, again)
+    assert len(body) < h.size
+    body += bytes(h.size - len(body) + 100)       # and longer: every range is in it
+    s3.put_object(Bucket=BUCKET, Key=name, Body=body)
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    restored = b.load(b.lookup_remote(t, len(t), b.chain(t)))
+    assert not restored.ok and restored.position == 8 * B and restored.dropped == 0
+    fetch = b.stats()["remote"]["fetch"]
+    assert fetch["corrupt"] == 0 and fetch["missing"] >= 8
+    assert s3.head_object(Bucket=BUCKET, Key=name)["ContentLength"] == len(body)

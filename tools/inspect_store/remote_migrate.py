@@ -62,7 +62,7 @@ def migrate(src: RemoteSource, segment_bytes: int, dry_run: bool = False) -> dic
     with ThreadPoolExecutor(c.config.concurrency) as pool:
         pub = Publisher(c, layout, Known(), chain,
                         lambda items: [values.get(i) for i in items], B, block_bytes, pool)
-        cells, _ = pub.cells([k for k, meta in blocks if (meta.position // B) % layout.grid == 0])
+        cells = pub.cells([k for k, meta in blocks if (meta.position // B) % layout.grid == 0])
         snaps = sorted(((k, m) for k, m in metas.items() if m.kind == SNAPSHOT),
                        key=lambda s: -s[1].position)
         states = [pub.state_job(k, meta) for k, meta in snaps]
