@@ -152,3 +152,30 @@ def test_a_segment_put_again_with_other_bytes_is_not_misread(aws, open_store, sp
     fetch = b.stats()["remote"]["fetch"]
     assert fetch["corrupt"] == 0 and fetch["missing"] >= 8
     assert s3.head_object(Bucket=BUCKET, Key=name)["ContentLength"] == len(body)
+
+
+def test_an_interval_state_goes_up_with_the_end_of_its_chain(aws, open_store, spec,  # noqa: F811
+                                                             tmp_path):
+    """A prefill's interval snapshot waits (its chain goes on); the end of the prompt
+    takes it along: both name one segment, put once."""
+    import time
+
+    url = fresh_url()
+    t = tokens(7, tail=0)
+    a = open_store(spec, path=tmp_path / "a",
+                   remote=remote(spec, url, linger=0.2, max_linger=100.0))
+    chain = a.chain(t)
+    a.put_blocks(t, 0, fake_pages(spec, t, 0, 3), chain=chain)
+    a.put_snapshot(t[:B * 3 + 1], fake_snapshot(spec, t[:B * 3 + 1]), chain=chain,
+                   role="interval")
+    a.put_blocks(t, 3, fake_pages(spec, t, 3, 4), chain=chain)
+    a.put_snapshot(t, fake_snapshot(spec, t), chain=chain)
+    assert a.flush(30)
+    deadline = time.monotonic() + 5          # the interval one alone would wait 10 s
+    while a.stats()["remote"]["uploads"]["states"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    up = a.stats()["remote"]["uploads"]
+    assert (up["states"], up["segments"]) == (2, 1), up
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    p = B * 3 + 1
+    check_restored(spec, b.load(b.lookup_remote(t[:p], p, b.chain(t[:p]))), t[:p])
