@@ -86,8 +86,8 @@ def test_a_context_prefilled_once_serves_every_daemon(tiny_hybrid_dir, tmp_path,
             s = stats(d)
             assert s["scheduler"]["cached_tokens_by_tier"]["remote"] == cached
             assert s["remote"]["fetch"]["corrupt"] == s["remote"]["fetch"]["missing"] == 0
-            # ~560 blocks, as a few ranged GETs of one segment (was a GET a block)
-            assert s["remote"]["fetch"]["requests"] <= 4
+            # ~560 blocks in a few ranged GETs of a segment or two (was a GET a block)
+            assert s["remote"]["fetch"]["requests"] <= 8
         assert complete(b, context, cache=False)[0] == want     # uncached, on B itself
         again, cached, tier = complete(b, context)              # now B's own: local
         assert again == want and cached >= 0.95 * len(context) and tier != "remote"
