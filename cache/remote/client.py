@@ -39,8 +39,8 @@ class RemoteConfig:
     part_bytes: int = 16 << 20      # larger objects go up as multipart uploads of this size
     segment_bytes: int = 8 << 20    # blocks a segment object holds, in their bytes
     range_bytes: int = 4 << 20      # the most one ranged GET of a restore asks for
-    linger: float = 0.5             # s without commits before a chain's end goes up
-    max_linger: float = 300.0       # the longest a committed state waits to go up
+    linger: float = 0.5             # s a state's chain has no new block: it ends there
+    interval_linger: float = 30.0   # the same for an interval snapshot (its prefill stopped)
     connect_timeout: float = 2.0    # seconds
     read_timeout: float = 10.0      # seconds without a byte
     upload_attempts: int = 5        # tries per object before it is counted failed
@@ -58,7 +58,7 @@ class RemoteConfig:
         for name in ("connect_timeout", "read_timeout", "fetch_timeout", "lookup_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"remote {name} must be positive, got {getattr(self, name)}")
-        if min(self.backoff, self.close_timeout, self.linger, self.max_linger) < 0:
+        if min(self.backoff, self.close_timeout, self.linger, self.interval_linger) < 0:
             raise ValueError("remote backoff, close_timeout and linger must be >= 0")
         if self.part_bytes < _MIN_PART:
             raise ValueError(f"remote part_bytes must be >= {_MIN_PART} (S3's minimum part)")

@@ -97,6 +97,7 @@ class _Run:
         self.decodes: list[Future] = []
         self.bad: set[str] = set()                         # objects with a corrupt value
         self.gone: set[str] = set()                        # objects missing (or others)
+        self.last_byte = 0.0                               # when the last range came in
         self.late = 0
 
     def resolve(self, i: int, result) -> None:
@@ -116,7 +117,7 @@ class Fetcher:
         self.lock = threading.Lock()
         self.restores = self.pieces = self.missing = self.corrupt = self.late = 0
         self.requests = self.bytes = 0
-        self.seconds = 0.0
+        self.seconds = self.transfer_seconds = 0.0   # all of it; until the last byte
         # The latest fetch: (request rounds, bytes read, seconds), for restore planning.
         self.last = (0, 0, 0.0)
         self.last_late = 0
@@ -170,6 +171,7 @@ class Fetcher:
             self.corrupt += sum(1 for v in out if v == CORRUPT)
             self.late += late
             self.seconds += seconds
+            self.transfer_seconds += max(0.0, run.last_byte - t0)
         if late:
             self.client.gave_up("get", timeout)
             log.warning("remote: %d of %d values not read within %.1f s; recomputing",
@@ -195,6 +197,7 @@ class Fetcher:
                     run.resolve(i, MISSING)
                 return
             data, ready = got[0], []
+            run.last_byte = time.perf_counter()
             for i in c.values:
                 loc = locs[i]
                 lo, hi = max(loc.offset, c.start), min(loc.offset + loc.length, c.end)
@@ -245,4 +248,5 @@ class Fetcher:
             return {"restores": self.restores, "objects": self.pieces, "bytes": self.bytes,
                     "requests": self.requests, "missing": self.missing,
                     "corrupt": self.corrupt, "late": self.late,
-                    "seconds": round(self.seconds, 3)}
+                    "seconds": round(self.seconds, 3),
+                    "transfer_seconds": round(self.transfer_seconds, 3)}

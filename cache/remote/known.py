@@ -3,27 +3,25 @@
 Fed by the uploads (a segment put, or found there) and by restores (the segments a
 state's head names), by the keys of their blocks: a block key names its whole prefix,
 so the segment holding a chain's block at key K holds every block of that chain from
-its start to K. Entries expire (a segment may be taken by gc once no state names it,
-or deleted as corrupt by another daemon), and an upload asks for a known segment
-again before a state names it (publish.py).
+its start to K. What is known may have gone since (gc, or deleted as corrupt by a
+daemon that read it): an upload asks for a known segment (HEAD) before a state names
+it (publish.py), and forgets it when it is gone. The oldest entries go beyond
+max_blocks (~150 bytes a block).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 
 from ckptd.cache.remote.state import SegmentRef
 
 
 class Known:
-    """Segments on the remote by their blocks' keys; the oldest go beyond max_blocks."""
-
-    def __init__(self, ttl: float = 600.0, max_blocks: int = 1 << 20) -> None:
-        self.ttl, self.max_blocks = ttl, max_blocks
+    def __init__(self, max_blocks: int = 1 << 20) -> None:
+        self.max_blocks = max_blocks
         self.lock = threading.Lock()
-        self.refs: OrderedDict[str, tuple[SegmentRef, list[bytes], float]] = OrderedDict()
+        self.refs: OrderedDict[str, tuple[SegmentRef, list[bytes]]] = OrderedDict()
         self.by_key: dict[bytes, tuple[str, int]] = {}
         self.blocks = 0
 
@@ -32,9 +30,9 @@ class Known:
         with self.lock:
             old = self.refs.pop(ref.name, None)
             if old is not None and old[0].used > ref.used:
-                ref, keys = old[0], old[1]
+                ref, keys = old
             self._drop(old)
-            self.refs[ref.name] = (ref, keys, time.monotonic())
+            self.refs[ref.name] = (ref, keys)
             for j, k in enumerate(keys):
                 self.by_key[k] = (ref.name, j)
             self.blocks += len(keys)
@@ -44,7 +42,7 @@ class Known:
     def _drop(self, item) -> None:
         if item is None:
             return
-        ref, keys, _ = item
+        ref, keys = item
         for k in keys:
             if self.by_key.get(k, (None,))[0] == ref.name:
                 del self.by_key[k]
@@ -56,11 +54,8 @@ class Known:
             hit = self.by_key.get(key)
             if hit is None:
                 return None
-            ref, _, t = self.refs[hit[0]]
-            if time.monotonic() - t > self.ttl:
-                self._drop(self.refs.pop(hit[0]))
-                return None
-            return ref, hit[1]
+            self.refs.move_to_end(hit[0])
+            return self.refs[hit[0]][0], hit[1]
 
     def forget(self, name: str) -> None:
         with self.lock:

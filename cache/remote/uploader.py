@@ -15,12 +15,11 @@ One thread takes what was offered, a batch at a time:
     in is full on its chain (then it names that cell's segment, shared with every
     prefix of that chain), or until its chain has had no new block for `linger`
     seconds (it ended there: the end of its last cell goes up as a segment of its
-    own), or `max_linger` after it came, or a flush. Each state follows its chain's
-    newest block (its frontier) as blocks commit. An interval snapshot is taken in the
-    middle of a prefill, whose next checkpoint may be far off (minutes, on a busy
-    machine): it waits for its cell, or goes with the next end or branch state of its
-    chain (which puts the segment it then names a part of), or after its chain has not
-    grown for max_linger / 10.
+    own), or a flush. Each state follows its chain's newest block (its frontier) as
+    blocks commit. An interval snapshot is taken in the middle of a prefill, whose next
+    checkpoint may be far off (a minute, on a busy machine): it waits for its cell, or
+    goes with the next end or branch state of its chain (which puts the segment it then
+    names a part of), or goes alone once its chain has not grown for `interval_linger`.
 Each batch's segments are put in parallel (`concurrency` at once), then its states.
 A failed put waits `backoff`, doubling, and tries again up to `upload_attempts`
 times; while the remote is in its cool-off (client.py) the puts wait instead.
@@ -50,7 +49,6 @@ _RECENT = 1 << 16       # blocks remembered by parent: a state committed after b
 class _Waiting:
     """A committed state waiting to go up."""
     meta: EntryMeta
-    since: float          # when it came
     size: int             # its stored bytes
     frontier: bytes       # the newest block of its chain seen
     grown: float          # when the frontier last moved
@@ -118,11 +116,12 @@ class Uploader:
                     self.cond.notify_all()
 
     # ---- what goes up when (under the lock) -------------------------------------------
+    def _linger(self, w: _Waiting) -> float:
+        return self.cfg.interval_linger if w.meta.role == INTERVAL else self.cfg.linger
+
     def _ready(self, w: _Waiting, now: float) -> bool:
-        linger = self.cfg.max_linger / 10 if w.meta.role == INTERVAL else self.cfg.linger
         return bool(self.flushing or self.closed) or w.full or \
-            (w.meta.position // self.B) % self.G == 0 or now - w.grown >= linger \
-            or now - w.since >= self.cfg.max_linger
+            (w.meta.position // self.B) % self.G == 0 or now - w.grown >= self._linger(w)
 
     def _due(self) -> bool:
         now = time.monotonic()
@@ -131,9 +130,7 @@ class Uploader:
     def _wait(self) -> float | None:
         if not self.pending:
             return None
-        due = min(min(w.grown + (self.cfg.max_linger / 10 if w.meta.role == INTERVAL
-                                 else self.cfg.linger), w.since + self.cfg.max_linger)
-                  for w in self.pending.values())
+        due = min(w.grown + self._linger(w) for w in self.pending.values())
         return max(0.01, due - time.monotonic())
 
     def _take(self) -> tuple[list, list]:
@@ -144,7 +141,7 @@ class Uploader:
         while self.queue:
             key, meta, size = self.queue.popleft()
             if meta.kind != BLOCK:
-                w = _Waiting(meta, now, size, meta.parent, now)
+                w = _Waiting(meta, size, meta.parent, now)
                 self.pending[key] = w
                 self._follow(key, w, now)
                 continue

@@ -163,7 +163,7 @@ def test_an_interval_state_goes_up_with_the_end_of_its_chain(aws, open_store, sp
     url = fresh_url()
     t = tokens(7, tail=0)
     a = open_store(spec, path=tmp_path / "a",
-                   remote=remote(spec, url, linger=0.2, max_linger=100.0))
+                   remote=remote(spec, url, linger=0.2, interval_linger=10.0))
     chain = a.chain(t)
     a.put_blocks(t, 0, fake_pages(spec, t, 0, 3), chain=chain)
     a.put_snapshot(t[:B * 3 + 1], fake_snapshot(spec, t[:B * 3 + 1]), chain=chain,

@@ -165,20 +165,21 @@ def _line(name: str, r: dict, rtt: str) -> str:
     rem, lm, get = r["remote"], r["lmdb"], r["get"]
     f = rem["fetch"]
     mb = f["bytes"] / MB
+    restore_s, get_s = rem["restore_ms"] / 1000, get["median_s"]
     reqs = f["requests"] + rem["lookup_requests"]
-    return (f"| {name} ({rtt}) | {rem['cached']:,} from {rem['tier']} | {rem['restore_ms']:,.0f} ms"
-            f" | {lm['restore_ms']:,.0f} ms | {rem['restore_ms'] / lm['restore_ms']:.2f}x | "
-            f"{mb:.1f} MB in {f['requests']} GETs, {f['seconds']:.2f} s | "
-            f"{get['median_s']:.2f} s | {mb / (rem['restore_ms'] / 1000):.0f} / "
-            f"{mb / get['median_s']:.0f} MB/s ({get['median_s'] / (rem['restore_ms'] / 1000):.0%})"
-            f" | {reqs / mb:.2f} |")
+    return (f"| {name} ({rtt}) | {rem['cached']:,} from {rem['tier']} | {restore_s:.2f} s | "
+            f"{lm['restore_ms'] / 1000:.2f} s | {rem['restore_ms'] / lm['restore_ms']:.2f}x | "
+            f"{mb:.1f} MB, {f['requests']} GETs | {f['transfer_seconds']:.2f} s "
+            f"({mb / f['transfer_seconds']:.0f} MB/s) | {get_s:.2f} s ({mb / get_s:.0f} MB/s) | "
+            f"{get_s / f['transfer_seconds']:.0%} / {get_s / restore_s:.0%} | "
+            f"{reqs} ({reqs / mb:.2f}) |")
 
 
 def report(row: dict, meta: dict) -> str:
     c, s = row["cold"], row["second"]
     up, add = c["uploads"], s["added"]
-    lines = [f"Remote restores, {meta['date']}, {meta['cpu']}, load {meta['load']} at the start",
-             "", f"Context {row['length']:,} tokens + a 24-token question: cold (A) "
+    lines = [f"Remote restores, {meta['date']}, {meta['cpu']}, load {meta['load']:.1f} at the "
+             "start", "", f"Context {row['length']:,} tokens + a 24-token question: cold (A) "
              f"{c['ms'] / 1000:.1f} s; uploaded {up['segment_bytes'] / MB:.1f} MB in "
              f"{up['segments']} segments and {up['states']} states "
              f"({up['state_bytes'] / MB:.2f} MB), {up['uploaded']} objects, drained "
@@ -189,8 +190,8 @@ def report(row: dict, meta: dict) -> str:
              f"(+{add['states']} states, {add['state_bytes'] / MB:.2f} MB), "
              f"{add['reused']} segments named again.", "",
              "| daemon | restored | remote restore | own LMDB restore | ratio | fetched | "
-             "one plain GET | MB/s restore / GET | requests per MB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+             "bytes in (transfer) | one plain GET | GET / transfer, / restore | "
+             "requests (per MB) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
              _line("B", row["direct"], "loopback"),
              _line("C", row["latency"], f"+{2 * meta['latency'] * 1000:.0f} ms a request"),
              "", f"Answers the same as the cold computation: {row['same_tokens']}"]
