@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 
 from ckptd.tools.bench.managed import ManagedDaemon
+from ckptd.tools.bench.remote import _complete as complete
+from ckptd.tools.bench.remote import _drain, _stats
 from ckptd.tools.bench.seaweed import BUCKET, SeaweedS3
 from ckptd.tools.bench.slow_proxy import SlowProxy
 
@@ -43,33 +45,8 @@ MB = 1e6
 
 
 def _complete(client, prompt: list[int], n: int = 8) -> dict:
-    t0 = time.perf_counter()
-    status, out = client.request("POST", "/completion", {
-        "prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True,
-        "return_tokens": True})
-    if status != 200:
-        raise RuntimeError(f"/completion answered {status}: {out}")
-    t = out["timings"]
-    return {"ms": round((time.perf_counter() - t0) * 1000, 1), "tokens": out["tokens"],
-            "cached": t["cache_n"], "tier": t.get("cache_tier"),
-            "restore_ms": round(t["restore_ms"], 1), "prompt_ms": round(t["prompt_ms"], 1)}
-
-
-def _stats(client) -> dict:
-    status, out = client.request("GET", "/cache/stats")
-    if status != 200:
-        raise RuntimeError(f"/cache/stats answered {status}")
-    return out
-
-
-def _drain(client, timeout: float = 1800) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        s = _stats(client)
-        if not s["write_queue"]["depth"] and not s["remote"]["uploads"]["depth"]:
-            return round(time.perf_counter() - t0, 2)
-        time.sleep(0.1)
-    raise TimeoutError("uploads did not drain")
+    """Eight tokens after each prompt: enough to compare answers."""
+    return complete(client, prompt, n)
 
 
 def _daemon(path: str, out: Path, name: str, serve: list[str], env=None) -> ManagedDaemon:
@@ -135,11 +112,11 @@ def run(args, out: Path, path: str) -> dict:
         a.start()
         _warm(a, 0)
         row["cold"] = _complete(a.client, prompt)
-        row["cold"]["upload_drain_s"] = _drain(a.client)
+        row["cold"]["upload_drain_s"] = round(_drain(a.client), 2)
         up1 = _stats(a.client)["remote"]["uploads"]
         row["cold"]["uploads"] = up1
         row["second"] = _complete(a.client, second + question)
-        row["second"]["upload_drain_s"] = _drain(a.client)
+        row["second"]["upload_drain_s"] = round(_drain(a.client), 2)
         up2 = _stats(a.client)["remote"]["uploads"]
         row["second"]["added"] = {k: up2[k] - up1[k] for k in (
             "segments", "segment_bytes", "states", "state_bytes", "uploaded", "reused")}
