@@ -35,3 +35,16 @@ def test_bench_remote_restore_smoke(s3_server, tmp_path, monkeypatch):
     # the first two cells, and puts only the third.
     assert 0 < added["segment_bytes"] < 0.5 * first["segment_bytes"], (first, added)
     assert "| B (loopback) |" in (out / "report.md").read_text()
+
+
+def test_bench_remote_ranges_reads_every_byte(s3_server, monkeypatch, capsys):
+    from ckptd.tools.bench import remote_ranges
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    assert remote_ranges.main(["--mb", "3", "--segment-mib", "1", "--range-mib", "1",
+                               "--repeat", "1", "--latency", "0.005", "--url",
+                               fresh_url()]) == 0
+    out = capsys.readouterr().out
+    assert "| loopback | 3.1 MB in 3 objects | 3 |" in out, out
+    assert "| +10 ms a request | 3.1 MB in 3 objects | 3 |" in out, out
