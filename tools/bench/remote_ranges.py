@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from ckptd.cache.remote.client import RemoteClient, RemoteConfig
 from ckptd.cache.remote.fetch import Loc, plan_ranges
 from ckptd.cache.remote.layout import RemoteURL
-from ckptd.tools.bench.seaweed import BUCKET, SeaweedS3
+from ckptd.tools.bench.seaweed import local_unless
 from ckptd.tools.bench.slow_proxy import SlowProxy
 
 MB = 1e6
@@ -87,13 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.mb <= 0 or min(args.segment_mib, args.range_mib, args.repeat) < 1:
         raise SystemExit("--mb, --segment-mib, --range-mib and --repeat must be positive")
-    server = None
-    if args.url is None:
-        server = SeaweedS3(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start().wait_ready()
-        os.environ.update(server.env())
-        args.url = f"s3://{BUCKET}/bench"
-    try:
-        rows = {"loopback": measure(args.url, args.mb, args.segment_mib << 20, args.repeat,
+    with local_unless(args.url, "bench-ranges") as url:
+        rows = {"loopback": measure(url, args.mb, args.segment_mib << 20, args.repeat,
                                     args.concurrency, args.range_mib << 20)}
         port = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1].split("/")[0])
         proxy = SlowProxy(port, latency=args.latency).start()
@@ -101,14 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
         try:
             rows[f"+{2 * args.latency * 1000:.0f} ms a request"] = measure(
-                args.url, args.mb, args.segment_mib << 20, args.repeat, args.concurrency,
+                url, args.mb, args.segment_mib << 20, args.repeat, args.concurrency,
                 args.range_mib << 20)
         finally:
             os.environ["AWS_ENDPOINT_URL"] = direct
             proxy.stop()
-    finally:
-        if server is not None:
-            server.kill()
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                 if ln.startswith("model name")), "?")
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, {cpu}, load {os.getloadavg()[0]:.1f}, "

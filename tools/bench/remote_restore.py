@@ -37,7 +37,7 @@ from pathlib import Path
 from ckptd.tools.bench.managed import ManagedDaemon
 from ckptd.tools.bench.remote import _complete as complete
 from ckptd.tools.bench.remote import _drain, _stats
-from ckptd.tools.bench.seaweed import BUCKET, SeaweedS3
+from ckptd.tools.bench.seaweed import BUCKET, local_unless
 from ckptd.tools.bench.slow_proxy import SlowProxy
 
 VOCAB = 512
@@ -196,21 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / time.strftime("run-%Y%m%d-%H%M%S")
     run_dir.mkdir()
-    server = None
-    if args.url is None:
-        server = SeaweedS3(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start().wait_ready()
-        os.environ.update(server.env())
-        args.url = f"s3://{BUCKET}/bench-{uuid.uuid4().hex[:8]}"
-    else:
+    if args.url is not None:
         os.environ["CKPTD_BENCH_BUCKET"] = args.url[len("s3://"):].split("/")[0]
-    try:
+    with local_unless(args.url, "bench") as args.url:
         from ckptd.tools.make_tiny import make_tiny
 
         path = str(make_tiny("qwen3_5_text", Path(tempfile.mkdtemp(prefix="tiny-"))))
         row = run(args, run_dir, path)
-    finally:
-        if server is not None:
-            server.kill()
     (out / "results.json").write_text(json.dumps({"meta": meta, "row": row}, indent=1))
     (out / "report.md").write_text(report(row, meta))
     print(report(row, meta))
