@@ -80,7 +80,6 @@ class Publisher:
         self.lock = threading.Lock()
         self.batch: dict[bytes, tuple[SegmentJob, int]] = {}   # keys of cells going up now
 
-    # ---- planning -----------------------------------------------------------------
     def cells(self, ends: list[bytes]) -> list:
         """What puts the full cells whose last blocks these are (committed just now).
         Starts a batch: the states planned next name these cells' segments."""
@@ -148,7 +147,6 @@ class Publisher:
             parts.append(self._segment(root, keys, lo, end))
         return parts[::-1]
 
-    # ---- running ------------------------------------------------------------------
     def run(self, cells: list, states: list[StateJob], again: bool = True) -> None:
         """Put what the jobs need: segments (in parallel, one job per name), then each
         state whose segments are all there. A segment named from what is known is asked

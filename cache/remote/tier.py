@@ -59,7 +59,6 @@ class RemoteTier:
         """Round trips a lookup costs: a batch of LISTs, a state's head."""
         return 2
 
-    # ---- restore planning ------------------------------------------------------------
     def plan(self, local: IndexView, tokens: list[int], limit: int, chain: KeyChain,
              device_blocks: int, floor: int) -> RestorePlan | None:
         """The deepest restorable state of tokens[:limit] over the local tiers and the
@@ -107,7 +106,6 @@ class RemoteTier:
                 out.append((parsed[3], parsed[2], o.name))
         return sorted(out)
 
-    # ---- lifecycle -------------------------------------------------------------------
     def check(self) -> str | None:
         """Why the remote can't be used now (logged at start), or None."""
         try:

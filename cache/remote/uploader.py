@@ -115,7 +115,6 @@ class Uploader:
                         sum(size for _, size in cells)
                     self.cond.notify_all()
 
-    # ---- what goes up when (under the lock) -------------------------------------------
     def _linger(self, w: _Waiting) -> float:
         return self.cfg.interval_linger if w.meta.role == INTERVAL else self.cfg.linger
 
@@ -195,7 +194,6 @@ class Uploader:
                 ready.append(job)
         pub.run(cell_jobs, ready)
 
-    # ---- the outside --------------------------------------------------------------------
     @property
     def depth(self) -> int:
         with self.cond:

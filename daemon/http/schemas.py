@@ -2,7 +2,7 @@
 
 JSON types are checked strictly (true is not an int, 1.5 is not an int), `null`
 means "not given", and unknown fields are ignored as OpenAI-compatible servers do.
-`params.max_tokens` of a generation request is settled by the handler once the
+`params.max_tokens` of a generation request is fitted to the context by the handler once the
 prompt length is known (`max_tokens` None: as many as the context allows).
 Sampling fields live in sampling.py, prompts and messages in prompts.py.
 """

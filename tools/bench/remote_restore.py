@@ -39,6 +39,7 @@ from ckptd.tools.bench.remote import _complete as complete
 from ckptd.tools.bench.remote import _drain, _stats
 from ckptd.tools.bench.seaweed import BUCKET, local_unless
 from ckptd.tools.bench.slow_proxy import SlowProxy
+from ckptd.tools.make_tiny import make_tiny
 
 VOCAB = 512
 MB = 1e6
@@ -79,6 +80,7 @@ def _restore(d: ManagedDaemon, prompt: list[int]) -> dict:
 
 def _plain_get(endpoint: str, nbytes: int, tries: int = 3) -> dict:
     """Seconds to GET an object of nbytes with one plain request (boto3)."""
+    # optional (extra s3)
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=endpoint)
@@ -199,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.url is not None:
         os.environ["CKPTD_BENCH_BUCKET"] = args.url[len("s3://"):].split("/")[0]
     with local_unless(args.url, "bench") as args.url:
-        from ckptd.tools.make_tiny import make_tiny
-
         path = str(make_tiny("qwen3_5_text", Path(tempfile.mkdtemp(prefix="tiny-"))))
         row = run(args, run_dir, path)
     (out / "results.json").write_text(json.dumps({"meta": meta, "row": row}, indent=1))

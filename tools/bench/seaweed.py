@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -85,6 +86,7 @@ class SeaweedS3:
                 "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1"}
 
     def client(self, key: str = KEY, secret: str = SECRET):
+        # optional (extra s3)
         import boto3
         from botocore.config import Config
 
@@ -94,7 +96,7 @@ class SeaweedS3:
                                           retries={"max_attempts": 1}))
 
     def wait_ready(self, timeout: float = 60.0) -> SeaweedS3:
-        """Until the gateway creates the test bucket (~10-15 s from start)."""
+        """Until the gateway creates the test bucket (it takes a while after the start)."""
         c = self.client()
         deadline = time.monotonic() + timeout
         while True:
@@ -132,8 +134,6 @@ def local_unless(url: str | None, name: str) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    import tempfile
-
     server = SeaweedS3(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start().wait_ready()
     os.environ.update(server.env())
     try:
