@@ -110,10 +110,12 @@ class _Run:
 
 
 class Fetcher:
-    def __init__(self, client: RemoteClient, forget: Callable[[str], object] | None = None
-                 ) -> None:
-        """forget(name): an object found missing, or bad (and deleted)."""
-        self.client, self.cfg, self.forget = client, client.config, forget
+    def __init__(self, client: RemoteClient, forget: Callable[[str], object] | None = None,
+                 sweep: Callable[[str, set[str]], object] | None = None) -> None:
+        """forget(name): an object found missing, or bad (and deleted). sweep(state,
+        segments): delete the other states that name segments a state read named and
+        that are bad or gone (cache/remote/sweep.py)."""
+        self.client, self.cfg, self.forget, self.sweep = client, client.config, forget, sweep
         self.lock = threading.Lock()
         self.restores = self.pieces = self.missing = self.corrupt = self.late = 0
         self.requests = self.bytes = 0
@@ -131,8 +133,8 @@ class Fetcher:
         """decode(i, value) on `pool` for each location whose bytes came in; returns, per
         location, what decode returned (CORRUPT for a bad value), or MISSING. owner: the
         state object that named these locations: when one of them is corrupt or not
-        there, it names what is not there, and is deleted too (the next daemon that
-        computes it puts it again)."""
+        there, it names what is not there, and is deleted too, with the other states
+        that name it (the next daemon that computes it puts them again)."""
         t0 = time.perf_counter()
         chunks = plan_ranges(locs, self.cfg.range_bytes)
         run = _Run(locs, chunks)
@@ -157,6 +159,8 @@ class Fetcher:
         if owner is not None and (run.bad | run.gone) - {owner}:
             log.warning("remote: state %s names a segment that is not there; deleted", owner)
             self._delete(owner)
+            if self.sweep is not None:
+                self.sweep(owner, (run.bad | run.gone) - {owner})
         out = run.out
         got = sum(locs[i].length for i, v in enumerate(out) if v not in (MISSING, CORRUPT))
         seconds = time.perf_counter() - t0

@@ -280,16 +280,11 @@ class Publisher:
         when that one names a segment that is not there (deleted as corrupt), so the
         state restores again. True when it was replaced."""
         ours = {r.name: r.size for r in refs}
-        got = self.client.get_range(name, 0, state.FIRST_READ)
         try:
-            if got is None:
+            head = state.fetch_head(self.client.get_range, name, None, self.layout.fp,
+                                    self.layout.absolute)
+            if head is None:
                 raise codec.CorruptValue("gone")
-            data = got[0]
-            need = state.head_bytes(data)
-            if need > len(data):
-                more = self.client.get_range(name, len(data), need)
-                data += more[0] if more else b""
-            head = state.read_head(data, self.layout.fp, self.layout.absolute)
             if all(ours.get(r.name) == r.size or self.client.head(r.name) == r.size
                    for r in head.segments):
                 return False

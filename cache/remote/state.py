@@ -135,3 +135,19 @@ def read_head(buf: bytes | memoryview, fingerprint: str, absolute) -> StateHead:
             and len(head.key) == len(head.parent) == 16):
         raise codec.CorruptValue("a state head field is out of range")
     return head
+
+
+def fetch_head(get_range, name: str, size: int | None, fingerprint: str, absolute
+               ) -> StateHead | None:
+    """A state object's head read with get_range(name, start, end) (one ranged GET, two
+    for a long head); None when the object is gone, codec.CorruptValue when it is bad.
+    size: the object's, when a LIST gave it."""
+    got = get_range(name, 0, FIRST_READ if size is None else min(size, FIRST_READ))
+    if got is None:
+        return None
+    data = got[0]
+    need = head_bytes(data)
+    if need > len(data):
+        more = get_range(name, len(data), need)
+        data += more[0] if more else b""
+    return read_head(data, fingerprint, absolute)

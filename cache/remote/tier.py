@@ -6,6 +6,7 @@
     finder     the deepest state of a prompt: a LIST round and a head GET (finder.py)
     fetcher    a plan's pieces by ranged GETs, decoded as they come (fetch.py)
     known      segments known to be there: what uploads name instead of putting again
+    sweep      states naming a segment a reader found corrupt or gone, deleted with it
 
 The store consults it last: a plan reads device, RAM and LMDB first, and the remote
 only for the blocks and snapshot beyond them (cache/restorer.py decides whether that
@@ -23,6 +24,7 @@ from ckptd.cache.remote.fetch import Fetcher
 from ckptd.cache.remote.finder import Finder, LayeredView
 from ckptd.cache.remote.layout import STATE, Layout, grid_for
 from ckptd.cache.remote.publish import Chain, Known, ReadValues
+from ckptd.cache.remote.sweep import sweep
 from ckptd.cache.remote.uploader import Uploader
 from ckptd.model.spec import StateSpec
 
@@ -42,7 +44,9 @@ class RemoteTier:
         self.layout = Layout(config.url, fingerprint, grid_for(config.segment_bytes,
                                                                self.block_bytes))
         self.known = Known()
-        self.fetcher = Fetcher(self.client, forget=self.known.forget)
+        self.fetcher = Fetcher(self.client, forget=self.known.forget,
+                               sweep=lambda owner, names: sweep(self.client, self.layout,
+                                                                owner, names))
         self.finder = Finder(self.client, self.layout, self.fetcher)
         self.uploader: Uploader | None = None
         self.skipped = 0             # lookups that did not ask the remote (cooling off)

@@ -179,3 +179,51 @@ def test_an_interval_state_goes_up_with_the_end_of_its_chain(aws, open_store, sp
     b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
     p = B * 3 + 1
     check_restored(spec, b.load(b.lookup_remote(t[:p], p, b.chain(t[:p]))), t[:p])
+
+
+def test_a_corrupt_segment_takes_every_state_of_its_cell_that_names_it(
+        aws, open_store, spec, tmp_path, s3_server):  # noqa: F811
+    """A reader deletes a corrupt segment and the state it read; another state of the
+    same cell naming that segment (an interval snapshot below) goes too, rather than
+    dangle until verify --drop (a recomputing daemon may cut its chain otherwise). A
+    state of a lower cell, naming only good segments, stays and restores."""
+    import time
+
+    from ckptd.cache.remote import segment
+    from tests.s3 import BUCKET
+
+    url = fresh_url()
+    t = tokens(20, tail=2)                       # cells 0, 1 and blocks 16-19 of 2
+    a = open_store(spec, path=tmp_path / "a",
+                   remote=remote(spec, url, linger=0.2, interval_linger=10.0))
+    chain = a.chain(t)
+    low, mid = B * 12 + 1, B * 18 + 1            # interval states in cells 1 and 2
+    a.put_blocks(t, 0, fake_pages(spec, t, 0, 12), chain=chain)
+    a.put_snapshot(t[:low], fake_snapshot(spec, t[:low]), chain=chain, role="interval")
+    a.put_blocks(t, 12, fake_pages(spec, t, 12, 6), chain=chain)
+    a.put_snapshot(t[:mid], fake_snapshot(spec, t[:mid]), chain=chain, role="interval")
+    a.put_blocks(t, 18, fake_pages(spec, t, 18, 2), chain=chain)
+    a.put_snapshot(t, fake_snapshot(spec, t), chain=chain)
+    assert a.flush(30)
+    deadline = time.monotonic() + 10
+    while a.stats()["remote"]["uploads"]["states"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a.remote.flush(30)
+    k = chain.keys
+    cell2 = f"/state/{k[15].hex()}/"
+    assert len([n for n in names(s3_server, url) if cell2 in n]) == 2
+    bad = a.remote.layout.segment(k[15], k[19])                          # blocks 16-19
+    s3 = s3_server.client()
+    body = bytearray(s3.get_object(Bucket=BUCKET, Key=bad)["Body"].read())
+    h = segment.read_header(body)
+    body[h.header_bytes + h.lengths[0] + h.lengths[1] // 2] ^= 0x01      # block 17's value
+    s3.put_object(Bucket=BUCKET, Key=bad, Body=bytes(body))
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    restored = b.load(b.lookup_remote(t, len(t), b.chain(t)))
+    assert not restored.ok and restored.dropped == 1
+    left = [n for n in names(s3_server, url) if "/state/" in n]
+    assert not [n for n in left if cell2 in n]
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=bad).get("KeyCount") == 0
+    assert len(left) == 1 and f"/{low}-" in left[0]
+    c = open_store(spec, path=tmp_path / "c", remote=remote(spec, url))
+    check_restored(spec, c.load(c.lookup_remote(t[:low], low, c.chain(t[:low]))), t[:low])
