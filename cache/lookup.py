@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -64,8 +64,9 @@ class RestorePlan:
     device_blocks: int = 0             # leading blocks the caller maps from its device pages
     shared: int = 0                    # prompt tokens that cached entries share: where
                                        # the prompt parts from what is cached
-    remote: dict[bytes, EntryMeta] = field(repr=False, default_factory=dict)
-                                       # what the remote's pieces must be (cache/remote/)
+    remote: Any = field(repr=False, default=None)
+                                       # the remote's pieces: what and where they are
+                                       # (cache/remote/finder.py: Found)
 
     def pieces(self) -> list[PieceRef]:
         """What the store loads: the stored blocks, then the snapshot."""

@@ -13,7 +13,6 @@ made again below it, here, in one loop (without the remote, once it was slow).
 
 from __future__ import annotations
 
-import math
 import time
 
 from ckptd.cache.device import DevicePages
@@ -36,10 +35,8 @@ class Rates:
     def __init__(self) -> None:
         self.prefill_tps = 2000.0          # tokens/s; replaced by measurements
         self.bytes_per_s = {"host": 4e9, "disk": 3e8, "remote": 1e8}
-        # The remote is read an object a request, in parallel: small objects cost their
-        # requests (botocore's CPU time on each: docs/BENCHMARKS.md, Measurements behind
-        # the code), large ones their bytes.
-        self.remote_object_s = 0.0025      # wall seconds per object in a parallel fetch
+        # The remote is read in ranged GETs of many blocks, many in flight: a read costs
+        # its rounds of requests (each a round trip) and its bytes.
         self.remote_latency = 0.02         # seconds per request (the client measures it)
         # How often asking the remote found something: a daemon serving fresh prompts
         # stops paying a search per prompt that can't pay off, never below a floor, so
@@ -50,16 +47,17 @@ class Rates:
         by_tier = plan.bytes_by_tier()
         s = sum(n / self.bytes_per_s[t] for t, n in by_tier.items() if t != REMOTE)
         if REMOTE in by_tier:
-            objects = sum(1 for p in plan.pieces() if p.tier == REMOTE)
-            s += self.remote_latency + max(by_tier[REMOTE] / self.bytes_per_s[REMOTE],
-                                           objects * self.remote_object_s)
+            pieces = [p for p in plan.pieces() if p.tier == REMOTE]
+            rounds = plan.remote.rounds(pieces) if plan.remote is not None else len(pieces)
+            s += rounds * self.remote_latency + by_tier[REMOTE] / self.bytes_per_s[REMOTE]
         return s
 
-    def update_remote(self, objects: int, nbytes: int, seconds: float) -> None:
-        """A fetch of `objects` objects, `nbytes` bytes in all, took `seconds`."""
-        if objects > 0 and seconds > 0:
-            self.remote_object_s = 0.8 * self.remote_object_s + 0.2 * seconds / objects
-            self.update_read(REMOTE, nbytes, seconds)
+    def update_remote(self, rounds: int, nbytes: int, seconds: float) -> None:
+        """A fetch of `nbytes` bytes in `rounds` rounds of requests took `seconds`: what
+        its round trips do not explain is the bytes' time."""
+        if nbytes > 0 and seconds > 0:
+            self.update_read(REMOTE, nbytes, max(seconds - rounds * self.remote_latency,
+                                                 seconds / 10))
 
     def update_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= 16 and seconds > 0:
@@ -177,13 +175,12 @@ class Restorer:
 
     def _ask_remote(self, have: int, limit: int) -> bool:
         """Whether the remote is expected to save more prefill than finding out costs:
-        the prefill it could spare times how often asking found something, against a
-        search round trip per log_(fanout+1) of the blocks it may add and a LIST or two."""
+        the prefill it could spare times how often asking found something, against the
+        round trips of a search (a batch of LISTs, a state's head)."""
         gain = limit - have
         if gain < self.B:
             return False
-        fanout = self.store.remote.config.concurrency
-        rounds = math.ceil(math.log(gain // self.B + 1, fanout + 1)) + 2
+        rounds = self.store.remote.search_rounds
         expected = self.rates.remote_hit * gain / self.rates.prefill_tps
         return expected > rounds * self.store.remote.latency()
 

@@ -1,9 +1,13 @@
-"""The one interface every tier offers (DESIGN.md: get, put, contains, delete, scan):
-RAM (tiers/host.py), LMDB (tiers/disk.py) and the shared remote store (remote/tier.py).
-Values are a tier's own representation: tensors in RAM, encoded bytes on disk and in
-the remote. Metadata (EntryMeta) travels with every value. tests/cache/test_tiers.py
-holds each tier to it: its methods, parameters in this order (more only with
-defaults)."""
+"""The one interface the tiers of entries offer (DESIGN.md: get, put, contains, delete,
+scan): RAM (tiers/host.py) and LMDB (tiers/disk.py). Values are a tier's own
+representation: tensors in RAM, encoded bytes on disk. Metadata (EntryMeta) travels
+with every value. tests/cache/test_tiers.py holds each tier to it: its methods,
+parameters in this order (more only with defaults).
+
+The shared remote store (remote/tier.py) keeps no entry under its own key: blocks live
+in segments cut at fixed positions and a snapshot in a state object that indexes them
+(issue 32), written only by its uploader from LMDB and read by restore plans, so it
+offers plan/offer/flush/states instead of this interface."""
 
 from __future__ import annotations
 

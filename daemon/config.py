@@ -99,6 +99,7 @@ class ServeConfig:
     cors_origins: str | None = None        # "*", "localhost" or a comma-separated list
     cors_credentials: bool = False         # preflights allow credentials (cookies)
     remote: str | None = None              # s3://bucket/prefix: the shared remote tier
+    remote_segment_bytes: int = 8 * 2**20   # a remote segment object's size (blocks in bytes)
     verbose: bool = False                  # answers carry llama-server's __verbose
     lora: tuple = ()                       # daemon/lora.py: LoraFile per --lora(-scaled)
     lora_init_without_apply: bool = False  # the adapters' scales start at 0
@@ -253,6 +254,8 @@ class ServeConfig:
             from ckptd.cache.remote.layout import RemoteURL
 
             RemoteURL.parse(self.remote)
+            if self.remote_segment_bytes <= 0:
+                raise ValueError("--remote-segment-bytes must be positive")
             if importlib.util.find_spec("boto3") is None:
                 raise ValueError("--remote needs boto3: pip install 'ckptd[s3]'")
 

@@ -91,6 +91,9 @@ SETTINGS: dict[str, tuple] = {
     "remote": (str, "s3://BUCKET[/PREFIX]: share cached state with other daemons through "
                     "an S3-compatible store (endpoint and keys from AWS_ENDPOINT_URL, "
                     "AWS_ACCESS_KEY_ID, ... or ~/.aws; needs ckptd[s3])"),
+    "remote_segment_bytes": ("size", "blocks go to the remote in segment objects of this size "
+                                     "(default 8MiB); daemons sharing a bucket share segments "
+                                     "only when they use the same"),
     "model_draft": (str, "draft model (HF folder or .gguf with the model's vocabulary) for "
                          "speculative decoding (default: none)"),
     "spec_type": (str, "none or draft-simple (default: draft-simple with --model-draft)"),

@@ -298,6 +298,8 @@ def _remote_lines(put: _Writer, out: list[str], r: dict) -> None:
                                                  ('result="skipped"', look["skipped"])])
     put.counter("ckptd_remote_fetched_objects_total", "Objects read from the remote for "
                 "restores, checked", [("", fetch["objects"])])
+    put.counter("ckptd_remote_fetch_requests_total", "Ranged GETs restores made (many "
+                "blocks each)", [("", fetch.get("requests", 0))])
     put.counter("ckptd_remote_fetch_failures_total", "Remote objects a restore planned but "
                 "could not use", [(f'reason="{k}"', fetch[k]) for k in
                                   ("missing", "corrupt", "late")])
@@ -309,6 +311,9 @@ def _remote_lines(put: _Writer, out: list[str], r: dict) -> None:
                 "(exists: another daemon had put it; dropped: the queue was full)",
                 [(f'result="{k}"', up.get(k, 0)) for k in
                  ("uploaded", "exists", "failed", "dropped")])
+    put.counter("ckptd_remote_uploaded_bytes_total", "Bytes put to the remote, by object "
+                "kind", [('kind="segment"', up.get("segment_bytes", 0)),
+                         ('kind="state"', up.get("state_bytes", 0))])
     put.counter("ckptd_remote_upload_retries_total", "Upload attempts repeated after a "
                 "failure", [("", up.get("retries", 0))])
 

@@ -90,7 +90,7 @@ class Runtime:
                         graphs=False if cfg.enforce_eager else None,
                         max_seq_pages=-(-max_context // B))
         runner.embedder = embedder
-        remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
+        remote = _remote(cfg, model.fingerprint, runner.spec) if cfg.remote else None
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
                            queue_bytes=cfg.write_queue, remote=remote)
@@ -196,10 +196,12 @@ def _draft(cfg: ServeConfig, where, tok: Tokenizer, model) -> torch.nn.Module:
     return draft
 
 
-def _remote(url: str, fingerprint: str, spec) -> RemoteTier:
+def _remote(cfg, fingerprint: str, spec) -> RemoteTier:
     """The shared tier. A remote that does not answer now is no reason not to serve:
     the daemon starts, says so, and uses it once it answers."""
-    tier = RemoteTier(RemoteConfig(RemoteURL.parse(url)), fingerprint, spec)
+    url = cfg.remote
+    tier = RemoteTier(RemoteConfig(RemoteURL.parse(url),
+                                   segment_bytes=cfg.remote_segment_bytes), fingerprint, spec)
     why = tier.check()
     if why is None:
         log.info("remote tier %s at %s, objects under %s", url, tier.client.endpoint,

@@ -34,9 +34,13 @@ _MIN_PART = 5 << 20                 # S3's smallest part (but the last)
 @dataclass(frozen=True)
 class RemoteConfig:
     url: RemoteURL
-    concurrency: int = 8            # requests in flight for reads; as many upload workers
+    concurrency: int = 8            # requests in flight for reads; as many for uploads
     queue_entries: int = 1 << 20    # upload queue bound (keys: the values wait in LMDB)
-    part_bytes: int = 8 << 20       # larger values go up as multipart uploads of this size
+    part_bytes: int = 16 << 20      # larger objects go up as multipart uploads of this size
+    segment_bytes: int = 8 << 20    # blocks a segment object holds, in their bytes
+    range_bytes: int = 4 << 20      # the most one ranged GET of a restore asks for
+    linger: float = 0.5             # s a state's chain has no new block: it ends there
+    interval_linger: float = 30.0   # the same for an interval snapshot (its prefill stopped)
     connect_timeout: float = 2.0    # seconds
     read_timeout: float = 10.0      # seconds without a byte
     upload_attempts: int = 5        # tries per object before it is counted failed
@@ -47,14 +51,15 @@ class RemoteConfig:
     close_timeout: float = 10.0     # seconds close() lets queued uploads finish
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "upload_attempts", "max_lists", "queue_entries"):
+        for name in ("concurrency", "upload_attempts", "max_lists", "queue_entries",
+                     "segment_bytes", "range_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"remote {name} must be >= 1, got {getattr(self, name)}")
         for name in ("connect_timeout", "read_timeout", "fetch_timeout", "lookup_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"remote {name} must be positive, got {getattr(self, name)}")
-        if self.backoff < 0 or self.close_timeout < 0:
-            raise ValueError("remote backoff and close_timeout must be >= 0")
+        if min(self.backoff, self.close_timeout, self.linger, self.interval_linger) < 0:
+            raise ValueError("remote backoff, close_timeout and linger must be >= 0")
         if self.part_bytes < _MIN_PART:
             raise ValueError(f"remote part_bytes must be >= {_MIN_PART} (S3's minimum part)")
 
@@ -201,6 +206,24 @@ class RemoteClient:
         except self._exc.ClientError:
             return None
         return int(r["ContentLength"])
+
+    def get_range(self, name: str, start: int, end: int) -> tuple[bytes, int] | None:
+        """Bytes start .. end - 1 of an object, and the object's whole size; None when
+        there is no such object. A range past its end is a RemoteError ("client")."""
+        def fetch() -> tuple[bytes, int]:
+            r = self.s3.get_object(Bucket=self.url.bucket, Key=name,
+                                   Range=f"bytes={start}-{end - 1}")
+            with r["Body"] as body:
+                data = body.read()
+            total = r.get("ContentRange", "").rpartition("/")[2]
+            return data, int(total) if total.isdigit() else len(data)
+        try:
+            data, total = self._call("get", fetch)
+        except self._exc.ClientError:
+            return None
+        with self.lock:
+            self.bytes_down += len(data)
+        return data, total
 
     def put(self, name: str, body: bytes) -> bool:
         """Store an object unless one of that name exists (If-None-Match: *): True when

@@ -1,102 +1,256 @@
-"""Reading a restore plan's remote pieces: all at once, each checked, within a deadline.
+"""Reading a restore plan's remote pieces: ranged GETs of only the bytes it needs, many
+in flight, each value decoded on a pool as soon as its bytes are in, within a deadline.
 
-The objects are fetched in parallel on the client's pool. Each must unpack (frame
-checksum, value checksum, format, model, key) and its frame must name what the
-plan expects (kind, parent, position, tokens): else it is corrupt, and deleted from
-the remote so that the next daemon to compute it puts a good copy back (objects
-are never rewritten, so a bad one would otherwise stay). A fetch not done by the
-deadline is given up as missing: a slow remote costs a recompute, not a stall.
-Decoding is the caller's (cache/store/reader.py), into its pages, after this
-returns, so nothing late can write into memory the caller has moved on from.
+Every piece has a location (an object, an offset, a length, and the object's size the
+plan was made against). Pieces adjacent in one object are read together: a run of
+them is cut into ranges of at most range_bytes (at value boundaries where it can be),
+so a 250K-token context is a few dozen requests, not one per block, and its bytes
+come over `concurrency` connections at once. A value spanning ranges is decoded when
+the last of them is in.
+
+Each value is checked as it is decoded (its checksum, format, model and key: the
+caller's decode). A bad one is corrupt, and the object holding it is deleted from the
+remote, so that the next daemon to compute it puts a good one back (objects are never
+rewritten, so a bad one would otherwise stay). An object whose size is not the one the
+plan expects is another object under that name (taken by gc and put again): its
+pieces count as missing, and it stays. A piece not in by the deadline counts as
+missing; the fetch then waits only for decodes already running, so nothing late ever
+writes into memory the caller has moved on from.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from concurrent.futures import wait
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import NamedTuple
 
-from ckptd.cache import codec
-from ckptd.cache.entry import EntryMeta
-from ckptd.cache.lookup import PieceRef
 from ckptd.cache.remote.client import RemoteClient, RemoteError
-from ckptd.cache.remote.layout import Layout, unpack
 
 log = logging.getLogger(__name__)
 MISSING, CORRUPT = "missing", "corrupt"
 
 
+class Loc(NamedTuple):
+    name: str
+    offset: int
+    length: int
+    size: int          # the object's size, as the plan knows it
+
+
+class Chunk(NamedTuple):
+    name: str
+    start: int
+    end: int
+    size: int
+    values: list[int]  # the locations it holds bytes of (whole or in part)
+
+
+def plan_ranges(locs: list[Loc], max_bytes: int) -> list[Chunk]:
+    """The ranged GETs that read locs: values adjacent in one object merged, cut at
+    value boundaries into requests of at most max_bytes (a single larger value is
+    cut in the middle: its parts come in parallel)."""
+    order = sorted(range(len(locs)), key=lambda i: (locs[i].name, locs[i].offset))
+    runs: list[list[int]] = []
+    for i in order:
+        if runs:
+            last = locs[runs[-1][-1]]
+            if last.name == locs[i].name and last.offset + last.length == locs[i].offset:
+                runs[-1].append(i)
+                continue
+        runs.append([i])
+    out: list[Chunk] = []
+    for run in runs:
+        first = locs[run[0]]
+        start, held = first.offset, []
+        for i in run:
+            loc = locs[i]
+            if held and loc.offset + loc.length - start > max_bytes:
+                out.append(Chunk(first.name, start, loc.offset, first.size, held))
+                start, held = loc.offset, []
+            while loc.offset + loc.length - start > max_bytes:      # one value, cut up
+                out.append(Chunk(first.name, start, start + max_bytes, first.size, [i]))
+                start += max_bytes
+            held.append(i)
+        end = locs[run[-1]].offset + locs[run[-1]].length
+        out.append(Chunk(first.name, start, end, first.size, held))
+    return out
+
+
+class _Run:
+    """One fetch in progress: bytes as they come in, the values waiting for them."""
+
+    def __init__(self, locs: list[Loc], chunks: list[Chunk]) -> None:
+        self.lock = threading.Lock()
+        self.done = threading.Condition(self.lock)
+        self.cancelled = False
+        self.bufs: dict[int, bytearray] = {}               # loc -> its value's bytes
+        self.waiting = [0] * len(locs)                     # chunks each value still needs
+        for c in chunks:
+            for i in c.values:
+                self.waiting[i] += 1
+        self.out: list = [None] * len(locs)
+        self.open = len(locs)                              # values not yet resolved
+        self.decodes: list[Future] = []
+        self.bad: set[str] = set()                         # objects with a corrupt value
+        self.gone: set[str] = set()                        # objects missing (or others)
+        self.last_byte = 0.0                               # when the last range came in
+        self.late = 0
+
+    def resolve(self, i: int, result) -> None:
+        """Under the lock."""
+        if self.out[i] is None:
+            self.out[i] = result
+            self.open -= 1
+            if not self.open:
+                self.done.notify_all()
+
+
 class Fetcher:
-    def __init__(self, client: RemoteClient, layout: Layout) -> None:
-        self.client, self.layout = client, layout
+    def __init__(self, client: RemoteClient, forget: Callable[[str], object] | None = None,
+                 sweep: Callable[[str, set[str]], object] | None = None) -> None:
+        """forget(name): an object found missing, or bad (and deleted). sweep(state,
+        segments): delete the other states that name segments a state read named and
+        that are bad or gone (cache/remote/sweep.py)."""
+        self.client, self.cfg, self.forget, self.sweep = client, client.config, forget, sweep
         self.lock = threading.Lock()
         self.restores = self.pieces = self.missing = self.corrupt = self.late = 0
-        self.bytes = 0
-        self.seconds = 0.0
-        # The latest fetch: (objects asked, bytes read, seconds), for restore planning.
-        # A fetch cut short by its deadline counts every object asked, over the deadline.
+        self.requests = self.bytes = 0
+        self.seconds = self.transfer_seconds = 0.0   # all of it; until the last byte
+        # The latest fetch: (request rounds, bytes read, seconds), for restore planning.
         self.last = (0, 0, 0.0)
         self.last_late = 0
 
-    def fetch(self, pieces: list[PieceRef], expect: dict[bytes, EntryMeta],
-              timeout: float) -> list[tuple[EntryMeta, memoryview] | str]:
-        """Per piece: (its meta, its LMDB value) or MISSING or CORRUPT."""
+    def rounds(self, locs: list[Loc]) -> int:
+        """Request rounds a fetch of locs takes: its ranged GETs over the connections."""
+        return math.ceil(len(plan_ranges(locs, self.cfg.range_bytes)) / self.cfg.concurrency)
+
+    def fetch(self, locs: list[Loc], timeout: float, decode: Callable[[int, memoryview], object],
+              pool: Executor, owner: str | None = None) -> list:
+        """decode(i, value) on `pool` for each location whose bytes came in; returns, per
+        location, what decode returned (CORRUPT for a bad value), or MISSING. owner: the
+        state object that named these locations: when one of them is corrupt or not
+        there, it names what is not there, and is deleted too, with the other states
+        that name it (the next daemon that computes it puts them again)."""
         t0 = time.perf_counter()
-        futs = [self.client.pool.submit(self._one, p, expect.get(p.key)) for p in pieces]
-        done, _ = wait(futs, timeout=timeout)
-        out = [f.result() if f in done else MISSING for f in futs]
-        late = sum(1 for f in futs if f not in done)
-        for f in futs:
-            f.cancel()                  # those not started yet; the running ones finish idle
-        got = [v for v in out if not isinstance(v, str)]
+        chunks = plan_ranges(locs, self.cfg.range_bytes)
+        run = _Run(locs, chunks)
+        gets = [self.client.pool.submit(self._get, run, c, locs, decode, pool) for c in chunks]
+        with run.lock:
+            run.done.wait_for(lambda: not run.open, timeout)
+            run.cancelled = True
+            late = run.open
+            for i in range(len(locs)):
+                run.resolve(i, MISSING)
+            started = list(run.decodes)
+        for f in gets:
+            f.cancel()                 # those not started; the running ones finish idle
+        for f in started:
+            f.cancel()
+            if not f.cancelled():
+                f.exception()          # a decode that had begun writes before we return
+        self._forget_bad(run.bad)
+        if self.forget is not None:
+            for name in run.gone:
+                self.forget(name)
+        if owner is not None and (run.bad | run.gone) - {owner}:
+            log.warning("remote: state %s names a segment that is not there; deleted", owner)
+            self._delete(owner)
+            if self.sweep is not None:
+                self.sweep(owner, (run.bad | run.gone) - {owner})
+        out = run.out
+        got = sum(locs[i].length for i, v in enumerate(out) if v not in (MISSING, CORRUPT))
         seconds = time.perf_counter() - t0
         with self.lock:
-            self.last = (len(pieces), sum(len(v) for _, v in got), seconds)
-            self.last_late = late
+            rounds = math.ceil(len(chunks) / self.cfg.concurrency)
+            self.last, self.last_late = (rounds, got, seconds), late
             self.restores += 1
-            self.pieces += len(got)
-            self.bytes += sum(len(v) for _, v in got)
+            self.requests += len(chunks)
+            self.pieces += sum(1 for v in out if v not in (MISSING, CORRUPT))
+            self.bytes += got
             self.missing += sum(1 for v in out if v == MISSING)
             self.corrupt += sum(1 for v in out if v == CORRUPT)
             self.late += late
             self.seconds += seconds
+            self.transfer_seconds += max(0.0, run.last_byte - t0)
         if late:
             self.client.gave_up("get", timeout)
-            log.warning("remote: %d of %d objects not read within %.1f s; recomputing",
-                        late, len(pieces), timeout)
+            log.warning("remote: %d of %d values not read within %.1f s; recomputing",
+                        late, len(locs), timeout)
         return out
 
-    def _one(self, piece: PieceRef, want: EntryMeta | None):
-        name = self.layout.value(piece.key, piece.kind)
+    def _get(self, run: _Run, c: Chunk, locs: list[Loc], decode, pool: Executor) -> None:
+        failed = False
         try:
-            body = self.client.get(name)
-        except RemoteError:
-            return MISSING
-        if body is None:
-            return MISSING
-        try:
-            meta, value = unpack(body, piece.key, self.layout.fp)
-            if want is None or (meta.kind, meta.parent, meta.position, meta.tokens) != \
-                    (want.kind, want.parent, want.position, want.tokens):
-                raise codec.CorruptValue("the object names another entry than planned")
-        except codec.CorruptValue as e:
-            log.warning("remote: %s is corrupt (%s); deleted, to be recomputed", name, e)
-            self._discard(piece.key, piece.kind, want)
-            return CORRUPT
-        return meta, value
+            got = None if run.cancelled else self.client.get_range(c.name, c.start, c.end)
+        except RemoteError:          # the remote failing says nothing of the object
+            got, failed = None, True
+        with run.lock:
+            if run.cancelled:
+                return
+            if got is None or got[1] != c.size or len(got[0]) != c.end - c.start:
+                if not failed:
+                    run.gone.add(c.name)
+                if got is not None:
+                    log.warning("remote: %s is %d bytes, planned as %d: another object "
+                                "under its name; not read", c.name, got[1], c.size)
+                for i in c.values:
+                    run.resolve(i, MISSING)
+                return
+            data, ready = got[0], []
+            run.last_byte = time.perf_counter()
+            for i in c.values:
+                loc = locs[i]
+                lo, hi = max(loc.offset, c.start), min(loc.offset + loc.length, c.end)
+                if run.out[i] is not None:
+                    continue
+                if lo == loc.offset and hi == loc.offset + loc.length:
+                    view = memoryview(data)[lo - c.start:hi - c.start]   # all here
+                else:
+                    buf = run.bufs.setdefault(i, bytearray(loc.length))
+                    buf[lo - loc.offset:hi - loc.offset] = data[lo - c.start:hi - c.start]
+                    view = memoryview(buf)
+                run.waiting[i] -= 1
+                if not run.waiting[i]:
+                    ready.append((i, view))
+            if ready:                  # one job a range: a future per value costs more
+                run.decodes.append(pool.submit(self._decode, run, ready, decode, c.name))
 
-    def _discard(self, key: bytes, kind: str, want: EntryMeta | None) -> None:
-        names = [self.layout.value(key, kind)]
-        if want is not None and kind == "snapshot":
-            names.append(self.layout.marker(want.parent, key))
+    def _decode(self, run: _Run, ready: list[tuple[int, memoryview]], decode, name: str
+                ) -> None:
+        for i, view in ready:
+            if run.cancelled:
+                return
+            try:
+                result = decode(i, view)
+            except Exception:                      # never a reason to fail the restore
+                log.exception("remote: decoding %s failed", name)
+                result = CORRUPT
+            with run.lock:
+                if result == CORRUPT:
+                    run.bad.add(name)
+                run.resolve(i, result)
+
+    def _forget_bad(self, names: set[str]) -> None:
+        for name in names:
+            log.warning("remote: %s holds a corrupt value; deleted, to be put again", name)
+            self._delete(name)
+            if self.forget is not None:
+                self.forget(name)
+
+    def _delete(self, name: str) -> None:
         try:
-            self.client.delete(names)
+            self.client.delete([name])
         except RemoteError:
-            pass                         # the next reader finds it bad again
+            pass                                   # the next reader finds it bad again
 
     def stats(self) -> dict:
         with self.lock:
             return {"restores": self.restores, "objects": self.pieces, "bytes": self.bytes,
-                    "missing": self.missing, "corrupt": self.corrupt, "late": self.late,
-                    "seconds": round(self.seconds, 3)}
+                    "requests": self.requests, "missing": self.missing,
+                    "corrupt": self.corrupt, "late": self.late,
+                    "seconds": round(self.seconds, 3),
+                    "transfer_seconds": round(self.transfer_seconds, 3)}

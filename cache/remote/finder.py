@@ -1,21 +1,17 @@
-"""What the remote holds of one prompt beyond the local tiers, found with few requests.
+"""What the remote holds of one prompt beyond the local tiers, found in two round trips.
 
-Blocks: the prompt's block keys are known, so the remote is asked whether block
-D-1 exists for a few depths D at once (HEAD requests in parallel), and the
-search narrows to the deepest present block like a binary search with `fanout`
-probes a round: log_{fanout+1}(blocks) rounds of one round trip each (a 32K-token
-prompt at block 16: 4 rounds). It assumes what the remote holds of a chain is a
-prefix (uploads go in commit order, parents first); where it is not (an upload
-failed, gc took a parent), the load finds the gap and the restore falls back to
-the good part below it.
+States are listed by cell (layout.py): the states of cell c of a prefix are the
+objects under `state/{key before block cG}/`, named by position and key. The prompt's
+cells are LISTed from the deepest down, `fanout` at a time, until a batch names a
+state of this prompt: for a state at P the key the prompt's own tokens hash to at P
+(its block key at P // B - 1 and its tail) is computed and compared, so the key check
+is the token check. Then one ranged GET reads the deepest such state's head, which
+names the segment and offset of every block below it: the whole plan, in one LIST
+round (for a prompt within `fanout` cells of a state) and one GET.
 
-Snapshots: one LIST of `after/{parent}/` per depth, from the deepest block down
-(in parallel batches), until one names a snapshot whose key the prompt's own tail
-tokens hash to: the key check is the token check, since a key names its tokens.
-
-Everything found is a claim, not a fact: the load verifies each object (frame
-checksum, value checksum, key, and the meta against the prompt), and anything
-that fails is treated as missing or corrupt, never served.
+Everything found is a claim, not a fact: the load checks each value (checksum, model,
+key) as it decodes it, and anything that fails counts as missing or corrupt, never
+served. A head that fails its own checks is deleted (it is the index of nothing).
 """
 
 from __future__ import annotations
@@ -25,18 +21,29 @@ from collections.abc import Sequence
 from concurrent.futures import wait
 from dataclasses import dataclass, field
 
+from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import KeyChain, snapshot_key
-from ckptd.cache.lookup import REMOTE
-from ckptd.cache.remote.client import RemoteClient, RemoteError
-from ckptd.cache.remote.layout import Layout
+from ckptd.cache.lookup import REMOTE, PieceRef
+from ckptd.cache.remote import state as state_obj
+from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteError
+from ckptd.cache.remote.fetch import Fetcher, Loc
+from ckptd.cache.remote.layout import STATE, Layout
+from ckptd.cache.remote.state import SegmentRef, StateHead
+
+_TRIES = 3          # state heads one lookup may read (the deepest first)
 
 
 @dataclass
 class Found:
-    """The remote's entries for one prompt, as planning reads them (cache/lookup.py)."""
+    """The remote's entries for one prompt, as planning reads them (cache/lookup.py),
+    and where each one's bytes are."""
     blocks: dict[bytes, EntryMeta] = field(default_factory=dict)
     snaps: dict[bytes, list[tuple[bytes, EntryMeta]]] = field(default_factory=dict)
+    where: dict[bytes, Loc] = field(default_factory=dict)
+    segments: list[tuple[SegmentRef, list[bytes], bytes]] = field(default_factory=list)
+    fetcher: Fetcher | None = None
+    state: str | None = None      # the state object whose head named these pieces
     requests: int = 0
     seconds: float = 0.0
     failed: bool = False          # a request failed: what was found may be partial
@@ -48,6 +55,18 @@ class Found:
         for found in self.snaps.values():
             out.update(found)
         return out
+
+    def meta(self, key: bytes) -> EntryMeta:
+        if key in self.blocks:
+            return self.blocks[key]
+        return next(m for found in self.snaps.values() for k, m in found if k == key)
+
+    def locs(self, pieces: Sequence[PieceRef]) -> list[Loc]:
+        return [self.where[p.key] for p in pieces]
+
+    def rounds(self, pieces: Sequence[PieceRef]) -> int:
+        """Request rounds reading these (remote) pieces takes."""
+        return self.fetcher.rounds(self.locs(pieces)) if self.fetcher else len(pieces)
 
 
 class LayeredView:
@@ -73,37 +92,30 @@ class LayeredView:
 
 
 class Finder:
-    def __init__(self, client: RemoteClient, layout: Layout, block_bytes: int,
-                 snapshot_bytes: int) -> None:
-        """block_bytes, snapshot_bytes: logical sizes of a block and a snapshot (the
-        planner's estimate of what a read moves until HEAD says better)."""
-        self.client, self.layout = client, layout
+    def __init__(self, client: RemoteClient, layout: Layout, fetcher: Fetcher) -> None:
+        self.client, self.layout, self.fetcher = client, layout, fetcher
         self.fanout = client.config.concurrency
-        self.block_bytes, self.snapshot_bytes = block_bytes, snapshot_bytes
-        self.lookups = self.requests = 0
+        self.lookups = self.requests = self.corrupt = 0
 
     def find(self, chain: KeyChain, tokens: list[int], limit: int, first: int,
-             floor: int, hybrid: bool) -> Found:
-        """The remote's blocks first .. D-1 of the prompt (D the deepest present, found
-        by search) and the snapshots after them that cover more than `floor` tokens and
-        at most `limit`. first: blocks before it are held locally."""
+             floor: int) -> Found:
+        """The deepest state of the prompt on the remote that covers more than `floor`
+        tokens and at most `limit`, with its blocks first .. (blocks before `first`
+        are held locally)."""
         t0 = time.perf_counter()
-        out = Found(deadline=t0 + self.client.config.lookup_timeout)
-        B, fp = chain.block_size, self.layout.fp
-        n_full = min(limit // B, len(chain))
-        sizes: list[int] = []
+        out = Found(fetcher=self.fetcher, deadline=t0 + self.client.config.lookup_timeout)
         try:
-            depth = self._depth(chain.keys, first, n_full, sizes, out)
-            stored = sum(sizes) // len(sizes) if sizes else self.block_bytes
-            for i in range(first, depth):
-                out.blocks[chain.keys[i]] = EntryMeta(
-                    BLOCK, chain.parent(i), (i + 1) * B, tokens[i * B:(i + 1) * B], fp,
-                    stored_bytes=stored, logical_bytes=self.block_bytes,
-                    plain=chain.ctx.plain(i, B))
-            # Attention-only models restore at any block boundary: only a partial page
-            # after the deepest block is worth a LIST there.
-            low = max(floor // B, 0) if hybrid else depth
-            self._snapshots(chain, tokens, limit, depth, low, floor, out)
+            for P, key, obj in self._candidates(chain, tokens, limit, floor, out)[:_TRIES]:
+                head = self._head(obj, out)
+                d, B = P // chain.block_size, chain.block_size
+                if head is None:
+                    continue
+                if (head.key, head.position, head.parent, head.tokens, head.blocks) != \
+                        (key, P, chain.parent(d), tokens[d * B:P], d):
+                    self.corrupt += 1         # a well-formed head of another state
+                    continue
+                self._fill(chain, tokens, first, head, obj, out)
+                break
         except RemoteError:
             out.failed = True
         out.seconds = time.perf_counter() - t0
@@ -111,59 +123,80 @@ class Finder:
         self.requests += out.requests
         return out
 
-    def _depth(self, keys: list[bytes], lo: int, hi: int, sizes: list[int],
-               out: Found) -> int:
-        """The deepest D in [lo, hi] with block D-1 on the remote, assuming blocks lo ..
-        D-1 all are (see the module docstring)."""
-        while lo < hi:
-            span = hi - lo
-            points = sorted({lo + max(1, span * (j + 1) // self.fanout)
-                             for j in range(min(self.fanout, span))})
-            got = self._parallel(self.client.head, [self.layout.value(keys[p - 1], BLOCK)
-                                                    for p in points], out)
-            new_lo = lo
-            for p, size in zip(points, got):
-                if size is None:
-                    hi = p - 1
-                    break
-                sizes.append(size)
-                new_lo = p
-            lo = new_lo
-        return lo
-
-    def _snapshots(self, chain: KeyChain, tokens: list[int], limit: int, top: int, low: int,
-                   floor: int, out: Found) -> None:
-        """LIST the markers after depths top, top-1, .. low (at most max_lists of them),
-        a batch at a time, until a batch finds a snapshot of this prompt."""
-        B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
-        depths = list(range(top, low - 1, -1))[:self.client.config.max_lists]
-        for s in range(0, len(depths), self.fanout):
-            batch = depths[s:s + self.fanout]
-            listed = self._parallel(
-                self.client.list, [self.layout.markers_of(chain.parent(d)) for d in batch], out)
-            for d, objs in zip(batch, listed):
-                parent = chain.parent(d)
-                have = {}
+    def _candidates(self, chain: KeyChain, tokens: list[int], limit: int, floor: int,
+                    out: Found) -> list[tuple[int, bytes, ObjectInfo]]:
+        """The prompt's states in the deepest batch of cells that has any, deepest
+        first: (position, key, object)."""
+        B, G, ctx = chain.block_size, self.layout.grid, chain.ctx
+        n_full = min(limit // B, len(chain))
+        cells = list(range(n_full // G, max(floor, 0) // B // G - 1, -1))
+        cells = cells[:self.client.config.max_lists]
+        for s in range(0, len(cells), self.fanout):
+            batch = cells[s:s + self.fanout]
+            listed = self._parallel(self.client.list, [
+                self.layout.states_of(chain.parent(c * G)) for c in batch], out)
+            found = []
+            for c, objs in zip(batch, listed):
                 for o in objs:
                     parsed = self.layout.parse(o.name)
-                    if parsed is not None and parsed[0] == "marker":
-                        have[parsed[1]] = o
-                if not have:
-                    continue
-                for r in range(min(B, limit - d * B + 1)):
-                    P = d * B + r
-                    if P <= floor or P == 0:
+                    if parsed is None or parsed[0] != STATE:
                         continue
-                    tail = tokens[d * B:P]
-                    key = snapshot_key(parent, tail, d, B, ctx)
-                    if key in have:
-                        meta = EntryMeta(SNAPSHOT, parent, P, tail, fp,
-                                         stored_bytes=self.snapshot_bytes,
-                                         logical_bytes=self.snapshot_bytes,
-                                         plain=ctx.plain(d, B))
-                        out.snaps.setdefault(parent, []).append((key, meta))
-            if out.snaps:
-                return
+                    key, P = parsed[2], parsed[3]
+                    d = P // B
+                    if not floor < P <= limit or d > n_full or d // G != c:
+                        continue
+                    if snapshot_key(chain.parent(d), tokens[d * B:P], d, B, ctx) == key:
+                        found.append((P, key, o))
+            if found:
+                return sorted(found, key=lambda f: -f[0])
+        return []
+
+    def _head(self, obj: ObjectInfo, out: Found) -> StateHead | None:
+        """A state object's head (one ranged GET, two for a long head); None when it is
+        gone, or corrupt (then deleted)."""
+        first = self._parallel(lambda n: self.client.get_range(
+            n, 0, min(obj.size, state_obj.FIRST_READ)), [obj.name], out)[0]
+        if first is None:
+            return None
+        data = first[0]
+        try:
+            need = state_obj.head_bytes(data)
+            if need > len(data) and need <= obj.size:
+                more = self._parallel(lambda n: self.client.get_range(n, len(data), need),
+                                      [obj.name], out)[0]
+                data = data + (more[0] if more else b"")
+            return state_obj.read_head(data, self.layout.fp, self.layout.absolute)
+        except codec.CorruptValue:
+            self.corrupt += 1
+            self.client.delete([obj.name])
+            return None
+
+    def _fill(self, chain: KeyChain, tokens: list[int], first: int, head: StateHead,
+              obj: ObjectInfo, out: Found) -> None:
+        B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
+        simple = ctx.extras is None and ctx.positions is None     # every block plain
+        for seg in head.segments:
+            keys = chain.keys[seg.start:seg.start + seg.used]
+            out.segments.append((seg, keys, chain.parent(seg.start)))
+            if seg.start + seg.used <= first:
+                continue
+            for j, (off, n) in enumerate(zip(seg.offsets(), seg.lengths)):
+                b = seg.start + j
+                if b < first:
+                    continue
+                out.blocks[keys[j]] = EntryMeta(
+                    BLOCK, chain.parent(b), (b + 1) * B, tokens[b * B:(b + 1) * B], fp,
+                    stored_bytes=n, logical_bytes=head.block_bytes,
+                    plain=simple or ctx.plain(b, B))
+                out.where[keys[j]] = Loc(seg.name, off, n, seg.size)
+        d = head.position // B
+        n = obj.size - head.snapshot_at
+        meta = EntryMeta(SNAPSHOT, head.parent, head.position, head.tokens, fp,
+                         stored_bytes=n, logical_bytes=head.logical_bytes,
+                         plain=ctx.plain(d, B), role=head.role)
+        out.snaps[head.parent] = [(head.key, meta)]
+        out.where[head.key] = Loc(obj.name, head.snapshot_at, n, obj.size)
+        out.state = obj.name
 
     def _parallel(self, fn, names: list[str], out: Found) -> list:
         """fn(name) for each name on the client's pool; RemoteError when one failed or

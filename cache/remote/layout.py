@@ -1,47 +1,48 @@
-"""Where cached values live in an S3 bucket, and the bytes of one object.
+"""Where cached state lives in an S3 bucket: segments of blocks and state objects.
 
-Names, under `s3://BUCKET/PREFIX`:
+Names, under `s3://BUCKET/PREFIX`, for one model (its fingerprint) and one grid of
+G blocks a segment:
 
-    PREFIX/ckptd/v{FORMAT_VERSION}/{fingerprint}/block/{key}             one KV page
-    PREFIX/ckptd/v{FORMAT_VERSION}/{fingerprint}/snapshot/{key}          one snapshot
-    PREFIX/ckptd/v{FORMAT_VERSION}/{fingerprint}/after/{parent}/{key}    empty: a
-        snapshot follows block `parent` (how a lookup finds snapshots with one LIST)
+    ROOT = PREFIX/ckptd/v{FORMAT_VERSION}/{fingerprint}/g{G}/
+    ROOT/seg/{start parent}/{last key}          blocks start .. last of one chain
+    ROOT/state/{cell parent}/{P}-{key}          a restorable state at position P
 
-Keys are the cache keys in hex (cache/keys.py). A key is a hash of the prefix's
-tokens chained from a root key that covers the fingerprint, format version, block
-size and salt, so one tenant's keys never name another's objects, and a daemon
-only ever asks for names made from its own keys: salt isolation needs nothing in
-the path. The fingerprint and format version are in the path so that `ckptd
-inspect --remote ... gc` can take one model's objects (or an old format's) alone.
+Keys are cache keys in hex (cache/keys.py): a block's key hashes its whole prefix
+under the model, format, block size and salt, so a name made of keys is the
+content's address, and a daemon only ever names objects from its own keys (salt
+isolation needs nothing in the path).
 
-An object is immutable: its name is its content's address, every writer puts the
-same prefix's state under it, and puts are conditional (If-None-Match: *), so no
-object is ever rewritten. The body is a small checksummed frame with what rebuilds
-the entry's EntryMeta (kind, parent, position, tokens), then exactly the value
-LMDB stores (cache/codec.py: its own checksum, format version, fingerprint and key):
+Segments (segment.py): the blocks of a chain are cut at fixed absolute positions,
+every G blocks (G = segment bytes / a block's bytes), so two contexts sharing a
+prefix share the segment objects of every cell the prefix fills. A segment is named
+by the key before its first block (the root key for block 0) and the key of its
+last: a full cell is [cG, (c+1)G); the part of a cell at the end of a chain (where a
+context ends) may be one or a few shorter segments, cut where earlier uploads ended,
+so a chat that grows a turn at a time puts only its new blocks.
 
-    "CKPO" ‖ u32 meta length ‖ meta JSON ‖ xxh3-64 of the bytes before it ‖ value
+States (state.py): the state at position P (a snapshot: recurrent state, the partial
+page, maybe the last logits) is one object, listed under the cell of its last full
+block (cell c = (P // B) // G, named by the key before block cG). Its head names the
+segments that hold blocks 0 .. P//B - 1 with every block's offset; the snapshot's
+value follows. A lookup LISTs the cells of a prompt, deepest first, and recognises
+its own states by key; one ranged GET of a head then plans the whole restore.
+
+Objects are immutable and written conditionally (If-None-Match: *): a state only
+after every segment it names (state objects are the index, written last), so a
+daemon killed mid-upload leaves segments no state names (taken by `ckptd inspect
+--remote gc` after a grace period), never a state naming a missing segment.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from dataclasses import dataclass
 
-import xxhash
-
-from ckptd.cache import codec
-from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import FORMAT_VERSION, KEY_BYTES
 
-MAGIC = b"CKPO"
-_HEAD = struct.Struct("<4sI")
-_SUM = 8
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-KIND_DIRS = {BLOCK: "block", SNAPSHOT: "snapshot"}
 _HEX = 2 * KEY_BYTES
+SEGMENT, STATE = "segment", "state"
 
 
 @dataclass(frozen=True)
@@ -69,35 +70,51 @@ class RemoteURL:
 
 
 class Layout:
-    """Object names of one model's values under one URL."""
+    """Object names of one model's state under one URL, on one grid."""
 
-    def __init__(self, url: RemoteURL, fingerprint: str) -> None:
+    def __init__(self, url: RemoteURL, fingerprint: str, grid: int) -> None:
         if not fingerprint or "/" in fingerprint:
             raise ValueError(f"not a model fingerprint: {fingerprint!r}")
-        self.url, self.fp = url, fingerprint
-        self.root = f"{formats_root(url)}v{FORMAT_VERSION}/{fingerprint}/"
+        if grid < 1:
+            raise ValueError(f"a segment holds at least one block, got {grid}")
+        self.url, self.fp, self.grid = url, fingerprint, grid
+        self.model_root = model_root(url, fingerprint)     # every grid, and the first layout
+        self.root = f"{self.model_root}g{grid}/"
 
-    def value(self, key: bytes, kind: str) -> str:
-        return f"{self.root}{KIND_DIRS[kind]}/{key.hex()}"
+    def segment(self, start_parent: bytes, last: bytes) -> str:
+        return f"{self.root}seg/{start_parent.hex()}/{last.hex()}"
 
-    def marker(self, parent: bytes, key: bytes) -> str:
-        return f"{self.root}after/{parent.hex()}/{key.hex()}"
+    def states_of(self, cell_parent: bytes) -> str:
+        """The prefix a LIST reads to find the states of one cell of one prefix."""
+        return f"{self.root}state/{cell_parent.hex()}/"
 
-    def markers_of(self, parent: bytes) -> str:
-        """The prefix a LIST reads to find the snapshots after `parent`."""
-        return f"{self.root}after/{parent.hex()}/"
+    def state(self, cell_parent: bytes, position: int, key: bytes) -> str:
+        return f"{self.states_of(cell_parent)}{position}-{key.hex()}"
 
-    def parse(self, name: str) -> tuple[str, bytes, bytes | None] | None:
-        """(what, key, parent) of an object name under this root: what is BLOCK,
-        SNAPSHOT or "marker" (parent set only for markers); None for anything else."""
+    def relative(self, name: str) -> str:
+        """A name as a state's head keeps it: below ROOT (a bucket prefix may move)."""
+        if not name.startswith(self.root):
+            raise ValueError(f"{name!r} is not under {self.root!r}")
+        return name[len(self.root):]
+
+    def absolute(self, relative: str) -> str:
+        return self.root + relative
+
+    def parse(self, name: str) -> tuple[str, bytes, bytes, int] | None:
+        """(SEGMENT, start parent, last key, 0) or (STATE, cell parent, key, position)
+        of a name under ROOT; None for anything else."""
         if not name.startswith(self.root):
             return None
         parts = name[len(self.root):].split("/")
+        if len(parts) != 3 or len(parts[1]) != _HEX:
+            return None
         try:
-            if len(parts) == 2 and parts[0] in ("block", "snapshot") and len(parts[1]) == _HEX:
-                return (BLOCK if parts[0] == "block" else SNAPSHOT), bytes.fromhex(parts[1]), None
-            if len(parts) == 3 and parts[0] == "after" and len(parts[1]) == len(parts[2]) == _HEX:
-                return "marker", bytes.fromhex(parts[2]), bytes.fromhex(parts[1])
+            if parts[0] == "seg" and len(parts[2]) == _HEX:
+                return SEGMENT, bytes.fromhex(parts[1]), bytes.fromhex(parts[2]), 0
+            if parts[0] == "state":
+                pos, _, key = parts[2].partition("-")
+                if len(key) == _HEX and pos.isdigit() and int(pos) > 0:
+                    return STATE, bytes.fromhex(parts[1]), bytes.fromhex(key), int(pos)
         except ValueError:
             return None
         return None
@@ -108,40 +125,11 @@ def formats_root(url: RemoteURL) -> str:
     return f"{url.prefix}/ckptd/" if url.prefix else "ckptd/"
 
 
-def pack(meta: EntryMeta, value: bytes | memoryview) -> bytes:
-    """An object's body: the frame naming the entry, then its LMDB value."""
-    head = json.dumps({"kind": meta.kind, "parent": meta.parent.hex(),
-                       "position": meta.position, "tokens": meta.tokens, "fp": meta.fingerprint,
-                       "plain": meta.plain, "logical_bytes": meta.logical_bytes},
-                      separators=(",", ":")).encode()
-    frame = _HEAD.pack(MAGIC, len(head)) + head
-    return b"".join([frame, xxhash.xxh3_64_digest(frame), value])
+def model_root(url: RemoteURL, fingerprint: str) -> str:
+    return f"{formats_root(url)}v{FORMAT_VERSION}/{fingerprint}/"
 
 
-def unpack(body: bytes | memoryview, key: bytes, fingerprint: str
-           ) -> tuple[EntryMeta, memoryview]:
-    """(the entry's meta, its value) from an object's body, both checked: the frame's
-    checksum, then the value's own (checksum, format version, model and key).
-    codec.CorruptValue when anything is off."""
-    mv = memoryview(body)
-    if len(mv) < _HEAD.size + _SUM:
-        raise codec.CorruptValue("object too short")
-    magic, n = _HEAD.unpack_from(mv, 0)
-    end = _HEAD.size + n
-    if magic != MAGIC or len(mv) < end + _SUM:
-        raise codec.CorruptValue("not a ckptd object")
-    if xxhash.xxh3_64_digest(mv[:end]) != mv[end:end + _SUM]:
-        raise codec.CorruptValue("object frame checksum mismatch")
-    try:
-        d = json.loads(bytes(mv[_HEAD.size:end]))
-        meta = EntryMeta(d["kind"], bytes.fromhex(d["parent"]), d["position"], d["tokens"],
-                         d["fp"], logical_bytes=d["logical_bytes"], plain=d["plain"])
-        meta._check()
-    except (ValueError, KeyError, TypeError) as e:
-        raise codec.CorruptValue(f"bad object frame: {e}") from None
-    if meta.fingerprint != fingerprint:
-        raise codec.CorruptValue(f"object of model {meta.fingerprint!r}, expected {fingerprint!r}")
-    value = mv[end + _SUM:]
-    codec.verify(value, fingerprint, key)
-    meta.stored_bytes = len(value)
-    return meta, value
+def grid_for(segment_bytes: int, block_bytes: int) -> int:
+    """Blocks a segment holds: as many as fit segment_bytes (at least one). Daemons
+    that share a bucket share segments only on the same grid (it is in the names)."""
+    return max(1, segment_bytes // block_bytes) if block_bytes > 0 else 1

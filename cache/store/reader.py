@@ -170,28 +170,34 @@ class Reader:
 
     def _load_remote(self, plan: RestorePlan, idx: list[int], into: list, values: list,
                      timeout: float) -> None:
-        """Fetch and decode the remote pieces idx of the plan into values; adopt the
-        good ones up to the first that failed (what follows it would be orphans)."""
-        pieces = plan.pieces()
-        got = self.fetcher.fetch([pieces[i] for i in idx], plan.remote, timeout)
-        n = self.threads
-        jobs = [[(i, g) for i, g in list(zip(idx, got))[t::n]] for t in range(n)]
+        """Fetch the remote pieces idx of the plan, each decoded on the reader pool as its
+        bytes come in (cache/remote/fetch.py); adopt the good ones up to the first that
+        failed (what follows it would be orphans)."""
+        pieces, found = plan.pieces(), plan.remote
+        raw: dict[int, bytes] = {}
 
-        def decode(job):
-            return [g if isinstance(g, str) else self._decode(pieces[i].key, g[1], into[i])
-                    for i, g in job]
-        for job, out in zip(jobs, self.pool.map(decode, jobs)):
-            for (i, _), v in zip(job, out):
-                values[i] = v
+        def decode(j: int, buf: memoryview):
+            i = idx[j]
+            v = self._decode(pieces[i].key, buf, into[i])
+            if isinstance(v, dict):
+                raw[i] = bytes(buf)          # written through into LMDB (adopt)
+            return v
+        got = self.fetcher.fetch(found.locs([pieces[i] for i in idx]), timeout, decode,
+                                 self.pool, found.state)
+        for i, v in zip(idx, got):
+            values[i] = v
         keep = []
-        for i, g in zip(idx, got):
+        for i in idx:
             if not isinstance(values[i], dict):
                 break
-            meta, value = g
-            snap = None if i < len(plan.blocks) else values[i]
-            keep.append((pieces[i].key, meta, bytes(value), snap))
+            key = pieces[i].key
+            # a snapshot's tensors are copied now: the caller may change its own
+            keep.append((key, found.meta(key), raw[i], None if i < len(plan.blocks)
+                         else {k: t.clone() for k, t in values[i].items()}))
         if keep and self.adopt is not None:
-            self.adopt(keep)
+            # Off the restore's path, as disk reads' promotions are: queueing ~16K
+            # blocks for the writer took longer than reading them.
+            self.promoter.submit(self.adopt, keep)
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = {ref.key: out for ref, out in job}

@@ -1,11 +1,11 @@
-"""The store's side of the remote tier (cache/remote/): what the uploader reads back
+"""The store's side of the remote tier: what an upload reads (a block's chain, values)
 from LMDB, and what a restore read from the remote, kept locally."""
 
 from __future__ import annotations
 
 import threading
 
-from ckptd.cache.entry import EntryMeta
+from ckptd.cache.entry import BLOCK, EntryMeta
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.store.commit import Fetched
 from ckptd.cache.store.writer import Writer
@@ -20,18 +20,29 @@ class RemoteLink:
         self.catalog, self.host, self.disk = catalog, host, disk
         self.writer, self.put_lock = writer, put_lock
 
-    def committed(self, key: bytes, kind: str) -> tuple[EntryMeta, bytes] | None:
-        """A committed entry's meta and LMDB value (None once it is gone)."""
-        with self.catalog.lock:
-            meta = self.catalog.index.get(key)
-        if meta is None:
-            return None
-        blob = self.disk.read_many([(key, kind)], lambda k, b: None if b is None else bytes(b))
-        return None if blob[0] is None else (meta, blob[0])
+    def chain(self, key: bytes) -> tuple[bytes, list[bytes]] | None:
+        """(the root key, the keys of blocks 0 .. `key`) as the index has them; None
+        when a block of the prefix is gone (evicted)."""
+        cat = self.catalog
+        keys = []
+        with cat.lock:
+            meta = cat.index.get(key)
+            while meta is not None and meta.kind == BLOCK:
+                keys.append(key)
+                if not meta.has_block_parent:
+                    return meta.parent, keys[::-1]
+                key = meta.parent
+                meta = cat.index.get(key)
+        return None
+
+    def values(self, items: list[tuple[bytes, str]]) -> list[bytes | None]:
+        """Committed LMDB values (None where one is gone)."""
+        return self.disk.read_many(items, lambda k, b: None if b is None else bytes(b))
 
     def adopt(self, items: list[tuple[bytes, EntryMeta, bytes, dict | None]]) -> None:
         """Keep what a restore read from the remote: in LMDB through the write-behind
-        queue (as it is: not encoded again, not uploaded back), a snapshot in RAM too."""
+        queue (as it is: not encoded again, not uploaded back), a snapshot in RAM too
+        (its tensors are the store's: the reader copied them)."""
         if self.writer is None:
             return
         cat = self.catalog
@@ -39,7 +50,7 @@ class RemoteLink:
             if cat.known(key):
                 continue
             if tensors is not None:
-                self.host.put(key, meta, {k: v.clone() for k, v in tensors.items()})
+                self.host.put(key, meta, tensors)
             with self.put_lock:
                 with cat.lock:
                     cat.queued[key] = meta.parent

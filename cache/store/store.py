@@ -118,7 +118,7 @@ class CacheStore:
         self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget, self.gone)
         self.admin = StoreAdmin(self)
         if remote is not None and not readonly:
-            remote.attach(self.link.committed)
+            remote.attach(self.link.chain, self.link.values)
 
     @classmethod
     def open_readonly(cls, path: str | Path, spec: StateSpec | None = None,
@@ -394,6 +394,7 @@ class CacheStore:
         if self.closed:
             return
         self.closed = True
+        self.reader.flush(30)          # what restores read from the remote, into the queue
         if self.writer is not None:
             self.writer.close()
             touched = self.catalog.take_touched()

@@ -10,7 +10,6 @@ import torch
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import root_key
-from ckptd.cache.remote.tier import RemoteTier
 from ckptd.cache.tier import Tier
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
@@ -100,7 +99,7 @@ def test_readonly_refuses_missing_store(tmp_path):
         DiskTier(tmp_path / "nothing", 0, readonly=True)
 
 
-@pytest.mark.parametrize("tier", [HostTier, DiskTier, RemoteTier], ids=lambda t: t.name)
+@pytest.mark.parametrize("tier", [HostTier, DiskTier], ids=lambda t: t.name)
 def test_every_tier_offers_the_one_interface(tier):
     """DESIGN's one tier interface (cache/tier.py: Tier): each tier has a name and every
     method of it, taking its parameters in the same order (more only with defaults)."""

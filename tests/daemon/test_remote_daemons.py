@@ -11,12 +11,11 @@ from ckptd.tools.cli import main
 from tests.daemon.daemon_proc import Daemon
 from tests.s3 import fresh_url
 
-# The tiny model computes 9K tokens in about a second here, about what ~560 small GETs
-# cost through boto3 on two busy cores: at 16 tokens a block the planner may rightly
-# prefer recomputing. At 64 a block the objects are fewer and larger, as a real model's
-# are at 16 (a SmolLM2 block is ~740 KB), and the remote wins on cost, as it should.
-ARGS = ("--max-context", "10240", "--parallel", "2", "--block-size", "64",
-        "--snapshot-interval", "1024", "--request-timeout", "120", "--drain-timeout", "5")
+# At the default 16 tokens a block: the remote holds a context in segment objects of
+# many blocks (8 MiB), read with a few ranged GETs, so a restore costs its bytes, not a
+# request per block, and beats recomputing even the tiny model's fast prefill.
+ARGS = ("--max-context", "10240", "--parallel", "2", "--snapshot-interval", "1024",
+        "--request-timeout", "120", "--drain-timeout", "5")
 
 
 def env(s3_server, **extra) -> dict:
@@ -77,7 +76,8 @@ def test_a_context_prefilled_once_serves_every_daemon(tiny_hybrid_dir, tmp_path,
         want, cached, _ = complete(a, context)
         assert cached == 0
         up = wait_uploaded(a)["remote"]["uploads"]
-        assert up["uploaded"] >= 9000 // 64 and up["failed"] == up["dropped"] == 0
+        assert up["segments"] >= 1 and up["states"] >= 1
+        assert up["failed"] == up["dropped"] == up["evicted"] == 0
 
         for d in (b, c):
             got, cached, tier = complete(d, context)
@@ -86,6 +86,8 @@ def test_a_context_prefilled_once_serves_every_daemon(tiny_hybrid_dir, tmp_path,
             s = stats(d)
             assert s["scheduler"]["cached_tokens_by_tier"]["remote"] == cached
             assert s["remote"]["fetch"]["corrupt"] == s["remote"]["fetch"]["missing"] == 0
+            # ~560 blocks in a few ranged GETs of a segment or two (was a GET a block)
+            assert s["remote"]["fetch"]["requests"] <= 8
         assert complete(b, context, cache=False)[0] == want     # uncached, on B itself
         again, cached, tier = complete(b, context)              # now B's own: local
         assert again == want and cached >= 0.95 * len(context) and tier != "remote"

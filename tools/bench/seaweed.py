@@ -17,8 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 KEY, SECRET = "ckptd", "ckptd-secret"
@@ -121,3 +124,19 @@ class SeaweedS3:
 def fresh_url() -> str:
     """A prefix of the test bucket no other test uses."""
     return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
+
+
+@contextmanager
+def local_unless(url: str | None, name: str) -> Iterator[str]:
+    """The store a benchmark uses: `url` (reached with the AWS_* variables) when it names
+    one, else a SeaweedFS started here for the block (the variables set to reach it)
+    and a prefix `name`-RANDOM of its bucket."""
+    if url is not None:
+        yield url
+        return
+    server = SeaweedS3(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start().wait_ready()
+    os.environ.update(server.env())
+    try:
+        yield f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
+    finally:
+        server.kill()

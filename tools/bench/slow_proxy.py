@@ -2,9 +2,12 @@
 
 Every chunk that passes, either way, waits `delay` seconds (a request and its answer:
 two delays, a round trip), then len/`rate` seconds when a rate (bytes/s, per
-connection and direction) is set. `stall` holds every byte until it is cleared:
-connections open, nothing answers (a remote that hangs). All three can change while
-it runs. The loop runs on a thread of its own; `stop()` closes every connection.
+connection and direction) is set. `latency` is a network's: every byte arrives that
+many seconds after it was sent, each way, without slowing the bytes behind it (a
+request costs 2 x latency more, however large its answer). `stall` holds every byte
+until it is cleared: connections open, nothing answers (a remote that hangs). All can
+change while it runs. The loop runs on a thread of its own; `stop()` closes every
+connection.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import threading
 
 class SlowProxy:
     def __init__(self, target_port: int, delay: float = 0.0, rate: float | None = None,
-                 stall: bool = False) -> None:
+                 stall: bool = False, latency: float = 0.0) -> None:
         self.target = target_port
-        self.delay, self.rate, self.stall = delay, rate, stall
+        self.delay, self.rate, self.stall, self.latency = delay, rate, stall, latency
         self.port = 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="slow-proxy",
@@ -44,17 +47,37 @@ class SlowProxy:
             cw.close()
             return
         self.writers |= {cw, tw}
-        await asyncio.gather(self._pipe(cr, tw), self._pipe(tr, cw))
+        try:
+            await asyncio.gather(self._pipe(cr, tw), self._pipe(tr, cw))
+        except asyncio.CancelledError:        # stop(): the connections close with it
+            pass
         self.writers -= {cw, tw}
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        sent: asyncio.Queue = asyncio.Queue()        # (when it arrives, bytes); b"": end
+        deliver = asyncio.ensure_future(self._deliver(sent, writer))
         try:
             while True:
                 data = await reader.read(1 << 16)
+                sent.put_nowait((loop.time() + self.latency, data))
+                if not data:
+                    break
+        except (OSError, asyncio.CancelledError):
+            sent.put_nowait((0.0, b""))
+        await asyncio.gather(deliver, return_exceptions=True)
+
+    async def _deliver(self, sent: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                due, data = await sent.get()
                 if not data:
                     break
                 while self.stall:
                     await asyncio.sleep(0.05)
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 if self.rate:

@@ -1,7 +1,7 @@
 """`ckptd inspect`: look into a cache, on disk or in a running daemon, and tidy it.
 
     ckptd inspect [--cache-dir DIR | --url URL [--api-key KEY]] [--model PATH] [--json] ACTION
-    ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc
+    ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc|migrate
     ckptd inspect [--cache-dir DIR] [--model PATH] why PROMPT_FILE [--salt S] [--fingerprint FP]
 
 Reads go to the LMDB store directly, read-only, so they work beside a running daemon
@@ -100,6 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --remote: delete objects older than this (e.g. 12h, 7d)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --remote: say what would be deleted, delete nothing")
+    p.add_argument("--grace", metavar="AGE", default="1h",
+                   help="with --remote: segments no state names go once this old (default "
+                        "1h: younger ones may belong to an upload still going on)")
+    p = add("migrate", "with --remote: rewrite objects of the first remote layout (one a "
+                       "block) as segments and states, then delete them")
+    p.add_argument("--segment-bytes", metavar="SIZE", default="8MiB",
+                   help="the daemons' --remote-segment-bytes (default 8MiB)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be done")
     p = add("why", "which cached prefix a prompt would restore, from where, and why not more")
     p.add_argument("prompt_file", metavar="PROMPT_FILE", help="the prompt: text (tokenized "
                    "with --model) or a JSON list of token ids; - reads stdin")
@@ -112,9 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.remote:
         # imported here: the remote side imports torch (codec), which a local look never needs
-        from ckptd.tools.inspect_store import remote
+        from ckptd.tools.inspect_store import remote_command
 
-        return remote.run(args)
+        return remote_command.run(args)
     if args.fingerprint and args.action != "why":
         raise ValueError("--fingerprint goes with --remote or why")
     source = _source(args)
@@ -277,6 +285,10 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+def _migrate(args, source):
+    raise ValueError("migrate works on a remote tier: give --remote s3://BUCKET/PREFIX")
+
+
 def _why(args, source):
     # imported here: the restore plan (cache/lookup.py) imports torch, which a look at a
     # daemon and the other actions never load
@@ -294,7 +306,8 @@ def _why(args, source):
 # each action returns (the JSON-able result, exit code)
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
-           "export": _export, "import": _import, "why": _why}
+           "export": _export, "import": _import, "why": _why,
+           "migrate": _migrate}
 
 
 def _message(args, out) -> None:

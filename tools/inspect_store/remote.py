@@ -1,37 +1,40 @@
 """`ckptd inspect --remote s3://BUCKET/PREFIX`: a shared remote tier, from outside.
 
-    stats     objects, bytes and ages per model fingerprint (and format version)
-    ls        one model's objects: key, kind, size, age (names and LIST only)
-    verify    read every object of one model and check it; --drop deletes bad ones
-    gc        delete one model's objects older than --older-than, then the oldest
-              until what is left fits --to; incomplete multipart uploads go too
+    stats     per model and grid: segments, states, bytes, the dedup ratio (bytes the
+              states restore / bytes stored), objects of the first layout
+    ls        one model's objects: state (position, key) or segment, size, age
+    verify    read every object of one model and check it: segment and state heads,
+              every value, and that each state's segments are there (a state naming a
+              missing one dangles); --drop deletes the bad and the dangling
+    gc        delete states older than --older-than, then the oldest until what is left
+              fits --to; then segments no state names, older than --grace
+    migrate   rewrite objects of the first layout (one per block) as segments and
+              states, then delete them
 
 Endpoint and keys come from the standard AWS settings, as the daemon's do. Only one
 fingerprint's objects are ever changed: `--fingerprint`, or the only one there is.
-A snapshot and its marker go together; a marker whose snapshot is gone is an orphan.
+The actions' work is in remote_check.py (verify, gc) and remote_migrate.py; running
+and showing them in remote_command.py.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import sys
-import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from ckptd.cache import codec
-from ckptd.cache.entry import BLOCK, SNAPSHOT
 from ckptd.cache.keys import FORMAT_VERSION
+from ckptd.cache.remote import legacy
+from ckptd.cache.remote import state as state_obj
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteConfig, RemoteError
-from ckptd.cache.remote.layout import Layout, RemoteURL, formats_root, unpack
-from ckptd.daemon.config import parse_size
-from ckptd.tools.inspect_store import render
+from ckptd.cache.remote.layout import SEGMENT, Layout, RemoteURL, formats_root, model_root
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SORTS = {"size": lambda r: r["bytes"], "last_used": lambda r: r["modified"],
           "created": lambda r: r["modified"]}
-STALE_UPLOAD = 3600.0          # an incomplete multipart upload this old is abandoned
+_GRID = re.compile(r"^g(\d+)$")
 
 
 def parse_age(text: str, name: str = "--older-than") -> float:
@@ -40,6 +43,16 @@ def parse_age(text: str, name: str = "--older-than") -> float:
     if m is None:
         raise ValueError(f"{name}: not an age: {text!r} (examples: 3600, 90m, 12h, 7d)")
     return float(m.group(1)) * _SECONDS[m.group(2)]
+
+
+@dataclass
+class Model:
+    """One model's objects under the URL, by what they are."""
+    fingerprint: str
+    segments: dict[str, ObjectInfo] = field(default_factory=dict)
+    states: dict[str, tuple[ObjectInfo, Layout, bytes, int]] = field(default_factory=dict)
+    legacy: list[ObjectInfo] = field(default_factory=list)
+    layouts: dict[int, Layout] = field(default_factory=dict)
 
 
 class RemoteSource:
@@ -60,11 +73,14 @@ class RemoteSource:
         if self._client is not None:
             self._client.close()
 
+    def model_prefix(self) -> str:
+        return model_root(self.url, self.fingerprint())
+
     def _all(self) -> list[tuple[str, str, ObjectInfo]]:
         """(format version, fingerprint, object) of everything ckptd wrote here."""
         root = formats_root(self.url)
         out = []
-        for o in _call(self.client.list, root):
+        for o in call(self.client.list, root):
             parts = o.name[len(root):].split("/")
             if len(parts) >= 3 and parts[0].startswith("v"):
                 out.append((parts[0][1:], parts[1], o))
@@ -83,206 +99,118 @@ class RemoteSource:
                                  f"one with --fingerprint ({', '.join(found) or 'none'})")
         return self._fp
 
-    def objects(self) -> tuple[Layout, list[dict], dict[bytes, ObjectInfo]]:
-        """This model's values as rows (key, kind, bytes, modified, name) and its
-        markers by the key of the snapshot they point to."""
-        layout = Layout(self.url, self.fingerprint())
-        rows, markers = [], {}
-        for o in _call(self.client.list, layout.root):
+    def model(self, fingerprint: str | None = None,
+              listed: list[ObjectInfo] | None = None) -> Model:
+        """A model's objects (the chosen one's by default)."""
+        fp = fingerprint or self.fingerprint()
+        root = model_root(self.url, fp)
+        out = Model(fp)
+        objs = listed if listed is not None else call(self.client.list, root)
+        for o in objs:
+            head = o.name[len(root):].split("/", 1)[0]
+            grid = _GRID.match(head)
+            if grid is None:
+                if legacy.parse(root, o.name) is not None:
+                    out.legacy.append(o)
+                continue
+            g = int(grid.group(1))
+            layout = out.layouts.setdefault(g, Layout(self.url, fp, g))
             parsed = layout.parse(o.name)
             if parsed is None:
                 continue
-            what, key, _ = parsed
-            if what == "marker":
-                markers[key] = o
+            if parsed[0] == SEGMENT:
+                out.segments[o.name] = o
             else:
-                rows.append({"key": key.hex(), "kind": what, "bytes": o.size,
-                             "modified": o.modified, "name": o.name})
-        return layout, rows, markers
+                out.states[o.name] = (o, layout, parsed[2], parsed[3])
+        return out
+
+    def heads(self, model: Model, whole: bool = False) -> dict[str, state_obj.StateHead | str]:
+        """Each state's head (its snapshot value checked too when whole), or why it is
+        bad. One ranged GET a state (the whole object when whole)."""
+        c = self.client
+
+        def one(name: str):
+            o, layout, _, _ = model.states[name]
+            try:
+                got = c.get(name) if whole else c.get_range(
+                    name, 0, min(o.size, state_obj.FIRST_READ))
+                if got is None:
+                    return "gone"
+                data = got if whole else got[0]
+                need = state_obj.head_bytes(data)
+                if need > len(data):
+                    more = c.get_range(name, len(data), need)
+                    data = data + (more[0] if more else b"")
+                head = state_obj.read_head(data, model.fingerprint, layout.absolute)
+                if whole:
+                    codec.verify(memoryview(data)[head.snapshot_at:], model.fingerprint,
+                                 head.key)
+                return head
+            except codec.CorruptValue as e:
+                return f"bad: {e}"
+        names = list(model.states)
+        return dict(zip(names, call(lambda: list(c.pool.map(one, names)))))
 
 
-def _call(fn, *args):
+def call(fn, *args):
     try:
         return fn(*args)
     except RemoteError as e:
         raise ValueError(str(e)) from None
 
 
+def referenced(head: state_obj.StateHead) -> int:
+    """Bytes of the block values a state names."""
+    return sum(sum(s.lengths) for s in head.segments)
+
+
 def stats(src: RemoteSource) -> dict:
-    by: dict = defaultdict(lambda: {"objects": 0, "blocks": 0, "snapshots": 0, "markers": 0,
-                                    "bytes": 0, "oldest": None, "newest": None})
+    by: dict = defaultdict(list)
     for version, fp, o in src._all():
-        row = by[(version, fp)]
-        row["objects"] += 1
-        kind = o.name.rsplit("/", 2)[-2] if o.name.count("/") >= 2 else ""
-        if "/after/" in o.name:
-            row["markers"] += 1
-        elif kind == "block":
-            row["blocks"] += 1
-        elif kind == "snapshot":
-            row["snapshots"] += 1
-        row["bytes"] += o.size
-        row["oldest"] = o.modified if row["oldest"] is None else min(row["oldest"], o.modified)
-        row["newest"] = o.modified if row["newest"] is None else max(row["newest"], o.modified)
-    models = [{"format_version": v, "fingerprint": fp, **row}
-              for (v, fp), row in sorted(by.items())]
+        by[(version, fp)].append(o)
+    models = []
+    for (version, fp), objs in sorted(by.items()):
+        row = {"format_version": version, "fingerprint": fp, "objects": len(objs),
+               "bytes": sum(o.size for o in objs),
+               "oldest": min(o.modified for o in objs), "newest": max(o.modified for o in objs)}
+        if version == str(FORMAT_VERSION):
+            m = src.model(fp, objs)
+            heads = src.heads(m)
+            good = [h for h in heads.values() if not isinstance(h, str)]
+            seg_bytes = sum(o.size for o in m.segments.values())
+            state_bytes = sum(m.states[n][0].size for n in m.states)
+            restores = sum(referenced(h) + m.states[n][0].size - h.snapshot_at
+                           for n, h in heads.items() if not isinstance(h, str))
+            row.update(grids=sorted(m.layouts), segments=len(m.segments),
+                       segment_bytes=seg_bytes, states=len(m.states), state_bytes=state_bytes,
+                       bad_states=len(heads) - len(good), legacy_objects=len(m.legacy),
+                       legacy_bytes=sum(o.size for o in m.legacy), restorable_bytes=restores,
+                       dedup_ratio=round(restores / (seg_bytes + state_bytes), 2)
+                       if seg_bytes + state_bytes else None)
+        models.append(row)
     return {"source": src.where, "endpoint": src.client.endpoint,
             "objects": sum(m["objects"] for m in models),
             "bytes": sum(m["bytes"] for m in models), "models": models}
 
 
 def ls(src: RemoteSource, sort: str, kind: str | None, offset: int, limit: int) -> dict:
+    """kind: "snapshot" lists states, "block" segments (the local store's words)."""
     if sort not in _SORTS:
         raise ValueError(f"--sort for --remote is one of {', '.join(sorted(_SORTS))}: "
                          "objects have a size and a time, not hits or positions")
     if limit < 0 or offset < 0:
         raise ValueError("--limit and --offset must be >= 0")
-    _, rows, markers = src.objects()
-    rows = [r for r in rows if kind in (None, r["kind"])]
+    m = src.model()
+    rows = []
+    if kind in (None, "snapshot"):
+        rows += [{"kind": "state", "key": key.hex(), "position": pos, "bytes": o.size,
+                  "modified": o.modified, "name": o.name}
+                 for o, _, key, pos in m.states.values()]
+    if kind in (None, "block"):
+        rows += [{"kind": "segment", "key": o.name.rsplit("/", 1)[1], "position": None,
+                  "bytes": o.size, "modified": o.modified, "name": o.name}
+                 for o in m.segments.values()]
     rows.sort(key=_SORTS[sort], reverse=True)
     end = None if limit == 0 else offset + limit
-    return {"source": src.where, "fingerprint": src.fingerprint(), "sort": sort,
-            "kind": kind, "total": len(rows), "offset": offset, "limit": limit,
-            "entries": [{k: r[k] for k in ("key", "kind", "bytes", "modified")}
-                        for r in rows[offset:end]]}
-
-
-def verify(src: RemoteSource, drop: bool) -> dict:
-    """Read and check every object of the model: frame and value checksums, format,
-    model, key. With drop, delete the bad ones, with their markers, and orphan markers."""
-    layout, rows, markers = src.objects()
-    fp, client = layout.fp, src.client
-    futs = [(r, client.pool.submit(client.get, r["name"])) for r in rows]
-    bad = []
-    for r, fut in futs:
-        try:
-            body = fut.result()
-            if body is None:
-                continue                        # deleted meanwhile
-            meta, _ = unpack(body, bytes.fromhex(r["key"]), fp)
-            if meta.kind != r["kind"]:
-                raise codec.CorruptValue("a block stored as a snapshot, or the reverse")
-        except codec.CorruptValue:
-            bad.append(r)
-        except RemoteError as e:
-            raise ValueError(str(e)) from None
-    snaps = {bytes.fromhex(r["key"]) for r in rows if r["kind"] == SNAPSHOT}
-    orphans = [o for k, o in markers.items() if k not in snaps]
-    dropped = 0
-    if drop:
-        names = [r["name"] for r in bad] + [o.name for o in orphans]
-        names += [markers[bytes.fromhex(r["key"])].name for r in bad
-                  if bytes.fromhex(r["key"]) in markers]
-        dropped = _call(client.delete, names)
-    return {"source": src.where, "fingerprint": fp, "checked": len(rows),
-            "bad": [r["key"] for r in bad], "orphans": [o.name for o in orphans],
-            "dropped": dropped}
-
-
-def gc(src: RemoteSource, older_than: float | None, to_bytes: int | None,
-       dry_run: bool = False) -> dict:
-    """Delete the model's objects older than older_than seconds, then the oldest until
-    at most to_bytes are left (a snapshot's marker with it; orphan markers too)."""
-    if older_than is None and to_bytes is None:
-        raise ValueError("gc --remote needs --older-than AGE, --to SIZE, or both")
-    layout, rows, markers = src.objects()
-    now = time.time()
-    rows.sort(key=lambda r: r["modified"])
-    total = sum(r["bytes"] for r in rows)
-    gone, freed = [], 0
-    for r in rows:
-        old = older_than is not None and now - r["modified"] > older_than
-        over = to_bytes is not None and total - freed > to_bytes
-        if not (old or over):
-            continue
-        gone.append(r)
-        freed += r["bytes"]
-    keys = {bytes.fromhex(r["key"]) for r in gone}
-    left = {bytes.fromhex(r["key"]) for r in rows if r["kind"] == SNAPSHOT} - keys
-    names = [r["name"] for r in gone] + [o.name for k, o in markers.items() if k not in left]
-    deleted = len(names) if dry_run else _call(src.client.delete, names)
-    aborted = 0 if dry_run else _abort_stale(src.client, layout.root)
-    return {"source": src.where, "fingerprint": layout.fp, "dry_run": dry_run,
-            "objects_before": len(rows), "bytes_before": total,
-            "deleted_values": len(gone), "deleted_blocks": sum(
-                1 for r in gone if r["kind"] == BLOCK), "deleted_objects": deleted,
-            "bytes_after": total - freed, "aborted_uploads": aborted}
-
-
-def _abort_stale(client: RemoteClient, root: str) -> int:
-    """Abort multipart uploads under the model's root begun over STALE_UPLOAD ago (a
-    daemon killed mid-upload leaves parts that cost storage and never show in LIST)."""
-    s3, bucket, n = client.s3, client.url.bucket, 0
-    try:
-        r = s3.list_multipart_uploads(Bucket=bucket, Prefix=root)
-        for u in r.get("Uploads", ()):
-            if time.time() - u["Initiated"].timestamp() > STALE_UPLOAD:
-                s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
-                n += 1
-    except Exception:       # a store without the call: lifecycle rules take them
-        return n
-    return n
-
-
-ACTIONS = ("stats", "ls", "verify", "gc")
-
-
-def run(args) -> int:
-    """The --remote side of `ckptd inspect` (tools/inspect_store/command.py)."""
-    if args.url or args.cache_dir:
-        raise ValueError("give --remote, or --cache-dir / --url, not both")
-    if args.action not in ACTIONS:
-        raise ValueError(f"{args.action} works on a local store or a daemon; --remote "
-                         f"takes {', '.join(ACTIONS)}")
-    src = RemoteSource(args.remote, args.fingerprint)
-    code = 0
-    try:
-        if args.action == "stats":
-            out = stats(src)
-        elif args.action == "ls":
-            out = ls(src, args.sort, args.kind, args.offset, args.limit)
-        elif args.action == "verify":
-            out = verify(src, args.drop)
-            code = 1 if (out["bad"] or out["orphans"]) and not args.drop else 0
-        else:
-            out = gc(src, parse_age(args.older_than) if args.older_than else None,
-                     parse_size(args.to, "--to") if args.to is not None else None, args.dry_run)
-    finally:
-        src.close()
-    if args.json:
-        print(json.dumps(out, indent=1 if sys.stdout.isatty() else None))
-    else:
-        _show(args.action, out)
-    return code
-
-
-def _show(action: str, out: dict) -> None:
-    console = render.console()
-    h = render.human_bytes
-    if action == "stats":
-        t = render._table(f"remote {out['source']} ({out['endpoint']})", "format",
-                          "fingerprint", "blocks", "snapshots", "markers", "bytes", "oldest",
-                          "newest")
-        for m in out["models"]:
-            t.add_row(f"v{m['format_version']}", m["fingerprint"], str(m["blocks"]),
-                      str(m["snapshots"]), str(m["markers"]), h(m["bytes"]),
-                      render.age(m["oldest"]), render.age(m["newest"]))
-        console.print(t)
-        console.print(f"{out['objects']} objects, {h(out['bytes'])}")
-    elif action == "ls":
-        t = render._table(f"{out['source']} model {out['fingerprint']}: {out['total']} "
-                          "objects", "key", "kind", "bytes", "stored")
-        for e in out["entries"]:
-            t.add_row(e["key"], e["kind"], h(e["bytes"]), render.age(e["modified"]))
-        console.print(t)
-    elif action == "verify":
-        render.message(console, f"checked {out['checked']} objects: {len(out['bad'])} bad, "
-                                f"{len(out['orphans'])} orphan markers, {out['dropped']} "
-                                "deleted")
-        for k in out["bad"]:
-            console.print(f"  bad: {k}")
-    else:
-        verb = "would delete" if out["dry_run"] else "deleted"
-        render.message(console, f"{verb} {out['deleted_values']} values "
-                                f"({out['deleted_objects']} objects with markers): "
-                                f"{h(out['bytes_before'])} -> {h(out['bytes_after'])}")
+    return {"source": src.where, "fingerprint": m.fingerprint, "sort": sort, "kind": kind,
+            "total": len(rows), "offset": offset, "limit": limit, "entries": rows[offset:end]}

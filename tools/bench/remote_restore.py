@@ -1,0 +1,213 @@
+"""Restores from the shared remote tier, against the same bytes read as one object.
+
+    python -m ckptd.tools.bench.remote_restore [--length 250000] [--shared 200000]
+        [--latency 0.01] [--out DIR] [--url s3://BUCKET/PREFIX] [--serve-arg=--flag=v]
+
+Starts SeaweedFS on loopback (tools/bench/seaweed.py) unless --url names another store
+(reached with the AWS_* variables). The tiny hybrid (make_tiny qwen3_5_text); a
+context of --length random token ids and a short question after it:
+
+    cold      daemon A computes context + question (then uploads it: segments, states)
+    shared    A computes a second context, the first --shared tokens of the first and
+              new ones after: what its upload adds (only its new segments)
+    remote    daemon B, an empty cache folder, answers context + question: a restore of
+              the whole state from the remote
+    lmdb      B restarted (its RAM empty): the same from its own LMDB, where the remote
+              read wrote it
+    get       one object of as many bytes as B fetched, read with one plain GET
+
+and the last three again through a proxy that adds `--latency` seconds each way to
+every request (tools/bench/slow_proxy.py; 0.01: 20 ms a request), with daemon C.
+Every answer is compared with A's (computed without any cache). Writes results.json
+and report.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from ckptd.tools.bench.managed import ManagedDaemon
+from ckptd.tools.bench.remote import _complete as complete
+from ckptd.tools.bench.remote import _drain, _stats
+from ckptd.tools.bench.seaweed import BUCKET, local_unless
+from ckptd.tools.bench.slow_proxy import SlowProxy
+from ckptd.tools.make_tiny import make_tiny
+
+VOCAB = 512
+MB = 1e6
+
+
+def _complete(client, prompt: list[int], n: int = 8) -> dict:
+    """Eight tokens after each prompt: enough to compare answers."""
+    return complete(client, prompt, n)
+
+
+def _daemon(path: str, out: Path, name: str, serve: list[str], env=None) -> ManagedDaemon:
+    d = ManagedDaemon(path, out / name, out / f"{name}.log", serve, env=env)
+    d.client.timeout = 7200.0                     # a 250K prefill on two cores
+    return d
+
+
+def _warm(d: ManagedDaemon, i: int) -> None:
+    """A short prompt first: first-request costs stay out of the figures."""
+    _complete(d.client, [3 + i, 5, 7, 11], n=1)
+
+
+def _restore(d: ManagedDaemon, prompt: list[int]) -> dict:
+    """A fresh daemon's restore of prompt from the remote, then its own LMDB's."""
+    d.start()
+    _warm(d, 1)
+    remote = _complete(d.client, prompt)
+    st = _stats(d.client)["remote"]
+    remote["fetch"] = st["fetch"]
+    remote["lookup_requests"] = st["lookups"]["requests"]
+    remote["latency_ema_s"] = st["latency"]["ema_s"]
+    _drain(d.client)
+    d.restart()
+    _warm(d, 2)
+    lmdb = _complete(d.client, prompt)
+    d.stop()
+    return {"remote": remote, "lmdb": lmdb}
+
+
+def _plain_get(endpoint: str, nbytes: int, tries: int = 3) -> dict:
+    """Seconds to GET an object of nbytes with one plain request (boto3)."""
+    # optional (extra s3)
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    key = f"bench-plain-{uuid.uuid4().hex[:8]}"
+    s3.put_object(Bucket=os.environ.get("CKPTD_BENCH_BUCKET", BUCKET), Key=key,
+                  Body=os.urandom(nbytes))
+    times = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        r = s3.get_object(Bucket=os.environ.get("CKPTD_BENCH_BUCKET", BUCKET), Key=key)
+        n = len(r["Body"].read())
+        times.append(time.perf_counter() - t0)
+        assert n == nbytes
+    s3.delete_object(Bucket=os.environ.get("CKPTD_BENCH_BUCKET", BUCKET), Key=key)
+    return {"bytes": nbytes, "seconds": [round(t, 3) for t in times],
+            "median_s": round(statistics.median(times), 3)}
+
+
+def run(args, out: Path, path: str) -> dict:
+    rng = random.Random(args.length)
+    context = [rng.randrange(3, VOCAB) for _ in range(args.length)]
+    question = [rng.randrange(3, VOCAB) for _ in range(24)]
+    second = context[:args.shared] + [rng.randrange(3, VOCAB)
+                                      for _ in range(args.length - args.shared)]
+    prompt = context + question
+    serve = ["--max-context", str(args.length + 256), "--parallel", "1", "--remote", args.url,
+             "--request-timeout", "7200", *args.serve_arg]
+    row: dict = {"length": args.length, "shared": args.shared}
+    a = _daemon(path, out, "a", serve)
+    with a:
+        a.start()
+        _warm(a, 0)
+        row["cold"] = _complete(a.client, prompt)
+        row["cold"]["upload_drain_s"] = round(_drain(a.client), 2)
+        up1 = _stats(a.client)["remote"]["uploads"]
+        row["cold"]["uploads"] = up1
+        row["second"] = _complete(a.client, second + question)
+        row["second"]["upload_drain_s"] = round(_drain(a.client), 2)
+        up2 = _stats(a.client)["remote"]["uploads"]
+        row["second"]["added"] = {k: up2[k] - up1[k] for k in (
+            "segments", "segment_bytes", "states", "state_bytes", "uploaded", "reused")}
+    want = row["cold"]["tokens"]
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    row["direct"] = _restore(_daemon(path, out, "b", serve), prompt)
+    row["direct"]["get"] = _plain_get(endpoint, row["direct"]["remote"]["fetch"]["bytes"])
+    port = int(endpoint.rsplit(":", 1)[1].split("/")[0])
+    proxy = SlowProxy(port, latency=args.latency).start()
+    try:
+        row["latency"] = _restore(_daemon(path, out, "c", serve,
+                                          env={"AWS_ENDPOINT_URL": proxy.endpoint}), prompt)
+        row["latency"]["get"] = _plain_get(proxy.endpoint,
+                                           row["latency"]["remote"]["fetch"]["bytes"])
+    finally:
+        proxy.stop()
+    row["same_tokens"] = all(row[k][p]["tokens"] == want for k in ("direct", "latency")
+                             for p in ("remote", "lmdb")) and row["second"]["tokens"] is not None
+    return row
+
+
+def _line(name: str, r: dict, rtt: str) -> str:
+    rem, lm, get = r["remote"], r["lmdb"], r["get"]
+    f = rem["fetch"]
+    mb = f["bytes"] / MB
+    restore_s, get_s = rem["restore_ms"] / 1000, get["median_s"]
+    reqs = f["requests"] + rem["lookup_requests"]
+    return (f"| {name} ({rtt}) | {rem['cached']:,} from {rem['tier']} | {restore_s:.2f} s | "
+            f"{lm['restore_ms'] / 1000:.2f} s | {rem['restore_ms'] / lm['restore_ms']:.2f}x | "
+            f"{mb:.1f} MB, {f['requests']} GETs | {f['transfer_seconds']:.2f} s "
+            f"({mb / f['transfer_seconds']:.0f} MB/s) | {get_s:.2f} s ({mb / get_s:.0f} MB/s) | "
+            f"{get_s / f['transfer_seconds']:.0%} / {get_s / restore_s:.0%} | "
+            f"{reqs} ({reqs / mb:.2f}) |")
+
+
+def report(row: dict, meta: dict) -> str:
+    c, s = row["cold"], row["second"]
+    up, add = c["uploads"], s["added"]
+    lines = [f"Remote restores, {meta['date']}, {meta['cpu']}, load {meta['load']:.1f} at the "
+             "start", "", f"Context {row['length']:,} tokens + a 24-token question: cold (A) "
+             f"{c['ms'] / 1000:.1f} s; uploaded {up['segment_bytes'] / MB:.1f} MB in "
+             f"{up['segments']} segments and {up['states']} states "
+             f"({up['state_bytes'] / MB:.2f} MB), {up['uploaded']} objects, drained "
+             f"{c['upload_drain_s']} s after the answer.",
+             f"A second context sharing its first {row['shared']:,} tokens: computed in "
+             f"{s['ms'] / 1000:.1f} s ({s['cached']:,} restored); its upload added "
+             f"{add['segment_bytes'] / MB:.1f} MB in {add['segments']} segments "
+             f"(+{add['states']} states, {add['state_bytes'] / MB:.2f} MB), "
+             f"{add['reused']} segments named again.", "",
+             "| daemon | restored | remote restore | own LMDB restore | ratio | fetched | "
+             "bytes in (transfer) | one plain GET | GET / transfer, / restore | "
+             "requests (per MB) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             _line("B", row["direct"], "loopback"),
+             _line("C", row["latency"], f"+{2 * meta['latency'] * 1000:.0f} ms a request"),
+             "", f"Answers the same as the cold computation: {row['same_tokens']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ckptd.tools.bench.remote_restore")
+    p.add_argument("--length", type=int, default=250_000)
+    p.add_argument("--shared", type=int, default=200_000)
+    p.add_argument("--latency", type=float, default=0.01,
+                   help="seconds each way the proxy adds (0.01: 20 ms a request)")
+    p.add_argument("--out", default="bench-remote-restore")
+    p.add_argument("--url", help="s3://BUCKET/PREFIX of an S3 store named by the AWS_* "
+                                 "variables (default: start SeaweedFS here)")
+    p.add_argument("--serve-arg", action="append", default=[])
+    args = p.parse_args(argv)
+    if not 0 < args.shared < args.length:
+        raise SystemExit("--shared must be between 0 and --length")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), "?")
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "load": os.getloadavg()[0], "cpu": cpu,
+            "latency": args.latency}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / time.strftime("run-%Y%m%d-%H%M%S")
+    run_dir.mkdir()
+    if args.url is not None:
+        os.environ["CKPTD_BENCH_BUCKET"] = args.url[len("s3://"):].split("/")[0]
+    with local_unless(args.url, "bench") as args.url:
+        path = str(make_tiny("qwen3_5_text", Path(tempfile.mkdtemp(prefix="tiny-"))))
+        row = run(args, run_dir, path)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "row": row}, indent=1))
+    (out / "report.md").write_text(report(row, meta))
+    print(report(row, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
