@@ -176,7 +176,7 @@ class Scheduler:
             # the sequence's tokens grow as it generates: the request keeps its prompt
             seq = Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora)
             try:
-                got = self.cache.restore(seq, req.chain)
+                got = self.cache.restore(seq, req.chain, req.anchors, req.tails)
             except (OutOfPages, OutOfCells):
                 no_room.append(req)
                 continue

@@ -34,12 +34,13 @@ class EntryInfo:
     pinned: bool
     fingerprint: str
     tiers: tuple[str, ...]
+    role: str = ""           # a snapshot's: why it was taken (cache/entry.py)
 
     @classmethod
     def of(cls, key: bytes, m: EntryMeta, tiers: tuple[str, ...]) -> EntryInfo:
         return cls(key.hex(), m.kind, m.position, list(m.tokens), m.parent.hex(), m.stored_bytes,
                    m.logical_bytes, m.created, m.last_used, m.hits, m.pinned, m.fingerprint,
-                   tiers)
+                   tiers, m.role)
 
     def to_dict(self) -> dict:
         return asdict(self)
