@@ -110,3 +110,21 @@ def test_the_first_question_after_a_document_computes_at_most_64_tokens_more(
     assert got.tokens == want
     assert got.fin.stats.cache_n == len(doc) + len(q1) - 64
     assert got.fin.stats.prompt_n - got.fin.stats.cache_n == 64 - len(q1) + len(q2)
+
+
+def test_an_anchor_leaves_a_snapshot_where_the_next_prompt_parts(tiny_hybrid_dir, tmp_path):
+    """A named context's end (an anchor the HTTP side sets, daemon/prompt.py): the first
+    request naming it stops there on its way, so the next one computes only itself,
+    though the context's own snapshot is gone (here: never made)."""
+    model = load_model(tiny_hybrid_dir)
+    tok = Tokenizer.from_dir(tiny_hybrid_dir)
+    ctx = _prompt(2500, 4)
+    q1, q2 = _prompt(300, 401), _prompt(11, 402)
+    plain = Client(_engine(model, tok, None))
+    want = plain.run([ctx + q2], max_tokens=4, use_cache=False)[0].tokens
+    plain.close()
+    client = Client(_engine(model, tok, tmp_path))
+    results = [client.submit(ctx + q, 4, anchors=(len(ctx),)).wait() for q in (q1, q2)]
+    client.close()
+    assert results[1].tokens == want
+    assert results[1].fin.stats.cache_n == len(ctx)
