@@ -60,6 +60,19 @@ def interval_stops(start: int, end: int, interval: int, max_count: int) -> list[
     return sorted(k * interval for k in picked)
 
 
+def interval_stops_beside(start: int, end: int, interval: int, max_count: int,
+                          taken: set[int]) -> list[int]:
+    """interval_stops, at most max_count of them besides the positions in `taken` (tail
+    stops planned already): one that falls on a taken position is not counted, and the
+    plan reaches one step further back instead."""
+    n = max_count
+    while True:
+        got = [p for p in interval_stops(start, end, interval, n) if p not in taken]
+        if len(got) >= max_count or n >= max_count + len(taken):
+            return got
+        n += 1
+
+
 def tail_stops(start: int, end: int, floor: int, count: int) -> list[int]:
     """Tail snapshot positions of a prompt of `end` tokens computed from `start`:
     TAIL_OFFSETS before its end, nearest the end first, at most `count`, all above

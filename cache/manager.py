@@ -26,7 +26,7 @@ from collections.abc import Collection
 
 from ckptd.cache.checkpoints import (
     Checkpointer,
-    interval_stops,
+    interval_stops_beside,
     snapshot_budget,
     tail_budget,
     tail_stops,
@@ -283,7 +283,7 @@ class CacheManager:
             rec.stops[p] = TAIL
         room = self.max_snapshots - 1 - len(branch) - len(tail)
         budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
-        for p in interval_stops(P, end, self.interval, budget):
+        for p in interval_stops_beside(P, end, self.interval, budget, set(tail)):
             rec.stops.setdefault(p, INTERVAL)
 
     def _preempt(self, batch: list[Work]) -> None:

@@ -10,7 +10,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptd.cache.checkpoints import interval_stops, snapshot_budget, tail_budget, tail_stops
+from ckptd.cache.checkpoints import (
+    interval_stops,
+    interval_stops_beside,
+    snapshot_budget,
+    tail_budget,
+    tail_stops,
+)
 from ckptd.cache.store.writer import HIGH_SLACK, Writer
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
@@ -27,6 +33,15 @@ def test_interval_stops_are_few_and_dense_near_the_end(start, length, interval, 
         assert got[-1] == every[-1]                       # the nearest to the end
         gaps = [b - a for a, b in zip(got, got[1:])]
         assert gaps == sorted(gaps, reverse=True)         # sparser going back
+
+
+def test_interval_stops_beside_tails_count_only_their_own():
+    tails = {960, 768}
+    got = interval_stops_beside(0, 1024, 32, 3, tails)
+    assert len(got) == 3 and not set(got) & tails
+    assert got == [p for p in interval_stops(0, 1024, 32, 5) if p not in tails]
+    assert interval_stops_beside(0, 1024, 32, 3, set()) == interval_stops(0, 1024, 32, 3)
+    assert interval_stops_beside(0, 100, 32, 5, {64}) == [32, 96]      # all there are
 
 
 def test_snapshot_budget_keeps_interval_bytes_within_the_contexts_kv():
