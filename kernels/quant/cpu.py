@@ -6,26 +6,23 @@ ctypes (it releases the GIL and runs on the process's OpenMP threads).
                       time into one reused buffer and let MKL multiply them
     dequantize(qt, rows)     fp32 rows (embedding lookups)
 
-The library is built with the system C compiler (`cc`, override with $CC) into
-~/.cache/ckptd/kernels (or $CKPTD_KERNEL_CACHE), keyed by the source, the flags and the
-CPU; `available()` is False where no compiler works, and kernels/quant/naive.py serves
+The library is built by kernels/cbuild.py (once per machine, source and flags);
+`available()` is False where no compiler works, and kernels/quant/naive.py serves
 instead (slower, same values).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
+from ckptd.kernels import cbuild
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
 
 log = logging.getLogger("ckptd.kernels")
@@ -40,35 +37,8 @@ _tried = False
 _lock = threading.Lock()
 
 
-def _cpu_id() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
-
-
 def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC", "cc")
-    src = _SRC.read_bytes()
-    key = hashlib.blake2b(src + " ".join([cc, *_FLAGS]).encode() + _cpu_id().encode(),
-                          digest_size=12).hexdigest()
-    root = Path(os.environ.get("CKPTD_KERNEL_CACHE",
-                               Path.home() / ".cache" / "ckptd" / "kernels"))
-    lib = root / f"ckq-{key}.so"
-    if not lib.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=root)
-        os.close(fd)
-        try:
-            subprocess.run([cc, *_FLAGS, str(_SRC), "-o", tmp, "-lm"], check=True,
-                           capture_output=True, timeout=120)
-            os.replace(tmp, lib)        # atomic: a concurrent build loses nothing
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    dll = ctypes.CDLL(str(lib))
+    dll = cbuild.build(_SRC, _FLAGS, "ckq")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     dll.ckq_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, i64, i64, ptr, ctypes.c_int]
     dll.ckq_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
