@@ -14,17 +14,11 @@ kernel as before.
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
-import threading
 from pathlib import Path
 
 import torch
 
 from ckptd.kernels import cbuild
-
-log = logging.getLogger("ckptd.kernels")
 
 _SRC = Path(__file__).with_name("cpu.c")
 # fast-math: the exp of every score runs through glibc's vector expf (libmvec)
@@ -32,35 +26,22 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-shared", "-fPIC"]
 MAX_BLOCK = 256        # cpu.c's page buffer
 _ITEMS_PER_THREAD = 8  # (kv head, run of pages) items: enough to even out the threads
 _MIN_PAGES = 4         # per item
-_lib = None
-_tried = False
-_lock = threading.Lock()
 
 
-def _build() -> ctypes.CDLL:
-    dll = cbuild.build(_SRC, _FLAGS, "ckpa")
+def _bind(dll: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     dll.ckpa_attend.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                 ctypes.c_float, i64, ptr, ptr, ptr, ctypes.c_int]
     dll.ckpa_attend.restype = None
-    return dll
+
+
+library = cbuild.Library(_SRC, _FLAGS, "ckpa", "CKPTD_ATTN_CPU", _bind,
+                         "attention runs through torch's fused kernel instead")
 
 
 def available() -> bool:
     """Whether the compiled kernel loads here (built on first call)."""
-    global _lib, _tried
-    with _lock:
-        if not _tried:
-            _tried = True
-            if os.environ.get("CKPTD_ATTN_CPU", "1") != "0":
-                try:
-                    _lib = _build()
-                except (OSError, subprocess.SubprocessError) as e:
-                    err = getattr(e, "stderr", b"") or b""
-                    log.warning("cannot build the CPU attention kernel (%s%s); attention "
-                                "runs through torch's fused kernel instead",
-                                e, (": " + err.decode(errors="replace")[-300:]) if err else "")
-        return _lib is not None
+    return library.load() is not None
 
 
 def supports(memory: torch.Tensor, q: torch.Tensor, block_size: int) -> bool:
@@ -91,7 +72,7 @@ def attend(q: torch.Tensor, memory: torch.Tensor, layer: int, table: torch.Tenso
     splits = min(splits, pages)
     work = torch.empty(Hkv * splits * R * (D + 2), dtype=torch.float32)
     kv = memory[layer]
-    _lib.ckpa_attend(qh.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), rows * D,
+    library.lib.ckpa_attend(qh.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), rows * D,
                      table.data_ptr(), n, block_size, D, Hkv, R, scale, splits,
                      out.data_ptr(), lse.data_ptr(), work.data_ptr(), threads)
     return out.view(Hq, T, D), lse.view(Hq, T)

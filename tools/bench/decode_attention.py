@@ -29,17 +29,17 @@ def measure(n: int, scattered: bool, repeats: int) -> dict:
     layout.head_major(pool).normal_()
     table = (torch.randperm(P) if scattered else torch.arange(P)).to(torch.int32)[None]
     q, lens = torch.randn(1, Hq, D), torch.tensor([n], dtype=torch.int32)
-    lib, times = cpu._lib, {"C": [], "torch": []}
+    lib, times = cpu.library.lib, {"C": [], "torch": []}
     try:
         for _ in range(repeats):
             for name, use in (("C", lib), ("torch", None)):
-                cpu._lib = use
+                cpu.library.lib = use
                 t = time.perf_counter()
                 for _ in range(5):
                     sdpa.paged_decode_attention(q, pool, 0, table, lens, D ** -0.5)
                 times[name].append((time.perf_counter() - t) / 5 * 1e3)
     finally:
-        cpu._lib = lib
+        cpu.library.lib = lib
     return {"context": n, "scattered": scattered,
             **{f"{k}_best_ms": round(min(v), 3) for k, v in times.items()},
             **{f"{k}_median_ms": round(statistics.median(v), 3) for k, v in times.items()}}
