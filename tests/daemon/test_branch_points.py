@@ -26,6 +26,14 @@ def _engine(model, tok, path, **kw):
                        step_tokens=1024, **kw)
 
 
+def _uncached(model, tok, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's 4 greedy tokens with no cache: what a cached run must give."""
+    plain = Client(_engine(model, tok, None))
+    want = [r.tokens for r in plain.run(prompts, max_tokens=4, use_cache=False)]
+    plain.close()
+    return want
+
+
 def test_a_burst_of_questions_over_one_new_document_computes_it_once(tiny_hybrid_dir,
                                                                         tmp_path):
     model = load_model(tiny_hybrid_dir)
@@ -34,9 +42,7 @@ def test_a_burst_of_questions_over_one_new_document_computes_it_once(tiny_hybrid
     # questions that share some of their first tokens, as chat turns do
     questions = [[7, 8, 9, *_prompt(9 + i, 100 + i)] for i in range(8)]
     prompts = [doc + q for q in questions]
-    plain = Client(_engine(model, tok, None))
-    want = [r.tokens for r in plain.run(prompts, max_tokens=4, use_cache=False)]
-    plain.close()
+    want = _uncached(model, tok, prompts)
 
     client = Client(_engine(model, tok, tmp_path))
     got = client.run(prompts, max_tokens=4)
@@ -65,10 +71,7 @@ def test_questions_after_a_document_compute_only_themselves_from_the_second(tiny
     tok = Tokenizer.from_dir(tiny_hybrid_dir)
     doc = _prompt(6000, 2)
     questions = [_prompt(10 + 3 * i, 200 + i) for i in range(6)]
-    plain = Client(_engine(model, tok, None))
-    want = [r.tokens for r in plain.run([doc + q for q in questions], max_tokens=4,
-                                        use_cache=False)]
-    plain.close()
+    want = _uncached(model, tok, [doc + q for q in questions])
     eng = _engine(model, tok, tmp_path)
     client = Client(eng)
     got = [client.run([doc + q], max_tokens=4)[0] for q in questions[:4]]
@@ -97,9 +100,7 @@ def test_the_first_question_after_a_document_computes_at_most_64_tokens_more(
     tok = Tokenizer.from_dir(tiny_hybrid_dir)
     doc = _prompt(3000, 3)
     q1, q2 = _prompt(20, 301), _prompt(17, 302)
-    plain = Client(_engine(model, tok, None))
-    want = plain.run([doc + q2], max_tokens=4, use_cache=False)[0].tokens
-    plain.close()
+    want = _uncached(model, tok, [doc + q2])[0]
     first = Client(_engine(model, tok, tmp_path))
     first.run([doc + q1], max_tokens=4)
     first.close()
@@ -120,9 +121,7 @@ def test_an_anchor_leaves_a_snapshot_where_the_next_prompt_parts(tiny_hybrid_dir
     tok = Tokenizer.from_dir(tiny_hybrid_dir)
     ctx = _prompt(2500, 4)
     q1, q2 = _prompt(300, 401), _prompt(11, 402)
-    plain = Client(_engine(model, tok, None))
-    want = plain.run([ctx + q2], max_tokens=4, use_cache=False)[0].tokens
-    plain.close()
+    want = _uncached(model, tok, [ctx + q2])[0]
     client = Client(_engine(model, tok, tmp_path))
     results = [client.submit(ctx + q, 4, anchors=(len(ctx),)).wait() for q in (q1, q2)]
     client.close()
