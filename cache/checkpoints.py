@@ -131,7 +131,7 @@ class Checkpointer:
         snap = Snapshot()
         # on a GPU the copies to the host run beside the next step; store_pending waits
         with io.deferred_reads():
-            if n_full > first and kv:
+            if n_full > first:          # no attention: empty blocks, the snapshots' parents
                 pages = io.read_pages(seq.pages[first:n_full])
             if P % B and kv:
                 snap.kv = io.read_partial(seq.pages[n_full], P % B)

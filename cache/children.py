@@ -45,6 +45,12 @@ class Children:
     def has_snapshots(self, parent: bytes) -> bool:
         return parent in self._snapshots
 
+    def with_snapshots(self, parents) -> set[bytes]:
+        """Those of parents that have snapshots after them (one pass: a long prompt asks
+        about every block)."""
+        snaps = self._snapshots
+        return {p for p in parents if p in snaps}
+
     def clear(self) -> None:
         self._of.clear()
         self._snapshots.clear()

@@ -151,6 +151,11 @@ class DevicePages:
                 self._used[pages[-1]] = self._clock
             return pages
 
+    def holds(self, keys: list[bytes]) -> list[bool]:
+        """Whether each key's page is in the prefix table (a view of the tiers)."""
+        with self._lock:
+            return [k in self._by_key for k in keys]
+
     def evict_cached(self) -> int:
         """Forget every page held only by the table; returns how many were freed."""
         with self._lock:

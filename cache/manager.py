@@ -39,6 +39,7 @@ from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Deferred, Failed, RestoreInfo, Stalled, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
 from ckptd.model.spec import StateIO, StateSpec, StepLogits
+from ckptd.model.vision.positions import inside
 
 
 class CacheManager:
@@ -83,10 +84,11 @@ class CacheManager:
     def pending(self) -> list:
         return self.checkpoints.pending
 
-    def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
+    def chain(self, tokens: list[int], salt: str | None, images: tuple = ()) -> KeyChain:
         """A prompt's block keys (the store's: CacheStore.chain), hashed once per request
-        and carried on it after."""
-        return self.store.chain(tokens, salt)
+        and carried on it after. images: the spans of its images (Sequence.images),
+        named in the keys."""
+        return self.store.chain(tokens, salt, media=images)
 
     def common_prefix(self, a: KeyChain, a_tokens: list[int], b: KeyChain,
                       b_tokens: list[int]) -> int:
@@ -103,12 +105,13 @@ class CacheManager:
         n, end = lo * self.B, min(len(a_tokens), len(b_tokens))
         while n < end and a_tokens[n] == b_tokens[n]:
             n += 1
-        return n
+        return min(n, _images_part(a.ctx.media, b.ctx.media))
 
     def add_branch(self, seq: Sequence, position: int) -> None:
         """Ask a prefill to stop at `position` and leave a snapshot there (a waiting
         prompt parts from it there). Before the sequence is admitted, kept for then."""
         rec = self.live.get(seq.id)
+        position = _before_image(seq.images, position)
         if rec is None:
             self.branches.setdefault(seq.id, set()).add(position)
         elif rec.chain is not None and seq.num_computed < position < rec.prompt_len:
@@ -200,7 +203,8 @@ class CacheManager:
         """A new sequence with seq's tokens and state, sharing all its pages (the partial
         one too: whichever of the two writes it first gets a copy)."""
         parent = self.live[seq.id]
-        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora)
+        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora,
+                         images=seq.images)
         self.io.attach(child)
         n = -(-seq.num_computed // self.B)
         child.pages = seq.pages[:n]
@@ -231,7 +235,7 @@ class CacheManager:
         self.io.attach(seq)
         use = seq.use_cache and self.enabled
         if use and chain is None:
-            chain = self.chain(seq.tokens, seq.salt)
+            chain = self.chain(seq.tokens, seq.salt, seq.images)
         rec = Tracked(seq, chain if use else None, len(seq.tokens))
         self.live[seq.id] = rec
         info = RestoreInfo()
@@ -250,7 +254,9 @@ class CacheManager:
     def chunk(self, seq: Sequence, budget: int) -> int:
         """How many of seq's tokens not computed yet a step of at most `budget` of them
         computes: up to its next planned stop, where a snapshot is captured; 0 when none
-        is left or the budget is 0."""
+        is left or the budget is 0. A chunk never ends inside an image: it stops before
+        one, or, starting at an image, takes all of it, past the budget if need be (the
+        scheduler lets one such chunk into a step)."""
         P = seq.num_computed
         n = min(len(seq.tokens) - P, budget)
         if n <= 0:
@@ -260,6 +266,9 @@ class CacheManager:
             ahead = [p for p in rec.stops if p > P]
             if ahead:
                 n = min(n, min(ahead) - P)
+        im = inside(seq.images, P + n)
+        if im is not None:
+            n = im.start - P if im.start > P else im.end - P
         return n
 
     def _plan_stops(self, rec: Tracked, anchors: Collection[int], tails: bool) -> None:
@@ -268,22 +277,31 @@ class CacheManager:
         can't be cut back: an attention-only model restores at any block or cut page),
         at its anchors, its tails within their byte budget, and interval positions
         within the snapshot byte budget. Intervals leave room for the rest within
-        --max-snapshots, so that none of what this prefill leaves is thinned at once."""
+        --max-snapshots, so that none of what this prefill leaves is thinned at once.
+        A stop that would fall inside an image moves to the image's start (no state is
+        taken inside one)."""
         P, end, spec = rec.seq.num_computed, rec.prompt_len, self.spec
-        branch = {p for p in {rec.shared, *self.branches.pop(rec.seq.id, ())} if P < p < end}
+        images = rec.seq.images
+
+        def placed(ps) -> set[int]:
+            return {q for q in (_before_image(images, p) for p in ps) if P < q < end}
+
+        branch = placed({rec.shared, *self.branches.pop(rec.seq.id, ())})
         if spec.is_hybrid:
-            branch |= {p for p in anchors if P < p < end}
+            branch |= placed(anchors)
         for p in branch:
             rec.stops[p] = BRANCH
         if not spec.is_hybrid:
             return
-        tail = tail_stops(P, end, max(branch, default=0),
-                          tail_budget(end - P, spec, self.snapshot_ratio)) if tails else []
+        tail = set()
+        if tails:
+            tail = placed(tail_stops(P, end, max(branch, default=0),
+                                     tail_budget(end - P, spec, self.snapshot_ratio))) - branch
         for p in tail:
             rec.stops[p] = TAIL
         room = self.max_snapshots - 1 - len(branch) - len(tail)
         budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
-        for p in interval_stops_beside(P, end, self.interval, budget, set(tail)):
+        for p in placed(interval_stops_beside(P, end, self.interval, budget, tail)):
             rec.stops.setdefault(p, INTERVAL)
 
     def _preempt(self, batch: list[Work]) -> None:
@@ -356,3 +374,21 @@ class CacheManager:
             f"cells in use {sorted(self.io.live_cells())}, held by sequences {sorted(cells)}"
         if self.store is not None:
             self.store.sanity_check()
+
+
+def _before_image(images, p: int) -> int:
+    """p, or the start of the image p would fall inside: no state is taken there."""
+    im = inside(images, p)
+    return p if im is None else im.start
+
+
+def _images_part(a, b) -> int:
+    """Where two prompts' images first differ (start, grid or digest): the most tokens
+    they can share, whatever their tokens (placeholders of equal-sized images match)."""
+    for x, y in zip(a, b):
+        if (x.start, x.grid, x.digest) != (y.start, y.grid, y.digest):
+            return min(x.start, y.start)
+    if len(a) != len(b):
+        return (a[len(b)] if len(a) > len(b) else b[len(a)]).start
+    return 1 << 62
+

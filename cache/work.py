@@ -15,6 +15,7 @@ import torch
 
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.lookup import DEVICE
+from ckptd.cache.why.report import CacheReport
 from ckptd.model.sequence import Sequence
 from ckptd.model.spec import StepLogits
 
@@ -29,6 +30,8 @@ class RestoreInfo:
     logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
     fallbacks: int = 0            # plans abandoned because a piece failed verification
     by_tier: dict[str, int] | None = None   # restored tokens per tier, from the plan
+    report: CacheReport | None = None       # where each restored block came from, and why
+    #                                         not more (cache/why/)
 
     def tokens_by_tier(self) -> dict[str, int]:
         """Restored tokens by the tier that held them."""

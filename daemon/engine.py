@@ -51,6 +51,7 @@ from ckptd.model.sampling import backend
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
 from ckptd.model.sequence import FinishReason, check_token_ids
 from ckptd.model.spec import StepLogits
+from ckptd.model.vision.positions import check_spans
 
 log = logging.getLogger("ckptd")
 
@@ -85,6 +86,8 @@ class Engine(InProcess):
     def submit(self, req: Request) -> None:
         """Queue a request (on the caller's thread: the id check stays off the loop's)."""
         check_token_ids(req.tokens, self.runner.vocab_size)
+        if req.images:
+            self._check_images(req)
         if self.sleep is not None:
             self.sleep.touch()
         try:
@@ -93,6 +96,19 @@ class Engine(InProcess):
             self.counters["rejected"] += 1
             raise
         self.counters["requests"] += 1
+
+    def _check_images(self, req: Request) -> None:
+        """ValueError unless the model sees images and the spans are its placeholders."""
+        embedder = self.runner.embedder
+        if embedder is None:
+            raise ValueError("this model has no vision encoder: it can't take images "
+                             "(--mmproj)")
+        check_spans(req.images, len(req.tokens), embedder.config.image_token_id, req.tokens)
+        room = self.runner.max_batch_tokens - self.scheduler.step_tokens
+        big = max(im.length for im in req.images)
+        if big > room:       # a prefill chunk takes an image whole: it must fit a step
+            raise ValueError(f"an image of {big} tokens is more than one step can take "
+                             f"({room} beyond --step-tokens)")
 
     def cancel(self, req: Request) -> None:
         if self.scheduler.cancel(req):
@@ -190,7 +206,7 @@ class Engine(InProcess):
         info = info or RestoreInfo()
         live.dec = Decoding(self.tokenizer, req.params, req.tokens)
         st.prompt_n, st.cache_n, st.cache_tier = len(req.tokens), info.cached_tokens, info.tier
-        st.restore_ms = info.restore_ms
+        st.restore_ms, st.cache = info.restore_ms, info.report
         st.queued_ms = (live.t_prefill - req.created) * 1000 - info.restore_ms
         self.counters["prompt_tokens"] += st.prompt_n
         self.counters["cached_tokens"] += st.cache_n
@@ -252,7 +268,9 @@ class Engine(InProcess):
         self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
         if reason != FinishReason.ERROR and live.seq.num_computed:
             seq = live.seq
-            self.slots.remember(live.slot, seq.tokens[:seq.num_computed], seq.salt)
+            n = seq.num_computed
+            self.slots.remember(live.slot, seq.tokens[:n], seq.salt,
+                                tuple(im for im in seq.images if im.end <= n))
         if reason == FinishReason.CANCELLED:
             self.counters["cancelled"] += 1
         elif reason == FinishReason.ERROR:

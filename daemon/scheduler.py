@@ -6,7 +6,8 @@ prefix of its prompt (cache.restore; one with no room yet waits in the queue), t
 decides every running sequence's tokens for the step, once: one for every decoding
 sequence (and a draft's, with speculative decoding), and for prompts being prefilled
 an even share of the rest of the step's budget each, the fewest tokens to go first,
-each ending at its next planned snapshot stop (cache.chunk). So a short prompt that
+each ending at its next planned snapshot stop and never inside an image (cache.chunk:
+an image is taken whole, one past its share a step). So a short prompt that
 arrives during a long prefill finishes in its first steps instead of waiting behind
 it. A waiting request whose prompt starts with blocks a running prefill is computing
 stays queued until they exist, then adopts them: N clients on one new document
@@ -131,6 +132,7 @@ class Scheduler:
             budget -= 1
         prefills = sorted((live for live in self.running if not live.t_decode),
                           key=lambda live: len(live.seq.tokens) - live.seq.num_computed)
+        over = False
         for i, live in enumerate(prefills):
             share = max(0, budget // (len(prefills) - i))
             budget -= share
@@ -138,8 +140,12 @@ class Scheduler:
             if isinstance(got, Exception):
                 work = Work(live.seq, 0, new=True, refused=Failed(got))
             else:
-                work = Work(live.seq, self.cache.chunk(live.seq, share), new=got is not None,
-                            restored=got)
+                n = self.cache.chunk(live.seq, share)
+                if n > share:
+                    # a whole image past its share: one a step (the runner has room for
+                    # one beyond the step's budget); another waits for the next step
+                    n, over = (0, over) if over else (n, True)
+                work = Work(live.seq, n, new=got is not None, restored=got)
             batch.entries.append((live, work))
         return batch
 
@@ -174,7 +180,8 @@ class Scheduler:
             if req is None:
                 break
             # the sequence's tokens grow as it generates: the request keeps its prompt
-            seq = Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora)
+            seq = Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora,
+                           images=req.images)
             try:
                 got = self.cache.restore(seq, req.chain, req.anchors, req.tails)
             except (OutOfPages, OutOfCells):
@@ -212,7 +219,7 @@ class Scheduler:
                 continue                       # take_cancelled() reports it
             if req.use_cache and cache.enabled:
                 if req.chain is None:          # hashed once; admission and puts reuse it
-                    req.chain = cache.chain(req.tokens, req.salt)
+                    req.chain = cache.chain(req.tokens, req.salt, req.images)
                 if self._waits_for(req, prefills):
                     continue
             with self.cond:

@@ -167,6 +167,8 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
     background = []
     if loaded.is_set() and code == 0 and not stop.is_set():
         background = [asyncio.ensure_future(_pump_metrics(svc)),
+                      asyncio.ensure_future(svc.history.run(svc.rt)),
+                      asyncio.ensure_future(_save_departures(svc)),
                       asyncio.ensure_future(console.watch_prefills(svc.rt.engine.scheduler))]
         await stop.wait()
     log.info("shutting down")
@@ -188,6 +190,16 @@ async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
     while True:
         await asyncio.sleep(period)
         svc.metrics.drain(svc.rt.engine)
+
+
+async def _save_departures(svc: Service, period: float = 60.0) -> None:
+    """The records of departed entries, saved beside the store every minute while they
+    change (cache/why/gone.py): `ckptd inspect why` reads them beside a running daemon."""
+    store = svc.rt.store
+    while True:
+        await asyncio.sleep(period)
+        await asyncio.get_running_loop().run_in_executor(None, store.gone.save, store.path,
+                                                         True)
 
 
 async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:

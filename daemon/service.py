@@ -20,14 +20,18 @@ from jinja2.exceptions import TemplateError
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.contexts import Context, ContextRegistry
 from ckptd.daemon.generation import Generation
+from ckptd.daemon.history import TierHistory
+from ckptd.daemon.http import media as media_parts
 from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import ApiError, bad_request, context_exceeded
+from ckptd.daemon.http.media import Media
 from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
 from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
 from ckptd.daemon.prompt import Prompt, anchors_at, chat_heads
 from ckptd.daemon.runtime import Runtime
 from ckptd.daemon.sleep import WakeFailed
+from ckptd.daemon.vision import limits as vision_limits
 from ckptd.model.default import default_model_path
 from ckptd.model.sampling.dry import DEFAULT_BREAKERS, BreakerTable
 from ckptd.model.sampling.grammar import GrammarError, Grammars
@@ -74,6 +78,7 @@ class Service:
         self.rt: Runtime | None = None       # set once loaded
         self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
         self.metrics = Metrics()
+        self.history = TierHistory()        # the tiers over time, for the page at /
         self.started = time.time()
         self.inflight = 0
         self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)
@@ -167,6 +172,11 @@ class Service:
     @property
     def tokenizer(self):
         return self.rt.tokenizer
+
+    @property
+    def vision(self) -> bool:
+        """Whether the model takes images (a vision tower is loaded)."""
+        return self.rt is not None and self.rt.runner.embedder is not None
 
     @property
     def max_context(self) -> int:
@@ -265,13 +275,31 @@ class Service:
 
     def completion_prompt(self, prompt: str | list, cache: CacheOptions) -> Prompt:
         """A named context's tokens (its end an anchor: daemon/prompt.py), then the
-        prompt's own."""
-        ids = self.prompt_tokens(prompt)
+        prompt's own (with its images' placeholders, when it has any)."""
+        media = getattr(prompt, "media", None)
         if cache.context is None:
-            return Prompt(ids, cache.salt)
+            if media:
+                return Prompt(self.media_tokens([], prompt, media, "prompt"), cache.salt)
+            return Prompt(self.prompt_tokens(prompt), cache.salt)
         ctx = self.context(cache.context, cache.salt)
         head = self.context_tokens(ctx)
-        return Prompt(head + ids, cache.salt or ctx.salt, (len(head),))
+        ids = (self.media_tokens(head, prompt, media, "prompt") if media
+               else head + self.prompt_tokens(prompt))
+        return Prompt(ids, cache.salt or ctx.salt, (len(head),))
+
+    def media_tokens(self, head: list[int], text: str, media: Media,
+                     where: str) -> media_parts.Prompt:
+        """`head`, then the ids of `text` with each image's placeholders where its marker
+        is (blocking: images are read and decoded here)."""
+        embedder = self.rt.runner.embedder
+        room = self.rt.runner.max_batch_tokens - self.cfg.step_tokens
+        images = media_parts.prepare_all(media, embedder, self.cfg.media_path,
+                                          vision_limits(self.cfg), room)
+        body = media_parts.tokenize(text, media.marker, images, self.tokenizer.encode,
+                                    embedder, where)
+        out = media_parts.Prompt(head + body)
+        out.images = tuple(im.moved(im.start + len(head)) for im in body.images)
+        return out
 
     def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions) -> tuple[list[int], str | None]:
         p = self.chat_prompt(chat, cache, anchors=False)
@@ -279,7 +307,18 @@ class Service:
 
     def chat_prompt(self, chat: ChatPrompt, cache: CacheOptions, anchors: bool = True) -> Prompt:
         """The chat's tokens, and (anchors) where the next chat request over the same
-        start will part from it (daemon/prompt.py)."""
+        start will part from it (daemon/prompt.py). A chat with images has the named
+        context's end as its one anchor (its text's offsets are not its tokens'); the
+        cache moves any anchor that falls inside an image to the image's start."""
+        if chat.media:
+            if cache.context is not None:
+                ctx = self.context(cache.context, cache.salt)
+                head = self.context_tokens(ctx)
+                return Prompt(self.media_tokens(head, self.render_chat(chat), chat.media,
+                                                "messages"),
+                              cache.salt or ctx.salt, (len(head),), tails=False)
+            return Prompt(self.media_tokens([], self.render_chat(chat), chat.media, "messages"),
+                          cache.salt, tails=False)
         if cache.context is None:
             text = self.render_chat(chat)
             if not anchors:

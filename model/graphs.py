@@ -52,7 +52,8 @@ class DecodeGraphs:
 
     def fits(self, seqs: list[SeqChunk]) -> bool:
         return bool(seqs) and self.bucket(len(seqs)) is not None and all(
-            s.q_len == 1 and len(s.page_table) <= self.width for s in seqs)
+            s.q_len == 1 and len(s.page_table) <= self.width and s.mrope is None
+            and not s.images for s in seqs)
 
     def run(self, seqs: list[SeqChunk], input_ids: list[int]) -> torch.Tensor:
         """Logits [len(seqs), vocab] of one decode step (fits(seqs) must hold)."""

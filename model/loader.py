@@ -19,12 +19,16 @@ from pathlib import Path
 import torch
 
 from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.arch.ssm_lm import HybridLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
+from ckptd.model.configs import config_from_hf
 from ckptd.model.fingerprint import model_fingerprint
 from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
 from ckptd.model.kept_swap import attach_kept
 from ckptd.model.quant import is_kept
+from ckptd.model.ssm_checkpoint import rename
+from ckptd.model.ssm_config import SSMConfig
 from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.model.weights import SafetensorsSource
 
@@ -61,9 +65,9 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             check_architecture(path)        # before gguf's reader maps the file
         hf_config, recipes, release = gguf_recipes(path, gguf_reader, weights == "keep")
         files = [path]
-        cfg = ModelConfig.from_hf(hf_config)
+        cfg = config_from_hf(hf_config)
     elif path.is_dir():
-        cfg = ModelConfig.from_hf(_read_config(path))   # refuses before a weight is read
+        cfg = config_from_hf(_read_config(path))   # refuses before a weight is read
         files = _weight_files(path)
         source = SafetensorsSource(files)
         recipes = {n: plain(lambda n=n: source.get(n)) for n in source.names()}
@@ -85,9 +89,16 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
     pages it read for it) and `release(everything=True)` once the model is built."""
     device = torch.device(device)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = causal_lm(cfg)
     with _one_thread():
         return _assign(cfg, model, tensors, dtype, device, release)
+
+
+def causal_lm(cfg: ModelConfig) -> CausalLM:
+    """The model class of cfg's architecture (a state space hybrid: arch/ssm_lm.py)."""
+    if isinstance(cfg, SSMConfig):
+        return HybridLM(cfg)
+    return CausalLM(cfg)
 
 
 @contextmanager
@@ -105,7 +116,8 @@ def _one_thread() -> Iterator[None]:
 
 def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype,
             device: torch.device, release: Callable[..., None]) -> CausalLM:
-    recipes = adapt(cfg, {n: t if callable(t) else _given(t) for n, t in tensors.items()})
+    recipes = adapt(cfg, {n: t if callable(t) else _given(t) for n, t in tensors.items()},
+                    rename if isinstance(cfg, SSMConfig) else None)
     tied = cfg.tie_word_embeddings      # lm_head is the embedding, whatever is stored
     expected = {n: m for n, m in model.state_dict().items()
                 if not (tied and n == "lm_head.weight")}

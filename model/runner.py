@@ -24,6 +24,7 @@ from ckptd.model.sequence import Sequence
 from ckptd.model.spec import StepLogits
 from ckptd.model.state import CellPool, DeviceState
 from ckptd.model.transfers import Transfers
+from ckptd.model.vision.positions import chunk_positions
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Runner:
         self._sizes = (num_pages, num_cells, max_seq_pages or max(num_pages, 1), graphs)
         self.vocab_size = model.config.vocab_size
         self.cells = CellPool(num_cells)
+        self.embedder = None     # model/vision/embedder.py: images' rows, when it sees images
         self.transfers = Transfers(self.device)
         self._build()
 
@@ -106,10 +108,15 @@ class Runner:
         self._check(work)
         B = self.block_size
         ids, chunks, rows, spans = [], [], [], {}
+        images = self._images(work)
         for seq, n in work:
             start, end = seq.num_computed, seq.num_computed + n
             table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
-            chunks.append(SeqChunk(len(ids), n, start, table, seq.cell))
+            chunk = SeqChunk(len(ids), n, start, table, seq.cell)
+            if seq.images:
+                chunk.shift, chunk.mrope = chunk_positions(seq.images, start, end)
+                chunk.images = images.get(seq.id)
+            chunks.append(chunk)
             first = len(ids) if seq.id in every else len(ids) + n - 1
             ids += seq.tokens[start:end]
             spans[seq.id] = slice(len(rows), len(rows) + len(ids) - first)
@@ -152,6 +159,26 @@ class Runner:
         if total > self.max_batch_tokens:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
+
+    def _images(self, work: list[tuple[Sequence, int]]
+                ) -> dict[int, list[tuple[int, torch.Tensor]]]:
+        """{sequence id: [(offset in its chunk, embeddings of those placeholder rows)]}
+        for the images this step's chunks hold, encoded together when not cached."""
+        want: list[tuple[int, int, int, object]] = []
+        for seq, n in work:
+            start, end = seq.num_computed, seq.num_computed + n
+            for im in seq.images:
+                if im.start < end and im.end > start:
+                    want.append((seq.id, start, end, im))
+        if not want:
+            return {}
+        if self.embedder is None:
+            raise ValueError("this model has no vision encoder: it can't take images")
+        out: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for (sid, start, end, im), emb in zip(want, self.embedder.embeds([w[3] for w in want])):
+            lo, hi = max(start, im.start), min(end, im.end)
+            out.setdefault(sid, []).append((lo - start, emb[lo - im.start:hi - im.start]))
+        return out
 
     def mark(self, seq: Sequence) -> Mark:
         """Where seq is now, before a step that may be taken back in part (a speculative
@@ -214,7 +241,10 @@ class Runner:
         return [kv[p] for p in pages]
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:
-        """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim]."""
+        """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim] ([n, 0]
+        for a model without attention: its blocks hold no KV)."""
+        if self.state.kv is None:
+            return torch.empty((len(pages), *self.spec.kv_shape()), dtype=self.spec.kv_dtype)
         return self.transfers.to_host(self.state.kv.index_select(0, self.transfers.index(pages)))
 
     def load_pages(self, pages: list[int], kv: torch.Tensor) -> None:
@@ -223,6 +253,8 @@ class Runner:
         if tuple(kv.shape) != want:
             raise ValueError(f"pages have shape {tuple(kv.shape)}, expected {want}")
         pool = self.state.kv
+        if pool is None:
+            return
         self.transfers.to_device(
             lambda x: pool.index_copy_(0, self.transfers.index(pages), x.to(pool.dtype)), kv)
 

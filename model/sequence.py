@@ -45,6 +45,8 @@ class Sequence:
     num_computed: int = 0        # leading tokens whose state (KV, recurrent) is computed
     id: int = field(default_factory=lambda: next(_ids))
     lora: tuple[float, ...] = ()  # each LoRA adapter's scale (model/lora); () none
+    images: tuple = ()           # ImageSpan of each image's placeholder tokens, in order
+    #                              (model/vision/positions.py); () for text
 
 
 

@@ -3,7 +3,8 @@ runner offers the cache to read and write it (StateIO), the error a full state p
 raises (OutOfCells), and a step's logits with the rows each sequence owns (StepLogits).
 
 A sequence state at position P is: the K/V of every attention layer for tokens
-[0, P), plus every recurrent layer's conv state and delta-rule state at P.
+[0, P), plus every recurrent layer's conv state and recurrent (delta-rule or
+selective state space) state at P.
 
 Layouts (fixed here, used by the runner, the kernels and the cache tiers):
 
@@ -13,6 +14,8 @@ Layouts (fixed here, used by the runner, the kernels and the cache tiers):
     conv state     [n_rec, conv_dim, conv_kernel - 1]             conv_dtype
                    (the last conv_kernel-1 inputs of the causal conv, oldest first)
     ssm state      [n_rec, v_heads, k_head_dim, v_head_dim]       float32
+                   (Gated DeltaNet; a selective state space layer declares its state
+                   [heads, head_dim, state_size] in those three: RecurrentSpec.ssm)
 
 Attention layers are numbered 0..n_attn-1 and recurrent layers 0..n_rec-1 in
 the order they appear in the model.
@@ -48,6 +51,14 @@ class RecurrentSpec:
     conv_dtype: torch.dtype
     ssm_dtype: torch.dtype = torch.float32
 
+    @classmethod
+    def ssm(cls, n_layers: int, conv_dim: int, conv_kernel: int, heads: int, head_dim: int,
+            state_size: int, conv_dtype: torch.dtype) -> RecurrentSpec:
+        """Selective state space layers (Mamba2: [heads, head_dim, state_size]; Mamba:
+        [1, d_inner, state_size]): the same two tensors per layer as Gated DeltaNet's,
+        so the cache stores, thins and restores them alike."""
+        return cls(n_layers, conv_dim, conv_kernel, heads, head_dim, state_size, conv_dtype)
+
 
 @dataclass(frozen=True)
 class StateSpec:
@@ -65,6 +76,12 @@ class StateSpec:
     def is_hybrid(self) -> bool:
         """True when some layer's state can't be cut: restores need snapshots."""
         return self.recurrent is not None and self.recurrent.n_layers > 0
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of a page's KV; a model without attention has pages of no bytes
+        (kept for the prefix chain of its blocks), float32 by convention."""
+        return torch.float32 if self.attention is None else self.attention.dtype
 
     def kv_shape(self, n_tokens: int | None = None) -> tuple[int, ...]:
         """Shape of n_tokens (default: one page) of KV for all attention layers."""

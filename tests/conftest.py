@@ -60,6 +60,24 @@ def tiny_model(tiny_dir):
     return load_model(tiny_dir)
 
 
+# the selective state space hybrids, written by transformers' own classes (tools/tiny_ssm.py)
+SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+
+
+@pytest.fixture(scope="session")
+def ssm_dirs(tmp_path_factory):
+    """{model_type: make-tiny folder} of every state space hybrid."""
+    root = tmp_path_factory.mktemp("tiny-ssm")
+    return {arch: make_tiny(arch, root / arch) for arch in SSM_ARCHES}
+
+
+@pytest.fixture(scope="session")
+def ssm_models(ssm_dirs):
+    """{model_type: loaded model} (fp32, CPU)."""
+    from ckptd.model.loader import load_model
+    return {arch: load_model(folder) for arch, folder in ssm_dirs.items()}
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS) on loopback for the whole session: started once,
@@ -71,3 +89,21 @@ def s3_server(tmp_path_factory):
         yield server.wait_ready()
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_vision(tmp_path_factory):
+    """Multimodal tiny checkpoints by arch, written by transformers' own classes
+    (`make-tiny --vision`), each with its text GGUF and mmproj GGUF from llama.cpp's
+    converter: {arch: (folder, gguf, mmproj)}, made on first use."""
+    from ckptd.tools.make_tiny_vision import make_tiny_vision
+
+    made: dict[str, tuple] = {}
+
+    def get(arch: str = "qwen3_5_text"):
+        if arch not in made:
+            root = tmp_path_factory.mktemp(f"tiny-vision-{arch}")
+            folder, mmproj = make_tiny_vision(arch, root / "hf", gguf=root / "tiny.gguf")
+            made[arch] = (folder, root / "tiny.gguf", mmproj)
+        return made[arch]
+    return get

@@ -104,8 +104,8 @@ def cycles(root: Path) -> list[list[str]]:
     for v in edges:
         if v not in index:
             visit(v)
-    return [[f"{known[a].relative_to(root)}:{line} -> {b}"
-             for a in sorted(group) for b, line in edges[a] if b in group]
+    return [list(dict.fromkeys(f"{known[a].relative_to(root)}:{line} -> {b}"
+                               for a in sorted(group) for b, line in edges[a] if b in group))
             for group in found]
 
 
@@ -149,7 +149,8 @@ def _import_runs(body: list[ast.stmt]) -> list[list[ast.stmt]]:
 
 
 def test_no_import_circle():
-    assert cycles(ROOT) == []
+    found = cycles(ROOT)
+    assert found == [], "import circles:\n" + "\n\n".join("\n".join(c) for c in found)
 
 
 def test_imports_inside_functions_say_why():

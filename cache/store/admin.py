@@ -13,6 +13,7 @@ from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import key_from_hex
 from ckptd.cache.tiers.disk import DiskTier
+from ckptd.cache.why.gone import DELETED
 
 _SORTS = {"last_used": lambda m: m.last_used, "size": lambda m: m.stored_bytes or m.logical_bytes,
           "hits": lambda m: m.hits, "created": lambda m: m.created,
@@ -35,12 +36,13 @@ class EntryInfo:
     fingerprint: str
     tiers: tuple[str, ...]
     role: str = ""           # a snapshot's: why it was taken (cache/entry.py)
+    next_position: int | None = None   # a snapshot after images: its next M-RoPE position
 
     @classmethod
     def of(cls, key: bytes, m: EntryMeta, tiers: tuple[str, ...]) -> EntryInfo:
         return cls(key.hex(), m.kind, m.position, list(m.tokens), m.parent.hex(), m.stored_bytes,
                    m.logical_bytes, m.created, m.last_used, m.hits, m.pinned, m.fingerprint,
-                   tiers, m.role)
+                   tiers, m.role, m.next_position)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,8 +96,10 @@ class StoreAdmin:
                 host_kinds[m.kind] = host_kinds.get(m.kind, 0) + 1
         w, c, remote = self.store.writer, self.catalog.counters, self.store.remote
         remote = remote.stats() if remote is not None else None
+        misses = self.store.why.stats()          # explains what waits: not under the lock
         with self.catalog.lock:
             return {
+                "misses": misses,
                 "entries": len(merged),
                 "disk": disk,
                 "host": {"entries": sum(host_kinds.values()), "by_kind": host_kinds,
@@ -153,8 +157,8 @@ class StoreAdmin:
                     if c not in keys:
                         keys.add(c)
                         todo.append(c)
-            for k in keys:
-                self.catalog.index.remove(k)
+            metas = [(k, self.catalog.index.remove(k)) for k in keys]
+        self.store.gone.left(metas, DELETED, "")
         found = self.disk.delete_many(list(keys))
         in_host = [k for k in keys if self.host.contains(k)]
         for k in in_host:
@@ -201,8 +205,8 @@ class StoreAdmin:
         self.store.flush()
         with self.catalog.lock:
             keys = [k for k, m in self.catalog.index.rows.items() if include_pinned or not m.pinned]
-            for k in keys:
-                self.catalog.index.remove(k)
+            metas = [(k, self.catalog.index.remove(k)) for k in keys]
+        self.store.gone.left(metas, DELETED, "")
         self.disk.delete_many(keys)
         for k, m in self.host.scan():
             if include_pinned or not m.pinned:

@@ -83,7 +83,7 @@ class Catalog:
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            found = {p for p in parents if self.index.children.has_snapshots(p)}
+            found = self.index.children.with_snapshots(parents)
         return found | self.host.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
@@ -91,6 +91,11 @@ class Catalog:
             found = {k: (k, m, DISK) for k, m in self.index.children_after(parent)}
         found.update({k: (k, m, HOST) for k, m in self.host.children_after(parent)})
         return list(found.values())
+
+    def roots(self) -> list[bytes]:
+        """The root keys (model, block size, salt) some stored entry hangs from."""
+        with self.lock:
+            return list(self.index.roots)
 
     def sanity_check(self) -> None:
         with self.lock:

@@ -17,6 +17,7 @@ class DiskIndex:
     def __init__(self, entries: Iterable[tuple[bytes, EntryMeta]] = ()) -> None:
         self.rows: dict[bytes, EntryMeta] = {}
         self.children = Children()                      # parent key -> child keys
+        self.roots: dict[bytes, int] = {}               # root key -> entries hanging from it
         self.stored_bytes = 0
         self.logical_bytes = 0
         for key, meta in entries:
@@ -35,6 +36,8 @@ class DiskIndex:
         self.remove(key)
         self.rows[key] = meta
         self.children.add(key, meta.parent, meta.kind == SNAPSHOT)
+        if not meta.has_block_parent:
+            self.roots[meta.parent] = self.roots.get(meta.parent, 0) + 1
         self.stored_bytes += meta.stored_bytes
         self.logical_bytes += meta.logical_bytes
 
@@ -43,6 +46,10 @@ class DiskIndex:
         if meta is None:
             return None
         self.children.remove(key, meta.parent, meta.kind == SNAPSHOT)
+        if not meta.has_block_parent:
+            self.roots[meta.parent] -= 1
+            if not self.roots[meta.parent]:
+                del self.roots[meta.parent]
         self.stored_bytes -= meta.stored_bytes
         self.logical_bytes -= meta.logical_bytes
         return meta
@@ -87,10 +94,14 @@ class DiskIndex:
         names what broke."""
         self.children.check(((k, m.parent, m.kind == SNAPSHOT) for k, m in self.rows.items()),
                             "the index")
+        roots: dict[bytes, int] = {}
         for key, m in self.rows.items():
-            if m.has_block_parent:
-                parent = self.rows.get(m.parent)
-                assert parent is not None, f"entry {key.hex()} has lost its parent block"
-                assert not m.pinned or parent.pinned, f"pinned {key.hex()} has an unpinned parent"
+            if not m.has_block_parent:
+                roots[m.parent] = roots.get(m.parent, 0) + 1
+                continue
+            parent = self.rows.get(m.parent)
+            assert parent is not None, f"entry {key.hex()} has lost its parent block"
+            assert not m.pinned or parent.pinned, f"pinned {key.hex()} has an unpinned parent"
+        assert roots == self.roots, "the index's root counts are off"
         assert self.stored_bytes == sum(m.stored_bytes for m in self.rows.values())
         assert self.logical_bytes == sum(m.logical_bytes for m in self.rows.values())

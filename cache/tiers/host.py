@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,7 +34,9 @@ def tensors_nbytes(tensors: Tensors) -> int:
 class HostTier:
     name = "host"
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int,
+                 on_evict: Callable[[list[tuple[bytes, EntryMeta]]], None] | None = None) -> None:
+        """on_evict(items): called, under no lock of the tier's, with what a put evicted."""
         if budget_bytes < 0:
             raise ValueError(f"host budget must be >= 0, got {budget_bytes}")
         self.budget = budget_bytes
@@ -42,6 +44,7 @@ class HostTier:
         self.children = Children()                   # parent key -> keys of entries after it
         self.bytes = 0
         self.evictions = 0
+        self.on_evict = on_evict
         self.lock = threading.Lock()
 
     def accepts(self, nbytes: int) -> bool:
@@ -51,14 +54,19 @@ class HostTier:
         size = tensors_nbytes(value)
         if size > self.budget:
             return False
+        evicted = []
         with self.lock:
             self._pop(key)
             self.items[key] = (meta, value, size)
             self.bytes += size
             self.children.add(key, meta.parent, meta.kind == SNAPSHOT)
             while self.bytes > self.budget:
-                self._pop(next(iter(self.items)))
+                old = next(iter(self.items))
+                evicted.append((old, self.items[old][0]))
+                self._pop(old)
                 self.evictions += 1
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
         return True
 
     def put_many(self, items: Sequence[tuple[bytes, EntryMeta, Tensors]]) -> list[bytes]:
@@ -98,7 +106,7 @@ class HostTier:
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            return {p for p in parents if self.children.has_snapshots(p)}
+            return self.children.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
         with self.lock:

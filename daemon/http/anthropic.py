@@ -99,7 +99,7 @@ def _message(m: object, where: str) -> list[dict]:
         elif kind == "redacted_thinking":
             continue                   # encrypted: nothing a template could show
         elif kind == "image":
-            text.append({"type": "image_url", "image_url": {"url": "anthropic-image"}})
+            text.append(_image_part(b))
         elif kind == "tool_use":
             calls.append({"id": b.get("id"), "type": "function", "function": {
                 "name": b.get("name"), "arguments": b.get("input") or {}}})
@@ -120,6 +120,17 @@ def _message(m: object, where: str) -> list[dict]:
     return out
 
 
+def _image_part(b: dict) -> dict:
+    """An image block as the chat part it amounts to: base64 data as a data URL, a URL
+    as itself (the chat parser reads, or refuses, either)."""
+    src = b.get("source") if isinstance(b.get("source"), dict) else {}
+    if src.get("type") == "base64":
+        url = f"data:{src.get('media_type') or 'image/png'};base64,{src.get('data') or ''}"
+    else:
+        url = src.get("url")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def _result_text(c: object, where: str) -> object:
     if c is None or isinstance(c, str):
         return c or ""
@@ -128,7 +139,7 @@ def _result_text(c: object, where: str) -> object:
         for b in c:
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "image":
-                parts.append({"type": "image_url", "image_url": {"url": "anthropic-image"}})
+                parts.append(_image_part(b))
             elif kind == "text":
                 parts.append({"type": "text", "text": b.get("text", "")})
         return parts

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from ckptd.daemon.http import prompts
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.daemon.http.media import Media
 
 TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOOLS = 128
@@ -28,11 +29,13 @@ class ChatPrompt:
     kwargs: dict = field(default_factory=dict)          # chat_template_kwargs
     enable_thinking: bool | None = None                 # None: the server's --reasoning
     reasoning_format: str = "auto"      # llama-server's: "none" leaves thinking in content
+    media: Media | None = None          # the image parts, a marker each in the text
 
     @classmethod
     def parse(cls, f: Fields, allow_empty: bool = False) -> ChatPrompt:
         raw = f.data.get("messages")
-        msgs = prompts.messages(raw, allow_empty=allow_empty)
+        media = Media()
+        msgs = prompts.messages(raw, allow_empty=allow_empty, media=media)
         add = f.bool("add_generation_prompt", True)
         cont = f.bool("continue_final_message")
         if cont:
@@ -57,7 +60,7 @@ class ChatPrompt:
             raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}"
                               f", got {fmt!r}", "reasoning_format")
         return cls(msgs, tools, choice, name, f.bool("parallel_tool_calls", True), add,
-                   prefill, kwargs, thinking, fmt)
+                   prefill, kwargs, thinking, fmt, media or None)
 
     def with_messages(self, messages: list[dict], add_generation_prompt: bool,
                       prefill: str | None = None) -> ChatPrompt:

@@ -1,8 +1,8 @@
 """Prompts and chat messages of a request, as llama-server and OpenAI accept them.
 
 A prompt is a string, a list of token ids, a mixed list of ids and strings (one
-sequence, strings tokenized in place), or {"prompt_string": ...}. A list of those
-is a batch: one generation each. Multimodal data is refused with a 501.
+sequence, strings tokenized in place), or {"prompt_string": ..., "multimodal_data":
+[base64 images]}. A list of those is a batch: one generation each.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import check_tokens
+from ckptd.daemon.http.media import MEDIA_MARKER, Media
 
 Prompt = str | list          # text, or ids with text pieces in between
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -31,12 +32,12 @@ def prompts(v: object, vocab_size: int, name: str = "prompt") -> list[Prompt]:
 
 def _one(v: object, vocab_size: int, name: str) -> Prompt:
     if isinstance(v, dict):
-        if v.get("multimodal_data"):
-            raise _no_media("multimodal_data", name)
         text = v.get("prompt_string")
         if not isinstance(text, str):
             raise bad_request(f"{name}.prompt_string must be a string", f"{name}.prompt_string",
                               "invalid_type")
+        if "multimodal_data" in v:
+            return _multimodal(text, v["multimodal_data"], name)
         v = text
     if isinstance(v, str):
         if not v:
@@ -55,6 +56,28 @@ def _one(v: object, vocab_size: int, name: str) -> Prompt:
                       name, "invalid_type")
 
 
+class MediaText(str):
+    """llama-server's {prompt_string, multimodal_data}: the text with `<__media__>` where
+    each image goes, and the images (`media`: daemon/http/media.py)."""
+    media = None
+
+
+def _multimodal(text: str, data: object, name: str) -> MediaText:
+    where = f"{name}.multimodal_data"
+    if not isinstance(data, list) or not data:
+        raise bad_request(f"{where} must be a non-empty list of base64 images", where,
+                          "invalid_type")
+    if text.count(MEDIA_MARKER) != len(data):
+        raise bad_request(f"{name}.prompt_string has {text.count(MEDIA_MARKER)} "
+                          f"{MEDIA_MARKER} markers for {len(data)} images", where)
+    media = Media(marker=MEDIA_MARKER, raw=True)
+    for i, d in enumerate(data):
+        media.add(f"{where}[{i}]", d)
+    out = MediaText(text)
+    out.media = media
+    return out
+
+
 def _no_media(what: str, where: str):
     # a field of the request, not a route: a 400 (llama-server's answer to media its
     # model can't take), with the code saying it is not supported
@@ -63,11 +86,13 @@ def _no_media(what: str, where: str):
                        "not_supported")
 
 
-def messages(v: object, name: str = "messages", allow_empty: bool = False) -> list[dict]:
+def messages(v: object, name: str = "messages", allow_empty: bool = False,
+             media=None) -> list[dict]:
     """[{role, content, ...}]: content flattened to text (text parts joined by a newline,
-    as llama-server gives them to a template that takes strings), and an assistant's
-    tool_calls (arguments as objects, what templates render), a tool result's
-    tool_call_id and name, reasoning_content kept for templates that show them."""
+    as llama-server gives them to a template that takes strings; an image part becomes
+    `media`'s marker, daemon/http/media.py), and an assistant's tool_calls (arguments as
+    objects, what templates render), a tool result's tool_call_id and name,
+    reasoning_content kept for templates that show them."""
     if not isinstance(v, list):
         raise bad_request(f"{name} must be a list of messages", name,
                           "missing_field" if v is None else "invalid_type")
@@ -82,7 +107,7 @@ def messages(v: object, name: str = "messages", allow_empty: bool = False) -> li
         if role not in ROLES:
             raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
         msg = {"role": "system" if role == "developer" else role,
-               "content": content_text(m.get("content"), f"{where}.content")}
+               "content": content_text(m.get("content"), f"{where}.content", media=media)}
         if role == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         for key in ("tool_call_id", "name", "reasoning_content"):
@@ -120,15 +145,21 @@ def _tool_calls(v: object, where: str) -> list[dict]:
     return out
 
 
-def content_text(c: object, where: str, sep: str = "\n") -> str:
-    """A message's content as text: a string, or its text parts joined by `sep`."""
+def content_text(c: object, where: str, sep: str = "\n", media=None) -> str:
+    """A message's content as text: a string, or its text parts joined by `sep`; an
+    image_url part is `media`'s marker (no media: refused)."""
     if c is None:
         return ""
     if isinstance(c, str):
         return c
     if isinstance(c, list):
         parts = []
-        for p in c:
+        for k, p in enumerate(c):
+            if media is not None and isinstance(p, dict) and p.get("type") == "image_url":
+                url = p.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                parts.append(media.add(f"{where}[{k}].image_url", url))
+                continue
             if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio", "file",
                                                          "input_image", "image"):
                 raise _no_media(f"{p['type']} parts", where)

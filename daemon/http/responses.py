@@ -16,6 +16,7 @@ import uuid
 
 from aiohttp import web
 
+from ckptd.daemon.cachefields import prompt_details
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready
 from ckptd.daemon.http.errors import ApiError, bad_request
@@ -122,7 +123,7 @@ def _messages(v: object) -> list[dict]:
 
 
 def _parts(c: object, where: str) -> object:
-    """Responses content parts as chat parts (input_image stays an image: refused later)."""
+    """Responses content parts as chat parts (input_image an image_url part)."""
     if c is None or isinstance(c, str):
         return c
     if not isinstance(c, list):
@@ -191,7 +192,8 @@ class ResponsesFormat:
                    [self._call(cid, c) for cid, c in self.calls] + self._reasoning(),
                    usage={"input_tokens": st.prompt_n, "output_tokens": st.predicted_n,
                           "total_tokens": st.prompt_n + st.predicted_n,
-                          "input_tokens_details": {"cached_tokens": st.cache_n},
+                          "input_tokens_details": {"cached_tokens": st.cache_n,
+                                                   **prompt_details([st])},
                           "output_tokens_details": {"reasoning_tokens": 0}})
         if not cut:
             out["completed_at"] = int(time.time())

@@ -31,7 +31,11 @@ class StepContext:
 
     @classmethod
     def build(cls, batch: StepBatch, state: DeviceState, cfg: ModelConfig) -> StepContext:
-        cos, sin = ops.rotary_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
+        if batch.mrope is not None:     # image tokens: three positions each
+            cos, sin = ops.mrope_cos_sin(batch.mrope, cfg.rotary_dim, cfg.rope_theta,
+                                         cfg.mrope_section)
+        else:
+            cos, sin = ops.rotary_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
         return cls(batch, state, cos, sin)
 
 

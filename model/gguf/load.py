@@ -5,13 +5,14 @@ and the tokenizer.
     config, tensors = load_gguf("model.gguf")      # dict, {HF name: fp32 tensor}
     tokenizer = gguf_tokenizer("model.gguf")
 
-Architectures: `llama` (model_type "llama"), and llama.cpp's Qwen hybrids (qwen35.py):
-`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`. The file is
-memory-mapped (reader.py); a tensor is read when the loader assigns it: F32 / F16 /
-BF16 data as a view of the mapping, block-quantized types dequantized to fp32 with the
-`gguf` package then. Only the transforms llama.cpp's converter (convert_hf_to_gguf.py)
-applied are undone: for llama, the row permutation of q/k that turns rotate-half rotary
-into llama.cpp's interleaved pairs.
+Architectures: `llama` (model_type "llama"), llama.cpp's Qwen hybrids (qwen35.py):
+`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`, and its state
+space hybrids (mamba.py): `mamba2`, `nemotron_h`, `granitehybrid`, `falcon-h1`, `jamba`.
+The file is memory-mapped (reader.py); a tensor is read when the loader assigns it: F32
+/ F16 / BF16 data as a view of the mapping, block-quantized types dequantized to fp32
+with the `gguf` package then. Only the transforms llama.cpp's converter
+(convert_hf_to_gguf.py) applied are undone: for llama, the row permutation of q/k that
+turns rotate-half rotary into llama.cpp's interleaved pairs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ckptd.model.checkpoint import Recipe, plain
 from ckptd.model.gguf.header import read_architecture
 from ckptd.model.gguf.kept import check_types, kept_recipes
+from ckptd.model.gguf.mamba import load_ssm_hybrid
 from ckptd.model.gguf.qwen35 import load_qwen_hybrid
 from ckptd.model.gguf.reader import (
     GGUFTensors,
@@ -36,7 +38,9 @@ from ckptd.model.gguf.reader import (
 )
 from ckptd.model.text.tokenizer import Tokenizer
 
-SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next")
+SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next",
+             # the state space hybrids: gguf/mamba.py
+             "mamba2", "nemotron_h", "nemotron_h_moe", "granitehybrid", "falcon-h1", "jamba")
 
 # GGUF tensor names (blk.N.<part>.weight) -> HF names (model.layers.N.<module>.weight)
 _LLAMA_TOP = {
@@ -83,8 +87,10 @@ def gguf_recipes(path: str | Path, reader=None, keep: bool = False
     check_types(tensors, keep)
     if arch == "llama":
         cfg, recipes = _load_llama(reader, tensors)
-    elif arch in SUPPORTED:
+    elif arch in SUPPORTED and arch.startswith("qwen"):
         cfg, recipes = load_qwen_hybrid(reader, tensors, arch)
+    elif arch in SUPPORTED:
+        cfg, recipes = load_ssm_hybrid(reader, tensors, arch)
     else:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
                          f"(supported: {', '.join(SUPPORTED)})")

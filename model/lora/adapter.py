@@ -66,6 +66,9 @@ def read_adapter(path: str | Path, model) -> Adapter:
     p = Path(path)
     if not p.exists():
         raise ValueError(f"LoRA adapter {path}: no such file or folder")
+    if model.config.arch not in GGUF_ARCH:    # the state space hybrids: not wired for LoRA
+        raise ValueError(f"LoRA adapter {path}: adapters are not supported on "
+                         f"{model.config.arch} models")
     if p.is_dir():
         pairs, digest = _read_peft(p)
     else:

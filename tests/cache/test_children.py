@@ -17,6 +17,7 @@ def test_children_and_snapshots_follow_adds_and_removes():
     assert c.of(b"root") == {b"b1", b"s1"} and c.of(b"b2") == ()
     assert c.counts() == {b"root": 2, b"b1": 1}
     assert c.has_snapshots(b"root") and not c.has_snapshots(b"b1")
+    assert c.with_snapshots([b"b1", b"root", b"none"]) == {b"root"}
     c.remove(b"s1", b"root", snapshot=True)
     c.remove(b"b2", b"b1")
     assert c.counts() == {b"root": 1} and not c.has_snapshots(b"root")

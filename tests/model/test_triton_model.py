@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -50,6 +51,14 @@ def test_model_on_triton_kernels_equals_references(tiny_dir, monkeypatch):
 def test_moe_model_on_triton_kernels_equals_references(tiny_moe_dir, monkeypatch):
     """With the grouped-GEMM expert kernel, where a step's few tokens leave experts idle."""
     _compare(tiny_moe_dir, monkeypatch)
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "falcon_h1", "mamba2", "jamba"])
+def test_state_space_model_on_triton_kernels_equals_references(ssm_dirs, arch, monkeypatch):
+    """Mamba2's chunked and step-by-step scans (attention without rotary, beside it,
+    none), Mamba's selective scan, the conv with its bias. (Granite-4.0-H adds only the
+    MoE kernel, which the Qwen MoE model runs above.)"""
+    _compare(ssm_dirs[arch], monkeypatch)
 
 
 def _compare(model_dir, monkeypatch):

@@ -2,6 +2,7 @@
 
     ckptd inspect [--cache-dir DIR | --url URL [--api-key KEY]] [--model PATH] [--json] ACTION
     ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc
+    ckptd inspect [--cache-dir DIR] [--model PATH] why PROMPT_FILE [--salt S] [--fingerprint FP]
 
 Reads go to the LMDB store directly, read-only, so they work beside a running daemon
 (LMDB readers never block its writer), or to the daemon's /cache/* endpoints with
@@ -21,6 +22,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ckptd.cache.tree import build
 from ckptd.daemon.config import default_cache_dir, parse_size
 from ckptd.tools.inspect_store import render
 from ckptd.tools.inspect_store import tree as inspect_tree
@@ -53,7 +55,7 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
                    help="a shared remote tier (endpoint and keys: the standard AWS_* "
                         "variables); stats, ls, verify and gc only")
     p.add_argument("--fingerprint", default=d(None),
-                   help="with --remote: the model whose objects to read or change "
+                   help="with --remote or why: the model whose entries to read or change "
                         "(default: the only one there)")
     p.add_argument("--api-key", default=d(os.environ.get("CKPTD_API_KEY")),
                    help="the daemon's --api-key (default $CKPTD_API_KEY)")
@@ -98,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --remote: delete objects older than this (e.g. 12h, 7d)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --remote: say what would be deleted, delete nothing")
+    p = add("why", "which cached prefix a prompt would restore, from where, and why not more")
+    p.add_argument("prompt_file", metavar="PROMPT_FILE", help="the prompt: text (tokenized "
+                   "with --model) or a JSON list of token ids; - reads stdin")
+    p.add_argument("--salt", help="the requests' cache_salt")
     add("export", "copy the store (compacted) to an empty folder").add_argument("dir")
     add("import", "add the entries of an exported store (same model) to this one"
         ).add_argument("dir")
@@ -109,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
         from ckptd.tools.inspect_store import remote
 
         return remote.run(args)
-    if args.fingerprint:
-        raise ValueError("--fingerprint goes with --remote")
+    if args.fingerprint and args.action != "why":
+        raise ValueError("--fingerprint goes with --remote or why")
     source = _source(args)
     out, code = ACTIONS[args.action](args, source)
     if args.json or getattr(args, "format", None) == "json":
@@ -169,7 +175,7 @@ def _ls(args, source):
 
 
 def _tree(args, source):
-    tree = inspect_tree.build(source.entries("position"))
+    tree = build(source.entries("position"))
     if args.json or args.format == "json":
         return inspect_tree.to_json(tree), 0
     decode = decoder(args.model, source)
@@ -271,10 +277,24 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+def _why(args, source):
+    # imported here: the restore plan (cache/lookup.py) imports torch, which a look at a
+    # daemon and the other actions never load
+    from ckptd.tools.inspect_store import why
+
+    if not isinstance(source, LocalSource):
+        raise ValueError("why reads the store itself: use --cache-dir (it works beside a "
+                         "running daemon)")
+    tokens = why.prompt_tokens(args.prompt_file, args.model)
+    with source.open() as s:
+        out = why.why(s, tokens, args.salt, args.fingerprint, is_hybrid(s))
+    return {"source": source.where, **out}, 0
+
+
 # each action returns (the JSON-able result, exit code)
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
-           "export": _export, "import": _import}
+           "export": _export, "import": _import, "why": _why}
 
 
 def _message(args, out) -> None:
@@ -296,4 +316,12 @@ SHOW = {"stats": lambda a, o: render.stats(render.console(), o),
         "ls": lambda a, o: render.entries(render.console(), o),
         "show": lambda a, o: render.show(render.console(), o),
         "verify": lambda a, o: render.verify(render.console(), o),
-        "tree": _print_tree}
+        "tree": _print_tree,
+        "why": lambda a, o: _why_render(o)}
+
+
+def _why_render(out) -> None:
+    # imported here, as in _why
+    from ckptd.tools.inspect_store import why
+
+    why.render(render.console(), out)
