@@ -4,7 +4,13 @@ A prefill stops (its step's chunk ends) at every position in its plan and leaves
 snapshot there:
 
     branch     where the prompt parts from what is cached or being computed: the
-               next prompt with the same start computes only what is its own
+               next prompt with the same start computes only what is its own; and
+               where the prompt's own structure says the next one will part (its
+               anchors: a chat's last user message and generation prompt, a named
+               context's end), taken while the first prompt is computed
+    tail       a few offsets before a raw prompt's end (TAIL_OFFSETS, hybrid models):
+               the next question after the same document parts there, within their
+               own byte budget; a branch point replaces them (cache/store/thin.py)
     interval   every snapshot_interval tokens of a long prefill (hybrid models, whose
                recurrent state can't be cut back), spaced so that their bytes stay
                within a budget: dense near the prompt's end, sparse far from it
@@ -13,7 +19,7 @@ snapshot there:
 A checkpoint is captured right after the step that reaches it (copies of the blocks
 the store lacks and the snapshot) and put into the store later, off the first
 token's path: at the next admit, when the engine goes idle, or when the sequence
-finishes. The stop plan is a pure function (interval_stops), tested alone.
+finishes. The stop plan is pure functions (interval_stops, tail_stops), tested alone.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ckptd.cache.entry import TAIL_OFFSETS
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
@@ -53,6 +60,36 @@ def interval_stops(start: int, end: int, interval: int, max_count: int) -> list[
     return sorted(k * interval for k in picked)
 
 
+def interval_stops_beside(start: int, end: int, interval: int, max_count: int,
+                          taken: set[int]) -> list[int]:
+    """interval_stops, at most max_count of them besides the positions in `taken` (tail
+    stops planned already): one that falls on a taken position is not counted, and the
+    plan reaches one step further back instead."""
+    n = max_count
+    while True:
+        got = [p for p in interval_stops(start, end, interval, n) if p not in taken]
+        if len(got) >= max_count or n >= max_count + len(taken):
+            return got
+        n += 1
+
+
+def tail_stops(start: int, end: int, floor: int, count: int) -> list[int]:
+    """Tail snapshot positions of a prompt of `end` tokens computed from `start`:
+    TAIL_OFFSETS before its end, nearest the end first, at most `count`, all above
+    `floor` (a branch point planned there replaces those below it)."""
+    return [end - o for o in TAIL_OFFSETS if end - o > max(start, floor)][:max(count, 0)]
+
+
+def tail_budget(tokens: int, spec: StateSpec, ratio: float = 1.0) -> int:
+    """How many tail snapshots a prefill computing `tokens` may leave: their bytes stay
+    within `ratio` times the KV bytes it computes (none for a short prompt on a model
+    whose snapshot outweighs it: recomputing its end is cheap anyway)."""
+    snap = spec.snapshot_bytes()
+    if snap <= 0:
+        return 0
+    return int(tokens * spec.kv_bytes_per_token() * ratio // snap)
+
+
 def snapshot_budget(tokens: int, spec: StateSpec, ratio: float = 1.0) -> int:
     """How many interval snapshots a prefill of `tokens` may leave: their bytes stay
     within `ratio` times the KV bytes of the context itself (a 35B-A3B-shaped state
@@ -72,7 +109,7 @@ class Checkpoint:
     first_block: int
     pages: torch.Tensor | None    # blocks first_block.. [n, *kv_shape()], or None
     snapshot: Snapshot
-    role: str                     # INTERVAL, END or BRANCH (cache/entry.py)
+    role: str                     # INTERVAL, END, BRANCH or TAIL (cache/entry.py)
 
 
 class Checkpointer:

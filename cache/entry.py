@@ -8,10 +8,16 @@ from dataclasses import asdict, dataclass, field
 
 BLOCK, SNAPSHOT = "block", "snapshot"
 # Why a snapshot was taken: at a snapshot_interval boundary of a prefill, at the end of
-# a prompt or an answer, or where prompts part from a shared prefix. Interval ones are
-# thinned and shed first; "" is a block's (or a snapshot stored before roles existed).
-INTERVAL, END, BRANCH = "interval", "end", "branch"
-ROLES = ("", INTERVAL, END, BRANCH)
+# a prompt or an answer, where prompts part from a shared prefix, or a few tokens before
+# a raw prompt's end, where the next prompt over the same text is likely to part (a
+# tail: cache/checkpoints.py). Interval ones are thinned and shed first; tails are
+# written like branch points but thinned once the path's end has moved past them, and
+# dropped when a branch point replaces them; "" is a block's (or a snapshot stored
+# before roles existed).
+INTERVAL, END, BRANCH, TAIL = "interval", "end", "branch", "tail"
+ROLES = ("", INTERVAL, END, BRANCH, TAIL)
+TAIL_OFFSETS = (64, 256, 1024)   # tokens before a raw prompt's end: its tail snapshots
+TAIL_WINDOW = max(TAIL_OFFSETS)
 
 
 @dataclass
@@ -28,7 +34,7 @@ class EntryMeta:
     hits: int = 0
     pinned: bool = False
     plain: bool = True        # keyed without positions or extras: its tokens alone define it
-    role: str = ""            # a snapshot's: INTERVAL, END or BRANCH
+    role: str = ""            # a snapshot's: INTERVAL, END, BRANCH or TAIL
     # a snapshot after images: the M-RoPE position its next token takes (position counts
     # tokens, which the KV pages and recurrent layers go by); None: equal to position
     next_position: int | None = None
@@ -38,6 +44,12 @@ class EntryMeta:
         """A snapshot worth more than an interval one: kept longer when thinning, shed
         last when the writer falls behind."""
         return self.role in (END, BRANCH)
+
+    @property
+    def shed_last(self) -> bool:
+        """Written through when the writer falls behind (shed only after every interval
+        snapshot): the end, branch and tail snapshots."""
+        return self.role in (END, BRANCH, TAIL)
 
     @property
     def has_block_parent(self) -> bool:

@@ -22,10 +22,17 @@ manager reads and writes them only through StateIO (model/spec.py).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 
-from ckptd.cache.checkpoints import Checkpointer, interval_stops, snapshot_budget
+from ckptd.cache.checkpoints import (
+    Checkpointer,
+    interval_stops_beside,
+    snapshot_budget,
+    tail_budget,
+    tail_stops,
+)
 from ckptd.cache.device import DevicePages, OutOfPages
-from ckptd.cache.entry import BRANCH, END, INTERVAL
+from ckptd.cache.entry import BRANCH, END, INTERVAL, TAIL
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
@@ -216,11 +223,14 @@ class CacheManager:
         for seq, n in work:
             self._make_writable(seq, seq.num_computed + n)
 
-    def restore(self, seq: Sequence, chain: KeyChain | None = None) -> RestoreInfo:
+    def restore(self, seq: Sequence, chain: KeyChain | None = None,
+                anchors: Collection[int] = (), tails: bool = True) -> RestoreInfo:
         """Attach a new sequence (a cell) and bring it to the longest cached prefix of its
         tokens, planning where its prefill stops for snapshots. chain: its block keys,
-        when hashed already. OutOfPages / OutOfCells when there is no room, and any
-        other failure, leave nothing held."""
+        when hashed already. anchors: positions where the prompt's structure says the
+        next prompt will part (a chat's last user message, a named context's end);
+        tails: leave tail snapshots near the end (a raw prompt's). OutOfPages /
+        OutOfCells when there is no room, and any other failure, leave nothing held."""
         self.checkpoints.store_pending()    # a restore may want what the last step captured
         self.io.attach(seq)
         use = seq.use_cache and self.enabled
@@ -237,7 +247,7 @@ class CacheManager:
             self.release(seq)
             raise
         rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
-        self._plan_stops(rec)
+        self._plan_stops(rec, anchors, tails)
         self._publish(rec, seq.num_computed)             # restored pages serve the next
         return info
 
@@ -261,23 +271,38 @@ class CacheManager:
             n = im.start - P if im.start > P else im.end - P
         return n
 
-    def _plan_stops(self, rec: Tracked) -> None:
+    def _plan_stops(self, rec: Tracked, anchors: Collection[int], tails: bool) -> None:
         """Where this prefill stops for a snapshot: where the prompt parts from what is
-        cached (or from a prompt waiting for this one), and, for a hybrid, interval
-        positions within the snapshot byte budget."""
-        P, end = rec.seq.num_computed, rec.prompt_len
+        cached (or from a prompt waiting for this one), and, for a hybrid (whose state
+        can't be cut back: an attention-only model restores at any block or cut page),
+        at its anchors, its tails within their byte budget, and interval positions
+        within the snapshot byte budget. Intervals leave room for the rest within
+        --max-snapshots, so that none of what this prefill leaves is thinned at once.
+        A stop that would fall inside an image moves to the image's start (no state is
+        taken inside one)."""
+        P, end, spec = rec.seq.num_computed, rec.prompt_len, self.spec
         images = rec.seq.images
-        for p in {rec.shared, *self.branches.pop(rec.seq.id, ())}:
-            p = _before_image(images, p)
-            if P < p < end:
-                rec.stops[p] = BRANCH
-        if self.spec.is_hybrid:
-            budget = min(snapshot_budget(end, self.spec, self.snapshot_ratio),
-                         self.max_snapshots)
-            for p in interval_stops(P, end, self.interval, budget):
-                p = _before_image(images, p)
-                if P < p:
-                    rec.stops.setdefault(p, INTERVAL)
+
+        def placed(ps) -> set[int]:
+            return {q for q in (_before_image(images, p) for p in ps) if P < q < end}
+
+        branch = placed({rec.shared, *self.branches.pop(rec.seq.id, ())})
+        if spec.is_hybrid:
+            branch |= placed(anchors)
+        for p in branch:
+            rec.stops[p] = BRANCH
+        if not spec.is_hybrid:
+            return
+        tail = set()
+        if tails:
+            tail = placed(tail_stops(P, end, max(branch, default=0),
+                                     tail_budget(end - P, spec, self.snapshot_ratio))) - branch
+        for p in tail:
+            rec.stops[p] = TAIL
+        room = self.max_snapshots - 1 - len(branch) - len(tail)
+        budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
+        for p in placed(interval_stops_beside(P, end, self.interval, budget, tail)):
+            rec.stops.setdefault(p, INTERVAL)
 
     def _preempt(self, batch: list[Work]) -> None:
         """No work can run: the newest stalled one gives its pages back. A prefill is

@@ -44,14 +44,15 @@ class Generation:
     def __init__(self, engine: Engine, tokens: list[int], params: SamplingParams,
                  salt: str | bytes | None, use_cache: bool, timeout_s: float | None,
                  on_close: Callable[[], None] | None = None, progress: bool = False,
-                 id_slot: int | None = None, lora: tuple[float, ...] = ()) -> None:
+                 id_slot: int | None = None, lora: tuple[float, ...] = (),
+                 anchors: tuple[int, ...] = (), tails: bool = True) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = engine
         # a prompt with images carries their spans (daemon/http/media.py: Prompt)
         self.req = Request(tokens, params, self._emit, salt=salt, use_cache=use_cache,
                            timeout_s=timeout_s, progress=progress, id_slot=id_slot, lora=lora,
-                           images=getattr(tokens, "images", ()))
+                           anchors=anchors, tails=tails, images=getattr(tokens, "images", ()))
         self.finished: Finished | None = None
         self.created = time.time()
         self.on_close = on_close

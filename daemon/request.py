@@ -101,6 +101,9 @@ class Request:
     chain: KeyChain | None = None         # the prompt's block keys, once hashed
     progress: bool = False                # emit Progress events during the prefill
     id_slot: int | None = None            # the slot (running sequence index) asked for
+    anchors: tuple[int, ...] = ()         # where the next prompt will part, by the prompt's
+    #                                       structure (daemon/prompt.py): snapshots there
+    tails: bool = True                    # a raw prompt: tail snapshots near its end
     images: tuple = ()                    # ImageSpan of each image in tokens, in order
     created: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)

@@ -183,7 +183,7 @@ class Scheduler:
             seq = Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora,
                            images=req.images)
             try:
-                got = self.cache.restore(seq, req.chain)
+                got = self.cache.restore(seq, req.chain, req.anchors, req.tails)
             except (OutOfPages, OutOfCells):
                 no_room.append(req)
                 continue

@@ -24,10 +24,11 @@ from ckptd.daemon.history import TierHistory
 from ckptd.daemon.http import media as media_parts
 from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import ApiError, bad_request, context_exceeded
-from ckptd.daemon.http.media import Media, Prompt
+from ckptd.daemon.http.media import Media
 from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
 from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
+from ckptd.daemon.prompt import Prompt, anchors_at, chat_heads
 from ckptd.daemon.runtime import Runtime
 from ckptd.daemon.sleep import WakeFailed
 from ckptd.daemon.vision import limits as vision_limits
@@ -272,21 +273,22 @@ class Service:
         gap_ids = self.prompt_tokens(gap) if gap else []
         return out + [pre] + enc(fill.prefix) + gap_ids + [suf] + enc(fill.suffix) + [mid]
 
-    def completion_tokens(self, prompt: str | list,
-                          cache: CacheOptions) -> tuple[list[int], str | None]:
-        """(tokens, salt): a named context's tokens, then the prompt's own."""
+    def completion_prompt(self, prompt: str | list, cache: CacheOptions) -> Prompt:
+        """A named context's tokens (its end an anchor: daemon/prompt.py), then the
+        prompt's own (with its images' placeholders, when it has any)."""
         media = getattr(prompt, "media", None)
         if cache.context is None:
             if media:
-                return self.media_tokens([], prompt, media, "prompt"), cache.salt
-            return self.prompt_tokens(prompt), cache.salt
+                return Prompt(self.media_tokens([], prompt, media, "prompt"), cache.salt)
+            return Prompt(self.prompt_tokens(prompt), cache.salt)
         ctx = self.context(cache.context, cache.salt)
         head = self.context_tokens(ctx)
-        if media:
-            return self.media_tokens(head, prompt, media, "prompt"), cache.salt or ctx.salt
-        return head + self.prompt_tokens(prompt), cache.salt or ctx.salt
+        ids = (self.media_tokens(head, prompt, media, "prompt") if media
+               else head + self.prompt_tokens(prompt))
+        return Prompt(ids, cache.salt or ctx.salt, (len(head),))
 
-    def media_tokens(self, head: list[int], text: str, media: Media, where: str) -> Prompt:
+    def media_tokens(self, head: list[int], text: str, media: Media,
+                     where: str) -> media_parts.Prompt:
         """`head`, then the ids of `text` with each image's placeholders where its marker
         is (blocking: images are read and decoded here)."""
         embedder = self.rt.runner.embedder
@@ -300,15 +302,31 @@ class Service:
         return out
 
     def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions) -> tuple[list[int], str | None]:
+        p = self.chat_prompt(chat, cache, anchors=False)
+        return p.tokens, p.salt
+
+    def chat_prompt(self, chat: ChatPrompt, cache: CacheOptions, anchors: bool = True) -> Prompt:
+        """The chat's tokens, and (anchors) where the next chat request over the same
+        start will part from it (daemon/prompt.py). A chat with images has the named
+        context's end as its one anchor (its text's offsets are not its tokens'); the
+        cache moves any anchor that falls inside an image to the image's start."""
         if chat.media:
             if cache.context is not None:
                 ctx = self.context(cache.context, cache.salt)
-                return (self.media_tokens(self.context_tokens(ctx), self.render_chat(chat),
-                                          chat.media, "messages"), cache.salt or ctx.salt)
-            return self.media_tokens([], self.render_chat(chat), chat.media, "messages"), \
-                cache.salt
+                head = self.context_tokens(ctx)
+                return Prompt(self.media_tokens(head, self.render_chat(chat), chat.media,
+                                                "messages"),
+                              cache.salt or ctx.salt, (len(head),), tails=False)
+            return Prompt(self.media_tokens([], self.render_chat(chat), chat.media, "messages"),
+                          cache.salt, tails=False)
         if cache.context is None:
-            return self.tokenizer.encode(self.render_chat(chat)), cache.salt
+            text = self.render_chat(chat)
+            if not anchors:
+                return Prompt(self.tokenizer.encode(text), cache.salt, tails=False)
+            ids, ends = self.tokenizer.encode_ends(text)
+            heads = (self._render_or_none(h) for h in chat_heads(chat))
+            chars = [len(h) for h in heads if h is not None and text.startswith(h)]
+            return Prompt(ids, cache.salt, anchors_at(ends, chars, len(ids)), tails=False)
         ctx = self.context(cache.context, cache.salt)
         if ctx.messages is not None:
             # Render the whole conversation and keep what follows the context's own
@@ -319,7 +337,17 @@ class Service:
             suffix = full[len(head):] if full.startswith(head) else self.render_chat(chat)
         else:
             suffix = self.render_chat(chat)
-        return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
+        head = self.context_tokens(ctx)
+        return Prompt(head + self.tokenizer.encode(suffix), cache.salt or ctx.salt,
+                      (len(head),), tails=False)
+
+    def _render_or_none(self, chat: ChatPrompt) -> str | None:
+        """A rendering for an anchor: None where the template refuses these messages
+        (one that wants a user message last), which only costs the anchor."""
+        try:
+            return self.render_chat(chat)
+        except ApiError:
+            return None
 
     def fit_to_context(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
                prompt_param: str = "prompt") -> SamplingParams:
@@ -352,28 +380,34 @@ class Service:
 
     def generation(self, tokens: list[int], params: SamplingParams, salt: str | None,
                    use_cache: bool, progress: bool = False, id_slot: int | None = None,
-                   lora: dict[int, float] | None = None) -> Generation:
+                   lora: dict[int, float] | None = None, prompt: Prompt | None = None
+                   ) -> Generation:
         """Submit a generation (503 + Retry-After when the queue is full). lora: the
-        request's adapter scales by id (None: the global ones)."""
+        request's adapter scales by id (None: the global ones). prompt: where its
+        tokens came from, for the snapshots its structure asks for (daemon/prompt.py)."""
         self.require_ready()
         scales = self.rt.adapters.effective(lora)
         gen = Generation(self.rt.engine, tokens, params, self.rt.adapters.salt(salt, scales),
                          use_cache, self.cfg.request_timeout, on_close=self._closed,
-                         progress=progress, id_slot=id_slot, lora=scales)
+                         progress=progress, id_slot=id_slot, lora=scales,
+                         anchors=prompt.anchors if prompt else (),
+                         tails=prompt.tails if prompt else True)
         gen.submit()
         self.inflight += 1
         return gen
 
     def generations(self, jobs: list[tuple[list[int], SamplingParams]], salt: str | None,
-                    g: Generate) -> list[Generation]:
+                    g: Generate, prompts: list[Prompt] | None = None) -> list[Generation]:
         """Submit every (tokens, params) of one request, or none (the ones submitted are
         cancelled when a later one is refused). Copies of one prompt share its blocks: the
-        scheduler lets the later ones wait for the first's prefill and adopt its pages."""
+        scheduler lets the later ones wait for the first's prefill and adopt its pages.
+        prompts: each job's Prompt, when the tokens came from one."""
         out: list[Generation] = []
         try:
-            for tokens, params in jobs:
+            for i, (tokens, params) in enumerate(jobs):
                 out.append(self.generation(tokens, params, salt, g.cache.use_cache,
-                                           g.return_progress, g.id_slot, g.lora))
+                                           g.return_progress, g.id_slot, g.lora,
+                                           prompts[i] if prompts else None))
         except BaseException:
             for gen in out:
                 gen.close()

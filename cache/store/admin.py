@@ -35,13 +35,14 @@ class EntryInfo:
     pinned: bool
     fingerprint: str
     tiers: tuple[str, ...]
+    role: str = ""           # a snapshot's: why it was taken (cache/entry.py)
     next_position: int | None = None   # a snapshot after images: its next M-RoPE position
 
     @classmethod
     def of(cls, key: bytes, m: EntryMeta, tiers: tuple[str, ...]) -> EntryInfo:
         return cls(key.hex(), m.kind, m.position, list(m.tokens), m.parent.hex(), m.stored_bytes,
                    m.logical_bytes, m.created, m.last_used, m.hits, m.pinned, m.fingerprint,
-                   tiers, m.next_position)
+                   tiers, m.role, m.next_position)
 
     def to_dict(self) -> dict:
         return asdict(self)

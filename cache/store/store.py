@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ckptd.cache.entry import BLOCK, BRANCH, END, INTERVAL, SNAPSHOT, EntryMeta
+from ckptd.cache.entry import BLOCK, BRANCH, END, INTERVAL, SNAPSHOT, TAIL, EntryMeta
 from ckptd.cache.keys import KeyChain, prompt_chain, root_key, snapshot_key
 from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
 from ckptd.cache.snapshot import Snapshot
@@ -250,9 +250,10 @@ class CacheStore:
         """Store the state after exactly `tokens`. Returns its key. With `keep`, a new
         snapshot thins the older ones on its path to at most `keep` in all
         (cache/store/thin.py). role: why it was taken (cache/entry.py); interval ones
-        are thinned and shed first."""
-        if role not in (INTERVAL, END, BRANCH):
-            raise ValueError(f"a snapshot's role is one of interval, end, branch; got {role!r}")
+        are thinned and shed first; a branch point drops the tail snapshots it replaces."""
+        if role not in (INTERVAL, END, BRANCH, TAIL):
+            raise ValueError(f"a snapshot's role is one of interval, end, branch, tail; "
+                             f"got {role!r}")
         self.writable()
         self.need_model()
         if keep is not None and keep < 1:
@@ -278,6 +279,8 @@ class CacheStore:
                              next_position=ctx.next_position(len(tokens)) if ctx.media
                              else None)
             self._put(key, meta, {k: owned_copy(v) for k, v in tensors.items()})
+            if role == BRANCH:
+                self.thinner.replace_tails(tokens, parents, ctx)
             if keep is not None:
                 self.thinner.thin(tokens, parents, keep, ctx)
         return key
@@ -315,7 +318,7 @@ class CacheStore:
             with cat.lock:
                 cat.queued[key] = meta.parent
             if self.writer.put((key, meta, tensors), meta.logical_bytes,
-                               priority=1 if meta.kind == BLOCK or meta.keep_first else 0,
+                               priority=1 if meta.kind == BLOCK or meta.shed_last else 0,
                                label=meta.role or meta.kind):
                 return True
             with cat.lock:

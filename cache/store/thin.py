@@ -13,6 +13,11 @@ opens the smallest gap relative to its distance from the new end, until at most
 end of a document that questions leave from) counts as that many times harder to
 drop. Pinned snapshots are never dropped.
 
+Tail snapshots (a few tokens before a raw prompt's end, cache/checkpoints.py) are
+guesses at where the next prompt parts: one more than TAIL_WINDOW tokens below the
+path's new end is stale and goes before any other, and a branch point stored on the
+path replaces (drops) those up to TAIL_WINDOW below it.
+
 Snapshots are leaves (no entry names one as its parent), so dropping them keeps
 every prefix closed; blocks stay.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ckptd.cache.entry import SNAPSHOT, EntryMeta
+from ckptd.cache.entry import SNAPSHOT, TAIL, TAIL_WINDOW, EntryMeta
 from ckptd.cache.keys import KeyContext, snapshot_key
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers.host import HostTier
@@ -38,11 +43,12 @@ class Forget:
 
 def thin_victims(positions: Sequence[int], end: int, keep: int,
                  pinned: Collection[int] = (), hits: Mapping[int, int] | None = None,
-                 firm: Collection[int] = ()) -> list[int]:
+                 firm: Collection[int] = (), stale: Collection[int] = ()) -> list[int]:
     """Which of `positions` (snapshot positions on one path, all below `end`) to drop
     so that at most `keep` remain together with the one at `end`. Fewer are dropped
     when only pinned ones are left. hits: restores served per position. firm: end and
-    branch snapshots, dropped only once no interval one is left to drop."""
+    branch snapshots, dropped only once no other is left to drop. stale: tails the
+    path has grown past, dropped before any other."""
     hits = hits or {}
     kept = sorted({p for p in positions if p < end} | {end})
     victims: list[int] = []
@@ -52,13 +58,21 @@ def thin_victims(positions: Sequence[int], end: int, keep: int,
             if p in pinned:
                 continue
             gap = kept[i + 1] - (kept[i - 1] if i else 0)
-            score = (p in firm, gap / (end - p) * (1 + hits.get(p, 0)), i)
+            rank = 2 if p in firm else 0 if p in stale else 1
+            score = (rank, gap / (end - p) * (1 + hits.get(p, 0)), i)
             if best is None or score < best:
                 best = score
         if best is None:
             break
         victims.append(kept.pop(best[2]))
     return victims
+
+
+def replaced_tails(found: Mapping[int, EntryMeta], branch: int) -> list[int]:
+    """Positions of the tail snapshots a branch point at `branch` replaces: those on its
+    path up to TAIL_WINDOW below it (found: snapshots on the path by position)."""
+    return sorted(p for p, m in found.items() if m.role == TAIL and not m.pinned
+                  and branch - TAIL_WINDOW <= p < branch)
 
 
 class Thinner:
@@ -74,6 +88,28 @@ class Thinner:
               ctx: KeyContext) -> int:
         """Drop snapshots on the path of tokens (parents[d]: the key before block d)
         until at most `keep` remain with the one at len(tokens). Returns how many."""
+        end = len(tokens)
+        found = self._on_path(tokens, parents, ctx)
+        if len(found) < keep:
+            return 0
+        pinned = {p for p, (_, m) in found.items() if m.pinned}
+        hits = {p: m.hits for p, (_, m) in found.items()}
+        firm = {p for p, (_, m) in found.items() if m.keep_first}
+        stale = {p for p, (_, m) in found.items() if m.role == TAIL and p < end - TAIL_WINDOW}
+        victims = thin_victims(list(found), end, keep, pinned, hits, firm, stale)
+        return self.forget([found[p][0] for p in victims])
+
+    def replace_tails(self, tokens: list[int], parents: list[bytes], ctx: KeyContext) -> int:
+        """A branch point was stored at len(tokens): drop the tail snapshots it replaces
+        (replaced_tails). Returns how many."""
+        found = self._on_path(tokens, parents, ctx)
+        victims = replaced_tails({p: m for p, (_, m) in found.items()}, len(tokens))
+        return self.forget([found[p][0] for p in victims])
+
+    def _on_path(self, tokens: list[int], parents: list[bytes], ctx: KeyContext
+                 ) -> dict[int, tuple[bytes, EntryMeta]]:
+        """The snapshots on the path of tokens below its end, by position: their tokens
+        and keys checked (parents[d]: the key before block d)."""
         B, end = self.B, len(tokens)
         depth = {p: d for d, p in enumerate(parents)}
         found: dict[int, tuple[bytes, EntryMeta]] = {}
@@ -86,13 +122,7 @@ class Thinner:
                 tail = tokens[d * B:pos]
                 if meta.tokens == tail and snapshot_key(parent, tail, d, B, ctx) == key:
                     found[pos] = (key, meta)
-        if len(found) < keep:
-            return 0
-        pinned = {p for p, (_, m) in found.items() if m.pinned}
-        hits = {p: m.hits for p, (_, m) in found.items()}
-        firm = {p for p, (_, m) in found.items() if m.keep_first}
-        victims = thin_victims(list(found), end, keep, pinned, hits, firm)
-        return self.forget([found[p][0] for p in victims])
+        return found
 
     def forget(self, keys: Sequence[bytes]) -> int:
         """Drop snapshots from every tier: RAM and the index now (no plan sees them),

@@ -292,9 +292,10 @@ def _request(svc: Service, body: object) -> ChatRequest:
 async def messages(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
     req = _request(svc, await read_json(request))
-    tokens, salt = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
-    spec = reply_spec(svc, req.chat, tokens)
-    return await run(request, svc, [tokens], salt, with_tool_grammar(req.chat, spec, req.gen),
+    prompt = await blocking(svc.chat_prompt, req.chat, req.gen.cache)
+    spec = reply_spec(svc, req.chat, prompt.tokens)
+    return await run(request, svc, [prompt], prompt.salt,
+                     with_tool_grammar(req.chat, spec, req.gen),
                      lambda jobs: MessagesFormat(svc, jobs, spec), "messages")
 
 

@@ -15,6 +15,7 @@ from ckptd.daemon.generation import failure
 from ckptd.daemon.http.common import blocking, json_response, read_json, ready, service
 from ckptd.daemon.http.errors import ApiError
 from ckptd.daemon.http.schemas import ContextRequest
+from ckptd.daemon.prompt import Prompt
 from ckptd.model.sampling.sampler import SamplingParams
 
 
@@ -39,7 +40,9 @@ async def create(request: web.Request) -> web.Response:
     tokens = await blocking(svc.context_tokens, ctx)
     params = svc.fit_to_context(tokens, 1, SamplingParams(max_tokens=1),
                         "text" if req.text is not None else "messages")
-    gen = svc.generation(tokens, params, req.salt, True)
+    # requests naming it part at its end, where its end-of-prompt snapshot is: no tails
+    gen = svc.generation(tokens, params, req.salt, True, prompt=Prompt(tokens, req.salt,
+                                                                       tails=False))
     try:
         res = await gen.collect()
     finally:

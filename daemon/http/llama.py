@@ -16,6 +16,7 @@ from ckptd.daemon.http.schemas import (
     LlamaCompletionRequest,
     TokenizeRequest,
 )
+from ckptd.daemon.prompt import Prompt
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
@@ -183,7 +184,7 @@ def _path(obj: dict, path: str):
 
 
 async def _complete(request: web.Request, svc: Service, req: LlamaCompletionRequest,
-                    prompts: list[list[int]], texts: list[str], salt) -> web.StreamResponse:
+                    prompts: list[Prompt], texts: list[str], salt) -> web.StreamResponse:
     return await run(request, svc, prompts, salt, req.gen,
                      lambda jobs: LlamaFormat(svc, texts, jobs, req.gen.max_tokens == 0,
                                               req.return_tokens, req.response_fields))
@@ -194,9 +195,11 @@ async def completion(request: web.Request) -> web.StreamResponse:
     req = LlamaCompletionRequest.parse(await read_json(request), svc.parse_llama)
     prompts, texts, salt = [], [], None
     for p in req.prompts:
-        tokens, salt = await blocking(svc.completion_tokens, p, req.gen.cache)
-        prompts.append(tokens)
-        texts.append(p if isinstance(p, str) else await blocking(svc.tokenizer.decode, tokens))
+        prompt = await blocking(svc.completion_prompt, p, req.gen.cache)
+        prompts.append(prompt)
+        salt = prompt.salt
+        texts.append(p if isinstance(p, str) else
+                     await blocking(svc.tokenizer.decode, prompt.tokens))
     return await _complete(request, svc, req, prompts, texts, salt)
 
 
@@ -213,8 +216,8 @@ async def infill(request: web.Request) -> web.StreamResponse:
     req = LlamaCompletionRequest.parse(data, svc.parse_llama, prompt_required=False)
     gap = req.prompts[0]
     tokens = await blocking(svc.infill_tokens, fill, gap)
-    return await _complete(request, svc, req, [tokens], [gap if isinstance(gap, str) else ""],
-                           req.gen.cache.salt)
+    return await _complete(request, svc, req, [Prompt(tokens, req.gen.cache.salt)],
+                           [gap if isinstance(gap, str) else ""], req.gen.cache.salt)
 
 
 async def tokenize(request: web.Request) -> web.Response:

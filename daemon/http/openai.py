@@ -230,11 +230,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = CompletionRequest.parse(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
     g = req.gen
-    prompts, salt = [], None
-    for p in req.prompts:
-        tokens, salt = await blocking(svc.completion_tokens, p, g.cache)
-        prompts.append(tokens)
-    return await run(request, svc, prompts, salt, g,
+    prompts = [await blocking(svc.completion_prompt, p, g.cache) for p in req.prompts]
+    return await run(request, svc, prompts, prompts[-1].salt if prompts else None, g,
                      lambda jobs: CompletionFormat(svc, jobs, g.max_tokens == 0, g.verbose))
 
 
@@ -242,10 +239,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = ready(request)
     req = ChatRequest.parse(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
-    tokens, salt = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
-    spec = reply_spec(svc, req.chat, tokens)
+    prompt = await blocking(svc.chat_prompt, req.chat, req.gen.cache)
+    spec = reply_spec(svc, req.chat, prompt.tokens)
     g = with_tool_grammar(req.chat, spec, req.gen)
-    return await run(request, svc, [tokens], salt, g,
+    return await run(request, svc, [prompt], prompt.salt, g,
                      lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0, g.verbose, spec),
                      "messages")
 

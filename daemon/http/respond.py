@@ -21,6 +21,7 @@ from ckptd.daemon.http.common import blocking, json_response
 from ckptd.daemon.http.errors import ApiError
 from ckptd.daemon.http.schemas import Generate
 from ckptd.daemon.http.sse import ClientGone, EventStream, Named
+from ckptd.daemon.prompt import Prompt
 from ckptd.daemon.request import Finished, Progress, Stats
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
@@ -45,18 +46,18 @@ def prompt_progress(ev: Progress) -> dict:
             "time_ms": round(ev.time_ms, 3)}
 
 
-async def run(request: web.Request, svc: Service, prompts: list[list[int]], salt: str | None,
+async def run(request: web.Request, svc: Service, prompts: list[Prompt], salt: str | None,
               g: Generate, make_format, prompt_param: str = "prompt") -> web.StreamResponse:
     """Check, compile and submit one request's generations (each prompt `g.n` times),
     then answer with the format `make_format(jobs)` builds."""
     params = await blocking(svc.constrain, g.params, g)     # compiled once, cached
     jobs = []
-    for tokens in prompts:
-        p = svc.fit_to_context(tokens, g.max_tokens, params, prompt_param)
+    for prompt in prompts:
+        p = svc.fit_to_context(prompt.tokens, g.max_tokens, params, prompt_param)
         # copies of a prompt draw differently: choice j seeds with seed + j
-        jobs += [(tokens, replace(p, seed=(p.seed + j) % 2**32) if j else p)
+        jobs += [(prompt.tokens, replace(p, seed=(p.seed + j) % 2**32) if j else p)
                  for j in range(g.n)]
-    gens = svc.generations(jobs, salt, g)
+    gens = svc.generations(jobs, salt, g, [p for p in prompts for _ in range(g.n)])
     fmt = make_format(jobs)
     fmt.timings = [gen.req.stats for gen in gens] if g.timings_per_token else None
     return await answer(request, gens, fmt, g.stream, g.include_usage)

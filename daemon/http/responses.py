@@ -298,9 +298,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
     req = ChatRequest.parse(to_chat(body), svc.parse_openai)
     if req.gen.n != 1:
         raise bad_request("n is not a field of the Responses API", "n")
-    tokens, salt = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
-    spec = reply_spec(svc, req.chat, tokens)
-    return await run(request, svc, [tokens], salt, with_tool_grammar(req.chat, spec, req.gen),
+    prompt = await blocking(svc.chat_prompt, req.chat, req.gen.cache)
+    spec = reply_spec(svc, req.chat, prompt.tokens)
+    return await run(request, svc, [prompt], prompt.salt,
+                     with_tool_grammar(req.chat, spec, req.gen),
                      lambda jobs: ResponsesFormat(svc, jobs, body, spec), "input")
 
 

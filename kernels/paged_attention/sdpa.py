@@ -7,7 +7,10 @@ queries see every cached token, so the cache is attended without one, span by sp
 (each run of consecutive pages in place), and the T new tokens with is_causal; the
 parts are merged through their log-sum-exp. GQA: the query heads that share a kv head
 become rows of one head, so each K/V span streams once per kv head. Under a sliding
-window the keys from the first query's window on are attended in one masked call.
+window the keys from the first query's window on are attended in one masked call. A
+decode step (one token, no window) reads the pages in place through cpu.c instead: a
+few rows are memory-bound, and the fused kernel would want the context as spans or
+gathered.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ckptd.kernels.paged_attention import layout, naive
+from ckptd.kernels.paged_attention import cpu, layout, naive
 
 _fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _SPLIT_ROWS = 64       # query rows per kv head up to which keys are split in two
@@ -61,6 +64,9 @@ def _merge(parts):
 def _paged(q, memory, layer, page_table, ctx_len, scale, block_size):
     """q [Hq, T, D]: the last T of ctx_len + T tokens. Returns [Hq, T, D]."""
     T = q.shape[1]
+    if T == 1 and cpu.supports(memory, q, block_size):
+        # a decode: its few rows over the pages where they lie (cpu.c), no gather
+        return cpu.attend(q, memory, layer, page_table, ctx_len + 1, scale, block_size)[0]
     seen = ctx_len + 1 if T == 1 else ctx_len  # keys every query sees
     parts = [part for kv in layout.key_spans(memory, layer, page_table, 0, seen, block_size)
              for part in _attend_all(q, kv[0], kv[1], scale)]

@@ -6,92 +6,43 @@ ctypes (it releases the GIL and runs on the process's OpenMP threads).
                       time into one reused buffer and let MKL multiply them
     dequantize(qt, rows)     fp32 rows (embedding lookups)
 
-The library is built with the system C compiler (`cc`, override with $CC) into
-~/.cache/ckptd/kernels (or $CKPTD_KERNEL_CACHE), keyed by the source, the flags and the
-CPU; `available()` is False where no compiler works, and kernels/quant/naive.py serves
+The library is built by kernels/cbuild.py (once per machine, source and flags);
+`available()` is False where no compiler works, and kernels/quant/naive.py serves
 instead (slower, same values).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
+from ckptd.kernels import cbuild
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
-
-log = logging.getLogger("ckptd.kernels")
 
 _SRC = Path(__file__).with_name("cpu.c")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC"]
 GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer
 _CHUNK_BYTES = 4 << 20  # fp32 rows dequantized per MKL call: stays in L2/L3
-_lib = None
-_tried = False
-_lock = threading.Lock()
 
 
-def _cpu_id() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
-
-
-def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC", "cc")
-    src = _SRC.read_bytes()
-    key = hashlib.blake2b(src + " ".join([cc, *_FLAGS]).encode() + _cpu_id().encode(),
-                          digest_size=12).hexdigest()
-    root = Path(os.environ.get("CKPTD_KERNEL_CACHE",
-                               Path.home() / ".cache" / "ckptd" / "kernels"))
-    lib = root / f"ckq-{key}.so"
-    if not lib.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=root)
-        os.close(fd)
-        try:
-            subprocess.run([cc, *_FLAGS, str(_SRC), "-o", tmp, "-lm"], check=True,
-                           capture_output=True, timeout=120)
-            os.replace(tmp, lib)        # atomic: a concurrent build loses nothing
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    dll = ctypes.CDLL(str(lib))
+def _bind(dll: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     dll.ckq_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, i64, i64, ptr, ctypes.c_int]
     dll.ckq_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
                              ctypes.c_int]
     dll.ckq_dequant.restype = dll.ckq_gemv.restype = None
-    return dll
+
+
+library = cbuild.Library(_SRC, _FLAGS, "ckq", "CKPTD_QUANT_CPU", _bind,
+                         "kept weights dequantize with plain torch instead")
 
 
 def available() -> bool:
     """Whether the compiled kernels load here (built on first call)."""
-    global _lib, _tried
-    with _lock:
-        if not _tried:
-            _tried = True
-            if os.environ.get("CKPTD_QUANT_CPU", "1") != "0":
-                try:
-                    _lib = _build()
-                except (OSError, subprocess.SubprocessError) as e:
-                    err = getattr(e, "stderr", b"") or b""
-                    log.warning("cannot build the CPU kernels for kept weights (%s%s); "
-                                "they dequantize with plain torch instead",
-                                e, (": " + err.decode(errors="replace")[-300:]) if err else "")
-        return _lib is not None
+    return library.load() is not None
 
 
 def supports(qt: QuantTensor) -> bool:
@@ -111,7 +62,7 @@ def dequantize_rows(qt: QuantTensor, r0: int, r1: int, out: torch.Tensor | None 
     K = qt.shape[-1]
     if out is None:
         out = torch.empty(r1 - r0, K, dtype=torch.float32)
-    _lib.ckq_dequant(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), r0, r1, K,
+    library.lib.ckq_dequant(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), r0, r1, K,
                      _ptr(out), torch.get_num_threads())
     return out
 
@@ -126,7 +77,7 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None
         y = torch.empty(M, N, dtype=torch.float32)
         threads = torch.get_num_threads()
         scratch = torch.empty(threads, K, dtype=torch.float32)   # a row per thread
-        _lib.ckq_gemv(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), N, K, _ptr(x), M,
+        library.lib.ckq_gemv(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), N, K, _ptr(x), M,
                       _ptr(y), _ptr(scratch), threads)
         return y if bias is None else y.add_(bias)
     y = torch.empty(M, N, dtype=torch.float32)

@@ -49,6 +49,17 @@ class PrefixEncoder:
     def encode(self, text: str) -> list[int]:
         if len(text) < MIN_CHARS:
             return self.tok.encode(text, add_special_tokens=False).ids
+        return self._encoded(text).ids
+
+    def encode_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """encode(text), and where in text (characters) each token ends."""
+        if len(text) < MIN_CHARS:
+            enc = self.tok.encode(text, add_special_tokens=False)
+            return enc.ids, [e for _, e in enc.offsets]
+        done = self._encoded(text)
+        return done.ids, done.ends
+
+    def _encoded(self, text: str) -> _Encoded:
         done = self._splice(text)
         if done is None:
             enc = self.tok.encode(text, add_special_tokens=False)
@@ -58,7 +69,7 @@ class PrefixEncoder:
         else:
             self.spliced += 1
         self._remember(done)
-        return done.ids
+        return done
 
     def _splice(self, text: str) -> _Encoded | None:
         with self.lock:

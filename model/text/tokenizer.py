@@ -117,6 +117,13 @@ class Tokenizer:
             return self.tok.encode(text, add_special_tokens=True).ids
         return self.prefix.encode(text)
 
+    def encode_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """encode(text), and where in text (characters) each token ends: the token
+        boundary at a character offset is bisect_right(ends, offset)."""
+        if not isinstance(text, str):
+            raise ValueError(f"encode needs a str, got {type(text).__name__}")
+        return self.prefix.encode_ends(text)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

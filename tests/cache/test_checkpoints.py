@@ -10,7 +10,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptd.cache.checkpoints import interval_stops, snapshot_budget
+from ckptd.cache.checkpoints import (
+    interval_stops,
+    interval_stops_beside,
+    snapshot_budget,
+    tail_budget,
+    tail_stops,
+)
 from ckptd.cache.store.writer import HIGH_SLACK, Writer
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 
@@ -29,6 +35,15 @@ def test_interval_stops_are_few_and_dense_near_the_end(start, length, interval, 
         assert gaps == sorted(gaps, reverse=True)         # sparser going back
 
 
+def test_interval_stops_beside_tails_count_only_their_own():
+    tails = {960, 768}
+    got = interval_stops_beside(0, 1024, 32, 3, tails)
+    assert len(got) == 3 and not set(got) & tails
+    assert got == [p for p in interval_stops(0, 1024, 32, 5) if p not in tails]
+    assert interval_stops_beside(0, 1024, 32, 3, set()) == interval_stops(0, 1024, 32, 3)
+    assert interval_stops_beside(0, 100, 32, 5, {64}) == [32, 96]      # all there are
+
+
 def test_snapshot_budget_keeps_interval_bytes_within_the_contexts_kv():
     # Qwen3.5-35B-A3B's shapes: 10 attention layers x 2 KV heads x 256 (bf16), 30 Gated
     # DeltaNet layers x 32 heads x 128 x 128 fp32 state
@@ -40,6 +55,26 @@ def test_snapshot_budget_keeps_interval_bytes_within_the_contexts_kv():
     assert n * spec.snapshot_bytes() <= 250_000 * spec.kv_bytes_per_token()
     assert snapshot_budget(100, spec) == 1                # at least one
     assert snapshot_budget(250_000, spec, ratio=0.5) == n // 2
+
+
+def test_tail_stops_sit_just_before_the_end_above_what_replaces_them():
+    assert tail_stops(0, 10_000, 0, 3) == [9_936, 9_744, 8_976]     # 64, 256, 1,024 back
+    assert tail_stops(0, 10_000, 0, 1) == [9_936]                   # nearest the end first
+    assert tail_stops(9_800, 10_000, 0, 3) == [9_936]               # only what is computed
+    assert tail_stops(0, 10_000, 9_900, 3) == [9_936]               # a branch point below
+    assert tail_stops(0, 200, 0, 3) == [136] and tail_stops(0, 60, 0, 3) == []
+    assert tail_stops(0, 10_000, 0, 0) == [] and tail_stops(0, 10_000, 0, -1) == []
+
+
+def test_tail_budget_bounds_tail_bytes_by_the_kv_a_prefill_computes():
+    spec = StateSpec(16, AttentionSpec(10, 2, 256, torch.bfloat16),
+                     RecurrentSpec(30, 8192, 4, 32, 128, 128, conv_dtype=torch.bfloat16))
+    for tokens in (100, 3_000, 5_000, 10_000, 64_000):
+        n = tail_budget(tokens, spec)
+        assert n * spec.snapshot_bytes() <= tokens * spec.kv_bytes_per_token()
+        assert (n + 1) * spec.snapshot_bytes() > tokens * spec.kv_bytes_per_token()
+    assert tail_budget(100, spec) == 0                    # a short prompt: none
+    assert tail_budget(64_000, spec) >= 3
 
 
 class GatedCommits:

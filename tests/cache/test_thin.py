@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ckptd.cache.entry import BRANCH, END, INTERVAL, SNAPSHOT, TAIL, TAIL_WINDOW, EntryMeta
 from ckptd.cache.keys import block_keys
 from ckptd.cache.lookup import DEVICE
-from ckptd.cache.store.thin import Forget, split_forgets, thin_victims
+from ckptd.cache.store.thin import Forget, replaced_tails, split_forgets, thin_victims
 from tests.cache.conftest import (
     B,
     attention_spec,
@@ -39,6 +40,30 @@ def test_thin_victims_keeps_a_snapshot_restores_used():
     assert 5 in kept and len(kept) == 8          # the branch point stays, the bound holds
     plain = thin_victims(list(range(1, 20)), 20, 4)
     assert 5 in plain and 5 not in thin_victims(list(range(1, 20)), 20, 4, hits={5: 100})
+
+
+def test_stale_tails_go_first_and_firm_snapshots_last():
+    positions = list(range(1, 20))
+    plain = thin_victims(positions, 20, 10)
+    stale = {2, 3}                                 # tails the path's end has moved past
+    got = thin_victims(positions, 20, 10, stale=stale)
+    assert set(got[:2]) == stale and 1 in plain[:2]
+    assert len(got) == len(plain)
+    firm = set(range(1, 20)) - {18}
+    assert thin_victims(positions, 20, 10, firm=firm)[0] == 18   # the one not firm first
+
+
+def test_a_branch_point_replaces_the_tails_just_below_it():
+    def meta(p, role, pinned=False):
+        return EntryMeta(SNAPSHOT, bytes(16), p, [], "fp", role=role, pinned=pinned)
+    branch = 5000
+    found = {branch - 40: meta(branch - 40, TAIL), branch - 232: meta(branch - 232, TAIL),
+             branch - TAIL_WINDOW: meta(branch - TAIL_WINDOW, TAIL),
+             branch - TAIL_WINDOW - 1: meta(branch - TAIL_WINDOW - 1, TAIL),   # too far
+             branch - 100: meta(branch - 100, TAIL, pinned=True),             # pinned
+             branch - 300: meta(branch - 300, INTERVAL), branch - 10: meta(branch - 10, END),
+             branch + 30: meta(branch + 30, TAIL)}                           # above it
+    assert replaced_tails(found, branch) == [branch - TAIL_WINDOW, branch - 232, branch - 40]
 
 
 def test_split_forgets_keeps_order():
@@ -138,3 +163,36 @@ def test_plan_over_device_blocks(open_store, hybrid):
         assert lost.position == 6 * B and lost.tier == DEVICE and lost.bytes_by_tier() == {}
         got = s.load(lost)
         assert got.ok and got.pages is None and got.tier == DEVICE and got.first_block == 6
+
+
+def _roles(store) -> dict[int, str]:
+    return {e.position: e.role for e in store.entries(limit=10_000, kind="snapshot")}
+
+
+def test_a_stored_branch_point_drops_the_tails_it_replaces(open_store):
+    """A raw prompt's tails are written through every tier; the branch point the next
+    question leaves at the document's end drops them (from RAM and disk), and a plan
+    restores from the branch point."""
+    spec = hybrid_spec()
+    doc = list(range(100, 100 + 300 * B))
+    first = doc + [7] * 6                              # the document, then a question
+    s = open_store(spec)
+    s.put_blocks(first, 0, fake_pages(spec, first, 0, len(first) // B))
+    tails = [len(first) - o for o in (64, 256, 1024)]
+    for p in tails:
+        s.put_snapshot(first[:p], fake_snapshot(spec, first[:p]), keep=16, role=TAIL)
+    s.put_snapshot(first, fake_snapshot(spec, first), keep=16, role=END)
+    s.flush()
+    assert {p: r for p, r in _roles(s).items() if r == TAIL} == dict.fromkeys(tails, TAIL)
+    second = doc + [9] * 5
+    assert s.lookup(second).position == tails[0]       # the nearest tail serves it
+    s.put_snapshot(doc, fake_snapshot(spec, doc), keep=16, role=BRANCH)
+    s.flush()
+    assert _roles(s) == {len(doc): BRANCH, len(first): END}
+    assert s.stats()["snapshots_thinned"] == 3
+    s.close()
+    s = open_store(spec, host_budget=0)                # gone from the disk too
+    assert _roles(s) == {len(doc): BRANCH, len(first): END}
+    plan = s.lookup(second)
+    assert plan.position == len(doc)
+    check_restored(spec, s.load(plan), second)

@@ -63,7 +63,8 @@ class Client:
         self.tiers_before = dict(engine.cached_by_tier)
         engine.start()
 
-    def submit(self, tokens, max_tokens=6, salt=None, use_cache=True, on_token=None) -> Result:
+    def submit(self, tokens, max_tokens=6, salt=None, use_cache=True, on_token=None,
+               anchors=()) -> Result:
         res = Result()
 
         def emit(ev):
@@ -76,7 +77,7 @@ class Client:
                 on_token(res)
         self.engine.submit(Request(list(tokens), SamplingParams(max_tokens=max_tokens,
                                                                 ignore_eos=True),
-                                   emit, salt=salt, use_cache=use_cache))
+                                   emit, salt=salt, use_cache=use_cache, anchors=anchors))
         return res
 
     def run(self, prompts, **kw) -> list[Result]:

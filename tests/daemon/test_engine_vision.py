@@ -177,3 +177,30 @@ def test_encoder_output_is_reused_after_other_text(parts, tmp_path):
     assert a.images[0][1].tokens(2) > STEP               # larger than a step's budget
     assert [c for c in chunks if c[2] is not None] == []  # no chunk ends inside an image
     assert any(n > STEP for _, n, _ in chunks)            # an image took a whole step
+
+
+def test_anchor_inside_an_image_moves_to_its_start(parts, tmp_path):
+    """An anchor (and a tail) that falls inside an image is taken at the image's start
+    instead: the snapshot there is the branch point, and a prompt with another picture
+    of the same size restores up to it and answers as an uncached run."""
+    eng = _engine(parts, tmp_path / "cache")
+    conv = Conversation(parts[1]).text(30).image(encoded(300, 200, seed=1)).text(8)
+    start, img = conv.images[0]
+    assert start < len(conv.tokens) - 64 < start + img.tokens(2)   # a tail inside it too
+    out, fin = [], []
+    req = Request(list(conv.tokens), SamplingParams(max_tokens=ANSWER, ignore_eos=True),
+                  lambda ev: fin.append(ev) if isinstance(ev, Finished) else out.append(ev.token),
+                  images=conv.spans(eng.runner.embedder), anchors=(start + 5,), tails=True)
+    eng.submit(req)
+    while not fin:
+        eng.step()
+    want, _ = _ask(_engine(parts, None), conv, use_cache=False)
+    assert out == want
+    _no_snapshot_inside_images(eng.cache.store, conv.images)
+    roles = {e.position: e.role for e in eng.cache.store.admin.entries(limit=10 ** 6)
+             if e.kind == SNAPSHOT}
+    assert roles.get(start) == "branch", roles
+    other = Conversation(parts[1]).text(30).image(encoded(300, 200, seed=2)).text(8)
+    got, fin2 = _ask(eng, other)
+    assert fin2.stats.cache_n == start
+    assert got == _ask(_engine(parts, None), other, use_cache=False)[0]

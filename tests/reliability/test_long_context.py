@@ -66,8 +66,8 @@ def test_a_long_document_on_the_defaults_then_questions_that_compute_only_themse
         for i, q in enumerate(questions):
             got, cached = greedy(d, doc + q, n=ANSWER, timeout=600)
             assert got == want[i], f"question {i}"
-            if i >= 2:
-                assert len(doc) + len(q) - cached <= 64, (i, cached)
+            if i >= 1:                                   # from a tail snapshot on
+                assert len(doc) + len(q) - cached <= 64 + len(q), (i, cached)
         wait_written(d)
     finally:
         kill9(d)
@@ -113,7 +113,7 @@ def test_a_writer_held_back_sheds_interval_snapshots_first(tiny_hybrid_dir, tmp_
         answers = [greedy(d, p, n=2) for p in prompts]
         s = stats(d)["write_queue"]
         assert s["shed"].get("interval", 0) > 0, s
-        assert s["shed"].get("end", 0) == 0 and s["shed"].get("branch", 0) == 0, s
+        assert not any(s["shed"].get(role, 0) for role in ("end", "branch", "tail")), s
         metrics = d.get("/metrics").text
         assert 'ckptd_cache_dropped_writes_total{reason="interval"}' in metrics
         held.abort()

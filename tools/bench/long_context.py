@@ -13,8 +13,10 @@ For each server, from nothing cached: a short warm-up request, then
     restart     SIGKILL, start again (ckptd on the same cache folder), one more question
 
 Prompts are token ids (random, within the model's vocabulary), sent to
-/v1/completions, so both servers see the very same tokens. Reported per request:
-TTFT on the client and the prompt tokens the server says it computed.
+/v1/completions, so both servers see the very same tokens, and each generates exactly
+--answer tokens (ignore_eos). Reported per request: TTFT and the whole request's time on
+the client, the decode speed after the first token, and the prompt tokens the server
+says it computed.
 Writes report.md and results.json into --out.
 """
 
@@ -48,8 +50,16 @@ _TIMEOUT = 4 * 3600.0
 
 
 def _row(server: str, phase: str, m: Measured) -> dict:
+    decode_s = (m.total_ms - m.ttft_ms) / 1000
+    tokens = (m.completion_n or 0) - 1              # the first token ends the prefill
     return {"server": server, "phase": phase, "ttft_ms": round(m.ttft_ms, 1),
+            "total_ms": round(m.total_ms, 1),
+            "decode_tok_s": round(tokens / decode_s, 1) if tokens > 0 and decode_s > 0 else None,
             "prompt_n": m.prompt_n, "computed_n": m.computed_n, "cache_n": m.cache_n}
+
+
+def _complete(client: Client, prompt: list[int], answer: int) -> Measured:
+    return client.complete(prompt, answer, ignore_eos=True)
 
 
 def scenario(name: str, server, doc: list[int], questions: list[list[int]],
@@ -58,35 +68,39 @@ def scenario(name: str, server, doc: list[int], questions: list[list[int]],
     client: Client = server.client
     client.timeout = _TIMEOUT
     client.complete([1, 2, 3, 4], 2)                       # one-time costs land here
-    rows = [_row(name, "cold", client.complete(doc + questions[0], answer))]
+    rows = [_row(name, "cold", _complete(client, doc + questions[0], answer))]
     for i, q in enumerate(questions[1:-1], 1):
-        rows.append(_row(name, f"question {i}", client.complete(doc + q, answer)))
+        rows.append(_row(name, f"question {i}", _complete(client, doc + q, answer)))
         print(f"{name}: {rows[-1]}", flush=True)
     server.kill()
     client = server.start()
     client.timeout = _TIMEOUT
-    rows.append(_row(name, "restart", client.complete(doc + questions[-1], answer)))
+    rows.append(_row(name, "restart", _complete(client, doc + questions[-1], answer)))
     print(f"{name}: {rows[0]}\n{name}: {rows[-1]}", flush=True)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| server | phase | TTFT ms | prompt tokens | computed |",
-           "|---|---|---:|---:|---:|"]
+    out = ["| server | phase | TTFT ms | total ms | decode tok/s | prompt tokens | computed |",
+           "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         computed = "–" if r["computed_n"] is None else f"{r['computed_n']:,}"
+        decode = "–" if r.get("decode_tok_s") is None else f"{r['decode_tok_s']:.1f}"
         out.append(f"| {r['server']} | {r['phase']} | {r['ttft_ms']:,.1f} | "
-                   f"{r['prompt_n'] or '–'} | {computed} |")
+                   f"{r.get('total_ms', 0):,.1f} | {decode} | {r['prompt_n'] or '–'} | "
+                   f"{computed} |")
     servers = list(dict.fromkeys(r["server"] for r in rows))
     if len(servers) == 2:
         a, b = servers
 
-        def mean(server: str, prefix: str) -> float:
-            xs = [r["ttft_ms"] for r in rows if r["server"] == server
+        def mean(server: str, prefix: str, key: str = "ttft_ms") -> float:
+            xs = [r[key] for r in rows if r["server"] == server
                   and r["phase"].startswith(prefix)]
             return sum(xs) / len(xs)
         for phase in ("cold", "question", "restart"):
             out.append(f"\n{phase}: {b} / {a} = {mean(b, phase) / mean(a, phase):.2f}x")
+        out.append(f"\nquestion, whole request: {b} / {a} = "
+                   f"{mean(b, 'question', 'total_ms') / mean(a, 'question', 'total_ms'):.2f}x")
     return "\n".join(out) + "\n"
 
 

@@ -1,0 +1,78 @@
+"""Attention over a sequence's pages in place on the CPU: cpu.c, built by
+kernels/cbuild.py and called through ctypes (it releases the GIL and runs on the
+process's OpenMP threads).
+
+    attend(q, memory, layer, table, n, scale, block_size) -> (out, lse)
+
+A decode step's query rows over every key of its sequence, read where the pages lie in
+a head-major fp32 pool (layout.py): no gather of the context, no span plan, and its
+cost follows the context, not the pool's fragmentation. `available()` is False where
+no compiler works (or CKPTD_ATTN_CPU=0); sdpa.py then attends through torch's fused
+kernel as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from ckptd.kernels import cbuild
+
+_SRC = Path(__file__).with_name("cpu.c")
+# fast-math: the exp of every score runs through glibc's vector expf (libmvec)
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-shared", "-fPIC"]
+MAX_BLOCK = 256        # cpu.c's page buffer
+_ITEMS_PER_THREAD = 8  # (kv head, run of pages) items: enough to even out the threads
+_MIN_PAGES = 4         # per item
+
+
+def _bind(dll: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    dll.ckpa_attend.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
+                                ctypes.c_float, i64, ptr, ptr, ptr, ctypes.c_int]
+    dll.ckpa_attend.restype = None
+
+
+library = cbuild.Library(_SRC, _FLAGS, "ckpa", "CKPTD_ATTN_CPU", _bind,
+                         "attention runs through torch's fused kernel instead")
+
+
+def available() -> bool:
+    """Whether the compiled kernel loads here (built on first call)."""
+    return library.load() is not None
+
+
+def supports(memory: torch.Tensor, q: torch.Tensor, block_size: int) -> bool:
+    """A head-major fp32 pool on the CPU (layout.head_major's view), fp32 queries."""
+    return (memory.device.type == "cpu" and memory.dtype == torch.float32
+            and q.dtype == torch.float32 and memory.is_contiguous()
+            and block_size <= MAX_BLOCK and available())
+
+
+def attend(q: torch.Tensor, memory: torch.Tensor, layer: int, table: torch.Tensor, n: int,
+           scale: float, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [Hq, T, D] rows that see keys 0..n-1 of the sequence whose pages are `table`
+    (host int32, at least ceil(n / block_size) of them) in memory [n_attn, 2, Hkv,
+    P * B, D]. Returns out [Hq, T, D] and the log-sum-exp of the scaled scores [Hq, T]."""
+    Hq, T, D = q.shape
+    Hkv, rows = memory.shape[2], memory.shape[3]
+    R = Hq // Hkv * T                     # query rows per kv head (GQA)
+    pages = -(-n // block_size)
+    if table.dtype != torch.int32 or not table.is_contiguous():
+        table = table.to(torch.int32).contiguous()
+    if table.numel() < pages:
+        raise ValueError(f"a page table of {table.numel()} pages for {n} keys")
+    qh = q.reshape(Hkv, R, D).contiguous()
+    out = torch.empty(Hkv, R, D, dtype=torch.float32)
+    lse = torch.empty(Hkv, R, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    splits = max(1, min(pages // _MIN_PAGES, -(-_ITEMS_PER_THREAD * threads // Hkv)))
+    splits = min(splits, pages)
+    work = torch.empty(Hkv * splits * R * (D + 2), dtype=torch.float32)
+    kv = memory[layer]
+    library.lib.ckpa_attend(qh.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), rows * D,
+                     table.data_ptr(), n, block_size, D, Hkv, R, scale, splits,
+                     out.data_ptr(), lse.data_ptr(), work.data_ptr(), threads)
+    return out.view(Hq, T, D), lse.view(Hq, T)
