@@ -96,7 +96,7 @@ CASES = [
     ("two-constraints", "POST", "/completion",
      {"prompt": "a", "grammar": 'root ::= "a"', "json_schema": {}}, 400, "json_schema", None),
     ("image-part", "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages[0].content",
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages[0].content[0]",
      "not_supported"),
     ("embeddings", "POST", "/v1/embeddings", {"input": "a"}, 501, None, "not_supported"),
     ("slot-bad-id", "POST", "/slots/99?action=erase", None, 400, "id_slot", None),
