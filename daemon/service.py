@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -33,8 +33,7 @@ from ckptd.model.sampling.grammar import GrammarError, Grammars
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text import templates
 from ckptd.model.text.tool_calls import generic
-from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.detect import FORMATS, detect, shows_tools
+from ckptd.model.text.tool_calls.detect import ToolSyntax, detect
 from ckptd.model.text.tool_calls.reasoning import uses_thinking
 
 VERSION = "0.1.0"
@@ -42,15 +41,6 @@ VERSION = "0.1.0"
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
 # between the other files of an /infill request when the vocabulary has no file separator
 _SNIPPET = "\n\n--- snippet ---\n\n"
-
-
-@dataclass(frozen=True)
-class ToolSyntax:
-    """What the chat template teaches: its call format, whether it writes the tools it
-    is given into the prompt, whether answers may open with a thinking block."""
-    fmt: ToolFormat
-    shows_tools: bool
-    thinking: bool
 
 
 def model_name(path: str | Path) -> str:
@@ -189,18 +179,21 @@ class Service:
         messages, add, tail = chat.messages, chat.add_generation_prompt, ""
         if chat.prefill is not None:
             add, tail = True, chat.prefill
-        now = datetime.now()
-        thinking = chat.enable_thinking
-        variables = {"enable_thinking": self.cfg.reasoning != "off" if thinking is None
-                     else thinking,
-                     "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+        variables = self._variables(chat.tools, chat.enable_thinking)
+        if any(m.get("tool_calls") for m in messages) and not self.tool_syntax().shows_tools:
+            messages = _calls_written(messages)
         if chat.tools:
-            variables["tools"] = chat.tools
             syntax = self.tool_syntax()
+            if chat.tool_choice != "none" and syntax.fmt is None:
+                raise bad_request("tools: this model's chat template writes tool calls in a "
+                                  "syntax this server (ckptd) does not read (it writes "
+                                  f"{syntax.sample!r}); send tool_choice none, or serve the "
+                                  "model with a chat template whose calls ckptd reads "
+                                  "(docs/COMPATIBILITY.md)", "tools", "not_supported")
             if not syntax.shows_tools and chat.tool_choice != "none":
                 messages = _with_system(messages, generic.instructions(chat.tools))
-        # what llama.cpp gives templates that list tools as text (FireFunction's)
-        variables["functions"] = json.dumps(chat.tools, indent=2) if chat.tools else ""
+            if syntax.string_arguments:
+                messages = _string_arguments(messages)
         variables.update(chat.kwargs)
         try:
             return self.tokenizer.apply_chat_template(messages, add, **variables) + tail
@@ -208,16 +201,23 @@ class Service:
             raise bad_request(f"the chat template rejected the messages: {e}",
                               "messages") from None
 
+    def _variables(self, tools: list[dict], thinking: bool | None) -> dict:
+        now = datetime.now()
+        out = {"enable_thinking": self.cfg.reasoning != "off" if thinking is None else thinking,
+               "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+               # what llama.cpp gives templates that list tools as text (FireFunction's)
+               "functions": json.dumps(tools, indent=2) if tools else ""}
+        if tools:
+            out["tools"] = tools
+        return out
+
     def tool_syntax(self) -> ToolSyntax:
         """Read from the template once (it is fixed at start-up)."""
         if self._syntax is None:
             src = self.tokenizer.chat_template
-            render = lambda tools: self.tokenizer.apply_chat_template(   # noqa: E731
-                [{"role": "user", "content": "hi"}], True, tools=tools)
-            shown = shows_tools(render)
-            # a template that shows no tools teaches no syntax: the generic one is described
-            self._syntax = ToolSyntax(detect(src) if shown else FORMATS["generic"], shown,
-                                      uses_thinking(src))
+            render = lambda msgs, tools: self.tokenizer.apply_chat_template(   # noqa: E731
+                msgs, True, **self._variables(tools, None))
+            self._syntax = replace(detect(render), thinking=uses_thinking(src))
         return self._syntax
 
     def context_tokens(self, ctx: Context) -> list[int]:
@@ -357,3 +357,29 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
         first = messages[0]
         return [{**first, "content": f"{first['content']}\n\n{text}"}] + messages[1:]
     return [{"role": "system", "content": text}] + messages
+
+
+def _string_arguments(messages: list[dict]) -> list[dict]:
+    """The calls' arguments as JSON text, for templates that write them as they are."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": json.dumps(
+                    c["function"]["arguments"], ensure_ascii=False)}}
+                for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
+def _calls_written(messages: list[dict]) -> list[dict]:
+    """An assistant's past calls as the generic format's text, in its content, for a
+    template that renders no calls (the model sees what it wrote)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            text = generic.written(m["tool_calls"])
+            m = {k: v for k, v in m.items() if k != "tool_calls"}
+            m["content"] = f"{m['content']}\n{text}" if m.get("content") else text
+        out.append(m)
+    return out

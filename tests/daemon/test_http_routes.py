@@ -161,3 +161,26 @@ def test_logprobs_are_the_same_on_every_route(strict):
     streamed = [lp for e in events if e["type"] == "response.output_text.delta"
                 for lp in e["logprobs"]]
     assert streamed == chat
+
+
+def test_tools_are_refused_with_a_template_whose_calls_are_not_read(tiny_llama_dir, tmp_path):
+    """Mistral's template writes calls as [TOOL_CALLS]...: no format of ckptd reads that,
+    so tools are refused (a 400 naming them) rather than read wrong; tool_choice none
+    still serves."""
+    from ckptd.tools import llama_suite
+    template = llama_suite.fetch_templates(llama_suite.ROOT / "third_party") / \
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+    d = start(tiny_llama_dir, tmp_path / "cache", "--max-context", "256",
+              "--chat-template-file", str(template))
+    try:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        for path, body in (("/v1/chat/completions", {"messages": USER, "tools": tools}),
+                           ("/v1/messages", {"messages": USER, "tools": [TOOL]})):
+            r = d.post(path, {**body, "max_tokens": 1})
+            assert r.status == 400 and r.json["error"]["param"] == "tools", r.text
+            assert r.json["error"]["code"] == "not_supported" and "[TOOL_CALLS]" in r.text
+        r = d.post("/v1/chat/completions", {"messages": USER, "tools": tools,
+                                            "tool_choice": "none", "max_tokens": 1})
+        assert r.status == 200, r.text
+    finally:
+        assert d.stop() == 0, d.output()
