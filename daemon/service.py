@@ -163,12 +163,14 @@ class Service:
         return self.rt.max_context
 
     # ---- prompts ---------------------------------------------------------------------
-    def context(self, name: str, salt: str | None = None, check_salt: bool = True) -> Context:
+    def context(self, name: str, salt: str | None = None, check_salt: bool = True,
+                param: str = "context") -> Context:
         """A named context; one registered under another tenant's salt is answered as
-        unknown, so a request can't use it or learn that it exists."""
+        unknown, so a request can't use it or learn that it exists. `param`: the field
+        that named it."""
         ctx = self.contexts.get(name)
         if ctx is None or (check_salt and not ctx.visible_to(salt)):
-            raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
+            raise ApiError(404, f"no context named {name!r}", param, "context_not_found")
         return ctx
 
     def render_chat(self, chat: ChatPrompt) -> str:

@@ -30,10 +30,10 @@ class ChatPrompt:
     reasoning_format: str = "auto"      # llama-server's: "none" leaves thinking in content
 
     @classmethod
-    def parse(cls, f: Fields, allow_empty: bool = False) -> ChatPrompt:
+    def parse(cls, f: Fields) -> ChatPrompt:
         """An OpenAI chat request's prompt (its messages, tools and template options)."""
         raw = f.get("messages")
-        msgs = messages.openai_messages(raw, allow_empty=allow_empty)
+        msgs = messages.openai_messages(raw)
         if msgs and msgs[-1]["role"] == "assistant" and isinstance(raw[-1].get("content"), list):
             # an answer's start given in parts continues as llama-server joins them
             msgs[-1]["content"] = messages.content(raw[-1]["content"],

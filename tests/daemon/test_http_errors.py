@@ -111,7 +111,7 @@ CASES = [
     ("context-bad-name", "POST", "/v1/contexts", {"name": "a b", "text": "x"}, 400, "name",
      None),
     ("context-no-source", "POST", "/v1/contexts", {"name": "a"}, 400, "text", None),
-    ("context-unknown", "GET", "/v1/contexts/nope", None, 404, "context", "context_not_found"),
+    ("context-unknown", "GET", "/v1/contexts/nope", None, 404, "name", "context_not_found"),
     ("entries-bad-limit", "GET", "/cache/entries?limit=0", None, 400, "limit", None),
     ("entries-bad-sort", "GET", "/cache/entries?sort=random", None, 400, "sort", None),
     ("delete-bad-key", "DELETE", "/cache/entries/xyz", None, 400, "key", None),
