@@ -118,7 +118,10 @@ def test_schemathesis_finds_no_server_error(api_schema, route, mode):
 FIELDS = ("prompt messages max_tokens max_completion_tokens n_predict stream stream_options "
           "temperature top_k top_p min_p seed stop logprobs top_logprobs n_probs n best_of "
           "echo ignore_eos cache cache_prompt cache_salt context model content tokens "
-          "add_special with_pieces name text pin key include_pinned role").split()
+          "add_special with_pieces name text pin key include_pinned role "
+          # Anthropic's Messages API and OpenAI's Responses API read their own fields
+          "system stop_sequences input instructions max_output_tokens "
+          "tools tool_choice").split()
 _scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
             | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30))
 _json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=6)
