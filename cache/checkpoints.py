@@ -94,12 +94,12 @@ class Checkpointer:
         snap = Snapshot()
         # on a GPU the copies to the host run beside the next step; store_pending waits
         with io.deferred_reads():
-            if n_full > first and kv:
+            if n_full > first:          # no attention: empty blocks, the snapshots' parents
                 pages = io.read_pages(seq.pages[first:n_full])
             if P % B and kv:
                 snap.kv = io.read_partial(seq.pages[n_full], P % B)
             if self.spec.is_hybrid:
-                snap.conv, snap.ssm = io.read_recurrent(seq.slot)
+                snap.conv, snap.ssm = io.read_recurrent(seq.cell)
         rec.stored_blocks = max(first, n_full)
         if logits is not None:
             snap.logits = logits.detach().float().to("cpu", copy=True)   # kept on the host
@@ -109,7 +109,7 @@ class Checkpointer:
     def store_pending(self) -> None:
         pending, self.pending = self.pending, []
         if pending:
-            self.io.settle_reads()
+            self.io.wait_reads()
         for cp in pending:
             if cp.pages is not None:
                 self.store.put_blocks(cp.tokens, cp.first_block, cp.pages, cp.salt,

@@ -14,16 +14,17 @@ Codecs:
              Split and merge are shifts on unsigned ints, not strided byte copies.
     plane32  float32 the same way, in four planes; each is zstd-compressed where
              that makes it shorter, else stored as is (so a plane is packed iff
-             it is shorter than the tensor's element count). On SmolLM2 fp32 KV
-             only the top plane packs: 1.19x, decoding ~3x faster than zstd over
-             the whole tensor (1.07x).
+             it is shorter than the tensor's element count). On fp32 KV only the
+             top plane packs, and it decodes faster and packs tighter than zstd
+             over the whole tensor.
              A plane is all literals to zstd: it has no long repeats, and short
              matches cost ratio and decode time. So planes are compressed with
-             matches of 7+ bytes and a tiny match table (_PLANE_ZSTD): on bf16
-             SmolLM2 KV, 1.45x instead of 1.42x, and ~1.7x faster to decode.
+             matches of 7+ bytes and a tiny match table (_PLANE_ZSTD): a little
+             tighter, and faster to decode.
     zstd     other dtypes, when zstd saves bytes;  raw: otherwise.
-Lossless always. The checksum is xxh3-128 (~10 GB/s here, against ~0.4-0.6 GB/s
-for blake2b or crc32), so verifying every read costs almost nothing.
+Lossless always. The checksum is xxh3-128, an order of magnitude faster than blake2b
+or crc32, so verifying every read costs almost nothing. (The figures:
+docs/BENCHMARKS.md, Measurements behind the code.)
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import heapq
 import threading
 from collections import Counter
 
+from ckptd.cache.children import Children
 from ckptd.cache.keys import KeyChain
 
 
@@ -41,13 +42,12 @@ class DevicePages:
         self._by_key: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
         self._parent_of: dict[bytes, bytes | None] = {}   # key -> its parent block's key
-        self._children: Counter[bytes] = Counter()   # key -> registered keys naming it parent
+        self._children = Children()                  # key -> registered keys naming it parent
         self._tokens: dict[int, bytes] = {}          # page -> its block's tokens (uint32 LE)
         self._used = [0] * num_pages                 # page -> clock of its last use
         self._clock = 0
         self._lock = threading.Lock()
 
-    # ---- counts ----------------------------------------------------------------------
     @property
     def num_free(self) -> int:
         """Pages on the free list (not counting cached pages that could be reclaimed)."""
@@ -63,7 +63,6 @@ class DevicePages:
     def num_registered(self) -> int:
         return len(self._by_key)
 
-    # ---- references ------------------------------------------------------------------
     def alloc(self, n: int) -> list[int]:
         """n pages with one reference each; reclaims cached leaves (least recently used
         first) if the free list is short. Raises OutOfPages, taking nothing, when even
@@ -103,7 +102,6 @@ class DevicePages:
             self._clock += 1
             self._used[page] = self._clock
 
-    # ---- the prefix table ------------------------------------------------------------
     def register(self, key: bytes, parent: bytes | None, page: int, tokens: bytes) -> int:
         """Put a full page in the table under `key`; the table takes a reference. parent:
         the key of the block before it (None for a first block), which must be
@@ -120,8 +118,7 @@ class DevicePages:
             self._by_key[key] = page
             self._key_of[page] = key
             self._parent_of[key] = parent
-            if parent is not None:
-                self._children[parent] += 1
+            self._children.add(key, parent)
             self._tokens[page] = tokens
             self._clock += 1
             self._used[page] = self._clock
@@ -154,6 +151,11 @@ class DevicePages:
                 self._used[pages[-1]] = self._clock
             return pages
 
+    def holds(self, keys: list[bytes]) -> list[bool]:
+        """Whether each key's page is in the prefix table (a view of the tiers)."""
+        with self._lock:
+            return [k in self._by_key for k in keys]
+
     def evict_cached(self) -> int:
         """Forget every page held only by the table; returns how many were freed."""
         with self._lock:
@@ -161,10 +163,10 @@ class DevicePages:
             self._reclaim(self.num_pages, 0)
             return len(self._free) - before
 
-    # ---- internals (under the lock) --------------------------------------------------
     def _reclaim(self, want: int, need: int) -> None:
         """Free up to `want` cached leaves, least recently used first; OutOfPages (freeing
-        nothing) when fewer than `need` can be freed."""
+        nothing) when fewer than `need` can be freed. Under the lock, as _unregister and
+        _drop are."""
         refs, children = self.refs, self._children
         # Every cached page is a leaf or above cached pages only (a sequence holding a
         # block holds all blocks before it), so peeling leaves reaches all of them.
@@ -172,7 +174,7 @@ class DevicePages:
         if len(cached) < need:
             raise OutOfPages(f"need {need + len(self._free)} pages, {len(self._free)} free "
                              f"and {len(cached)} reclaimable of {self.num_pages}")
-        heap = [(self._used[p], p) for p in cached if not children[self._key_of[p]]]
+        heap = [(self._used[p], p) for p in cached if not children.of(self._key_of[p])]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < want:
@@ -181,7 +183,7 @@ class DevicePages:
             self._drop(p)
             freed += 1
             up = None if parent is None else self._by_key.get(parent)
-            if up is not None and refs[up] == 1 and not children[parent]:
+            if up is not None and refs[up] == 1 and not children.of(parent):
                 # its child was used more recently: it was, through it
                 self._used[up] = max(self._used[up], used)
                 heapq.heappush(heap, (self._used[up], up))
@@ -191,10 +193,7 @@ class DevicePages:
         del self._by_key[key]
         del self._tokens[page]
         parent = self._parent_of.pop(key)
-        if parent is not None:
-            self._children[parent] -= 1
-            if not self._children[parent]:
-                del self._children[parent]
+        self._children.remove(key, parent)
         return parent
 
     def _drop(self, page: int) -> None:
@@ -204,7 +203,6 @@ class DevicePages:
             assert page not in self._key_of, f"page {page} freed while in the prefix table"
             heapq.heappush(self._free, page)
 
-    # ---- invariants ------------------------------------------------------------------
     def sanity_check(self, holders: Counter[int]) -> None:
         """holders: references live sequences hold, by page. AssertionError names the
         first broken invariant."""
@@ -217,8 +215,8 @@ class DevicePages:
                     f"page {p}: {self.refs[p]} references, {want} holders (a leaked page)"
                 assert (want == 0) == (p in free), f"page {p}: free list and holders disagree"
             assert len(self._by_key) == len(self._key_of) == len(self._tokens)
-            counts = Counter(p for p in self._parent_of.values() if p is not None)
-            assert counts == +self._children, "child counts of the prefix table are off"
+            self._children.check(((k, p, False) for k, p in self._parent_of.items()),
+                                 "the prefix table")
             for parent in self._parent_of.values():
                 assert parent is None or parent in self._by_key, \
                     "a registered page's parent is gone: the prefix table is not closed"

@@ -29,6 +29,9 @@ class EntryMeta:
     pinned: bool = False
     plain: bool = True        # keyed without positions or extras: its tokens alone define it
     role: str = ""            # a snapshot's: INTERVAL, END or BRANCH
+    # a snapshot after images: the M-RoPE position its next token takes (position counts
+    # tokens, which the KV pages and recurrent layers go by); None: equal to position
+    next_position: int | None = None
 
     @property
     def keep_first(self) -> bool:
@@ -44,6 +47,8 @@ class EntryMeta:
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d["parent"] = self.parent.hex()
+        if self.next_position is None:      # text only: the meta as before images
+            del d["next_position"]
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
@@ -71,5 +76,7 @@ class EntryMeta:
                 or not isinstance(self.fingerprint, str) \
                 or not all(type(b) is bool for b in (self.pinned, self.plain)) \
                 or self.role not in ROLES \
+                or not (self.next_position is None
+                        or (type(self.next_position) is int and self.next_position >= 0)) \
                 or not all(isinstance(t, (int, float)) for t in (self.created, self.last_used)):
             raise ValueError("not an entry meta: a field is out of range")

@@ -16,6 +16,17 @@ Byte encoding:
 [iB, (i+1)B)); a missing or empty entry means none, so text before an image
 shares its keys with a text-only prompt. Keys are bytes; `hex()` and
 `key_from_hex` round-trip them for APIs and tools.
+
+Images (`media`: the spans of a sequence's images, model/vision/positions.py) add to
+the extras of the block each one starts in:
+
+    "img" ‖ u32 offset in the block ‖ u32 t, h, w (patches) ‖ u32 merge ‖ digest (32 B)
+
+in order of their starts. The digest names the decoded pixels, the grid and the
+encoder; the grid and the offset fix every later M-RoPE position, so the chain needs no
+positions. A snapshot's key takes only the images that start before its position (a
+state is never inside an image: model/vision, cache/manager.py), so a later image in
+the same block does not hide it from a prompt that parts there.
 """
 
 from __future__ import annotations
@@ -49,8 +60,8 @@ def _lp(data: bytes) -> bytes:
 
 def encode_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
     if isinstance(tokens, list) and _NATIVE_U32:
-        # array.array reads a list of ints ~2.5x faster than numpy (65K tokens: 0.7 ms
-        # against 1.9), and a request encodes its whole prompt a few times
+        # array.array reads a list of ints faster than numpy (docs/BENCHMARKS.md,
+        # Measurements behind the code), and a request encodes its whole prompt a few times
         try:
             return array.array("I", tokens).tobytes()
         except (OverflowError, TypeError):
@@ -95,18 +106,48 @@ class KeyContext:
     salt: str | bytes | None = None
     extras: Sequence[bytes] | None = None
     positions: Sequence[int] | np.ndarray | None = None
+    media: tuple = ()              # image spans (start, length, grid, merge, digest, ...)
+    block_size: int = 0            # needed with media: which block an image starts in
 
-    def extra(self, i: int) -> bytes:
+    def extra(self, i: int, upto: int | None = None) -> bytes:
+        """Block i's extras; with `upto`, only the images starting before that offset
+        in the block (a snapshot's tail)."""
         e = self.extras
-        return _lp(bytes(e[i])) if e is not None and i < len(e) and e[i] else _NO_EXTRA
+        given = bytes(e[i]) if e is not None and i < len(e) and e[i] else b""
+        images = self._images(i, upto) if self.media else b""
+        return _lp(given + images) if given or images else _NO_EXTRA
+
+    def _images(self, i: int, upto: int | None) -> bytes:
+        B = self.block_size
+        if B <= 0:
+            raise ValueError("a key context with images needs its block size")
+        out = []
+        for im in self.media:
+            off = im.start - i * B
+            if 0 <= off < (B if upto is None else upto):
+                out.append(b"img" + struct.pack("<IIIII", off, *im.grid, im.merge)
+                           + bytes(im.digest))
+        return b"".join(out)
 
     def plain(self, depth: int, block_size: int) -> bool:
-        """True when block `depth` has no extras and linear positions: its tokens alone
-        define its state, so a stored page may be cut to the prefix that matches."""
+        """True when block `depth` has no extras, no image tokens and linear positions:
+        its tokens alone define its state, so a stored page may be cut to the prefix
+        that matches."""
         start = depth * block_size
+        if any(im.start < start + block_size and im.end > start for im in self.media):
+            return False
         n = len(self.positions) if self.positions is not None else 0
         return self.extra(depth) == _NO_EXTRA and (
             n <= start or self.positions_part(start, min(n, start + block_size)) == b"\x00")
+
+    def next_position(self, index: int) -> int:
+        """The M-RoPE position a text token at `index` takes (index itself without
+        images): what a snapshot there records besides its token count."""
+        return index + sum(im.advance - im.length for im in self.media if im.end <= index)
+
+    def inside_image(self, index: int) -> bool:
+        """Whether `index` falls strictly inside an image (no state is taken there)."""
+        return any(im.start < index < im.end for im in self.media)
 
     def positions_part(self, start: int, stop: int) -> bytes:
         if self.positions is None:
@@ -117,6 +158,17 @@ class KeyContext:
         if np.array_equal(pos, np.arange(start, stop)):
             return b"\x00"
         return b"\x01" + pos.astype("<i8").tobytes()
+
+
+def prompt_chain(fingerprint: str, block_size: int, tokens: Sequence[int],
+                 salt: str | bytes | None = None, extras: Sequence[bytes] | None = None,
+                 positions: Sequence[int] | np.ndarray | None = None,
+                 media: tuple = ()) -> KeyChain:
+    """The block keys of `tokens` under a model and a salt: the one way a prompt's chain
+    is built (CacheStore.chain, which the manager's is; the offline inspector, which
+    reads the model from the store). media: the spans of the prompt's images."""
+    ctx = KeyContext(salt, extras, positions, media=tuple(media), block_size=block_size)
+    return KeyChain(root_key(fingerprint, block_size, salt), block_size, tokens, ctx)
 
 
 def block_keys(root: bytes, tokens: Sequence[int], block_size: int,
@@ -164,7 +216,7 @@ class KeyChain:
         if n <= have:
             return
         ctx = self.ctx
-        plain = ctx.extras is None and ctx.positions is None
+        plain = ctx.extras is None and ctx.positions is None and not ctx.media
         data = self.data + encode_tokens(tokens[have * B:n * B])
         keys = self.keys
         if plain and not have:
@@ -186,8 +238,8 @@ class _RecentKeys:
     """The block keys of the last few token runs hashed, so that a run sharing a prefix
     with one of them hashes only the rest. One request asks for its prompt's keys several
     times (device pages, the store's plan, the checkpoints), and the questions over one
-    long context share all its blocks: a 16K-token prompt is ~1,000 blake2b calls, ~2 ms
-    of Python each time. Only keys of plain blocks (no positions, no extras) are kept."""
+    long context share all its blocks: a long prompt is a blake2b call per block, each
+    time. Only keys of plain blocks (no positions, no extras) are kept."""
 
     SIZE = 8
 
@@ -249,6 +301,19 @@ def blocks_hashed() -> int:
     return _hashed.blocks
 
 
+def block_key(parent: bytes, tokens: Sequence[int], depth: int, block_size: int,
+              ctx: KeyContext | None = None) -> bytes:
+    """Key of block `depth` = tokens (B of them) after `parent`: one step of
+    KeyChain.extend, for a key under another root (a miss looks for the prompt's first
+    block under the other salts there are, without a chain)."""
+    ctx = ctx or KeyContext()
+    if len(tokens) != block_size:
+        raise ValueError(f"a block holds {block_size} tokens, got {len(tokens)}")
+    start = depth * block_size
+    return _h(1, parent, encode_tokens(tokens), ctx.positions_part(start, start + block_size),
+              ctx.extra(depth))
+
+
 def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_size: int,
                  ctx: KeyContext | None = None) -> bytes:
     """Key of the state after `parent` (the key of block depth-1, or the root when
@@ -258,4 +323,5 @@ def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_si
         raise ValueError(f"a snapshot tail is shorter than a block, got {len(tail_tokens)}")
     start = depth * block_size
     return _h(2, parent, encode_tokens(tail_tokens),
-              ctx.positions_part(start, start + len(tail_tokens)), ctx.extra(depth))
+              ctx.positions_part(start, start + len(tail_tokens)),
+              ctx.extra(depth, len(tail_tokens)))

@@ -137,14 +137,23 @@ def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,
                     or (best is not None and best.position >= d * B + r):
                 continue
             tail = tokens[d * B:d * B + r]
-            # The position restored is the meta's: it must be the one the key names.
+            # The position restored is the meta's: it must be the one the key names,
+            # and after images the M-RoPE position recorded the one the prompt has there.
             if meta.tokens == tail and meta.position == d * B + r \
+                    and _rope_matches(meta, ctx) \
                     and snapshot_key(parent, tail, d, B, ctx) == key:
                 best = _ref(key, meta, tier)
         if best is not None:
             return RestorePlan(best.position, blocks[:max(0, d - dev)], best, tokens, ctx,
                                min(dev, d), shared)
     return RestorePlan(0, [], None, tokens, ctx, shared=shared)
+
+
+def _rope_matches(meta: EntryMeta, ctx: KeyContext) -> bool:
+    """A snapshot's recorded next M-RoPE position is the prompt's there (a state taken
+    with the wrong position would drift from the KV it sits on)."""
+    want = ctx.next_position(meta.position)
+    return (meta.next_position if meta.next_position is not None else meta.position) == want
 
 
 def _shared_after(tokens: list[int], chain: KeyChain, depth: int, view: IndexView) -> int:
@@ -177,7 +186,8 @@ def _partial_page(tokens: list[int], limit: int, chain: KeyChain, depth: int,
         while m < min(len(have), len(want)) and have[m] == want[m]:
             m += 1
         whole = meta.kind == SNAPSHOT and m == len(have) and \
-            meta.position == depth * B + m and snapshot_key(parent, have, depth, B, ctx) == key
+            meta.position == depth * B + m and _rope_matches(meta, ctx) \
+            and snapshot_key(parent, have, depth, B, ctx) == key
         if not whole and not (m and meta.plain and ctx.plain(depth, B)):
             continue
         if best is None or (m, whole) > best[:2]:

@@ -1,11 +1,13 @@
 """The cache manager: every tier behind one door, for the engine's loop.
 
-    cache.admit(batch)          new sequences: a slot and the longest cached prefix;
-                                every sequence: pages for this step's tokens
-    runner.step(...)
+    cache.restore(seq, chain)   a new sequence (the scheduler admits it): a cell, the
+                                longest cached prefix, its planned snapshot stops
+    cache.chunk(seq, budget)    how much of it a step computes (the scheduler asks)
+    cache.admit(batch)          pages for every work's tokens, or why not (refused)
+    runner.run(...)
     cache.after_step(batch)     publish full pages, capture checkpoints
     ...
-    cache.finish(seq)           the answer's checkpoint; pages and slot given back
+    cache.finish(seq)           the answer's checkpoint; pages and cell given back
 
 Tiers, fastest first: device pages (cache/device.py, shared in place), then the
 store (cache/store/: RAM, LMDB). A restore (cache/restorer.py) adopts the device
@@ -14,47 +16,23 @@ sequence gets a plan of where its prefill stops to leave a snapshot (branch
 points, interval positions within a byte budget) and the end of its prompt; the
 checkpoints are captured after the step that reaches them and stored off the
 first token's path (cache/checkpoints.py). The runner owns the state tensors; the
-manager reads and writes them only through StateIO.
+manager reads and writes them only through StateIO (model/spec.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import AbstractContextManager
-from typing import Protocol
-
-import torch
 
 from ckptd.cache.checkpoints import Checkpointer, interval_stops, snapshot_budget
 from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.entry import BRANCH, END, INTERVAL
-from ckptd.cache.keys import KeyChain, root_key
+from ckptd.cache.keys import KeyChain
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
-from ckptd.cache.work import RestoreInfo, Tracked, Work
+from ckptd.cache.work import Deferred, Failed, RestoreInfo, Stalled, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
-from ckptd.model.spec import StateSpec
-from ckptd.model.state import OutOfSlots
-
-
-class StateIO(Protocol):
-    """What the manager asks of the runner, which owns the state tensors."""
-
-    vocab_size: int
-
-    def attach(self, seq: Sequence) -> None: ...
-    def detach(self, seq: Sequence) -> None: ...
-    def live_slots(self) -> set[int]: ...
-    def copy_page(self, src: int, dst: int) -> None: ...
-    def page_views(self, pages: list[int]) -> list[torch.Tensor] | None: ...
-    def read_pages(self, pages: list[int]) -> torch.Tensor: ...
-    def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
-    def read_partial(self, page: int, n: int) -> torch.Tensor: ...
-    def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
-    def read_recurrent(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def load_recurrent(self, slot: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
-    def deferred_reads(self) -> AbstractContextManager: ...
-    def settle_reads(self) -> None: ...
+from ckptd.model.spec import StateIO, StateSpec, StepLogits
+from ckptd.model.vision.positions import inside
 
 
 class CacheManager:
@@ -66,6 +44,9 @@ class CacheManager:
         B = spec.block_size
         if store is not None and store.B != B:
             raise ValueError("store and runner must use the same block size")
+        if store is not None and store.fp != fingerprint:
+            # the store names its keys with its fingerprint (chain): they must be the model's
+            raise ValueError("the store was opened for another model's fingerprint")
         if snapshot_interval <= 0 or snapshot_interval % B:
             raise ValueError(f"snapshot_interval ({snapshot_interval}) must be a positive "
                              f"multiple of block_size ({B})")
@@ -73,7 +54,7 @@ class CacheManager:
             # 1 would keep only the newest: an answer's snapshot would delete the one at
             # the end of its prompt, which the next question on that prompt restores from
             raise ValueError(f"max_snapshots must be >= 2, got {max_snapshots}")
-        self.io, self.spec, self.B, self.fp = io, spec, B, fingerprint
+        self.io, self.spec, self.B = io, spec, B
         self.store = store
         if snapshot_budget <= 0:
             raise ValueError(f"snapshot_budget must be positive, got {snapshot_budget}")
@@ -96,10 +77,11 @@ class CacheManager:
     def pending(self) -> list:
         return self.checkpoints.pending
 
-    # ---- keys and branch points ------------------------------------------------------
-    def chain(self, tokens: list[int], salt: str | None) -> KeyChain:
-        """A prompt's block keys: hashed here once per request, carried on it after."""
-        return KeyChain(root_key(self.fp, self.B, salt), self.B, tokens)
+    def chain(self, tokens: list[int], salt: str | None, images: tuple = ()) -> KeyChain:
+        """A prompt's block keys (the store's: CacheStore.chain), hashed once per request
+        and carried on it after. images: the spans of its images (Sequence.images),
+        named in the keys."""
+        return self.store.chain(tokens, salt, media=images)
 
     def common_prefix(self, a: KeyChain, a_tokens: list[int], b: KeyChain,
                       b_tokens: list[int]) -> int:
@@ -116,72 +98,67 @@ class CacheManager:
         n, end = lo * self.B, min(len(a_tokens), len(b_tokens))
         while n < end and a_tokens[n] == b_tokens[n]:
             n += 1
-        return n
+        return min(n, _images_part(a.ctx.media, b.ctx.media))
 
     def add_branch(self, seq: Sequence, position: int) -> None:
         """Ask a prefill to stop at `position` and leave a snapshot there (a waiting
         prompt parts from it there). Before the sequence is admitted, kept for then."""
         rec = self.live.get(seq.id)
+        position = _before_image(seq.images, position)
         if rec is None:
             self.branches.setdefault(seq.id, set()).add(position)
         elif rec.chain is not None and seq.num_computed < position < rec.prompt_len:
             rec.stops[position] = BRANCH
 
-    # ---- the step --------------------------------------------------------------------
     def admit(self, batch: list[Work]) -> None:
-        """Restore each new sequence, decide what each computes this step (ending at
-        its next planned stop) and give it the pages to hold it. A new sequence without
-        room is set back (deferred); a running one waits a step (stalled)."""
+        """Pages for each work's n tokens, running sequences first (they must go on), new
+        ones with what is left; a shared page the step writes is copied first. A work
+        that can't have them is refused: a new sequence Deferred (it holds nothing), a
+        running one Stalled; and when no work can run at all, the newest stalled one
+        gives its pages back (a prefill is Deferred, its checkpoints make the next try
+        cheap; a decode fails)."""
         self.checkpoints.store_pending()
-        for w in batch:
-            if w.new:
-                self._admit_new(w)
-        # running sequences first: they must go on; new ones only with what is left
         for w in sorted(batch, key=lambda w: w.new):
-            if w.deferred or w.error is not None:
-                continue
-            left = len(w.seq.tokens) - w.seq.num_computed
-            w.n = self._chunk(w.seq, min(left, w.budget)) if left and w.budget else 0
-            if not w.n:
+            if not w.runs:
                 continue
             try:
                 self._make_writable(w.seq, w.seq.num_computed + w.n)
             except OutOfPages:
-                w.n = 0
                 if w.new:
                     self.release(w.seq)
-                    w.deferred = True
+                    w.refused = Deferred()
                 else:
-                    w.stalled = True
+                    w.refused = Stalled()
+        if not any(w.runs for w in batch):
+            self._preempt(batch)
 
-    def after_step(self, batch: list[Work], logits: torch.Tensor | None) -> None:
-        """After runner.step over the batch's work (logits: one row per work with n > 0,
-        in order): publish the pages that filled up, capture the checkpoints planned
-        at the positions reached."""
-        row = 0
+    def after_step(self, batch: list[Work], logits: StepLogits) -> None:
+        """After the model step over the batch's work: publish the pages that filled up
+        (up to the tokens a draft leaves in doubt: those are verified after the step),
+        capture the checkpoints planned at the positions reached."""
         for w in batch:
-            if not w.n:
+            if not w.runs:
                 continue
-            rec, row = self.live[w.seq.id], row + 1
+            rec = self.live[w.seq.id]
             if rec.chain is None:
                 continue
-            self._publish(rec)
-            P = w.seq.num_computed
+            P = w.seq.num_computed - w.drafted
+            self._publish(rec, P)
             if rec.prompt_done:
                 continue
             if P == rec.prompt_len:
                 rec.prompt_done = True
-                self.checkpoints.capture(rec, logits[row - 1], END)
+                self.checkpoints.capture(rec, logits.last(w.seq), END)
             elif P in rec.stops:
                 self.checkpoints.capture(rec, None, rec.stops.pop(P))
 
     def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
         """A sequence is done: store its final state (checkpoint; the client has had
         its last token, and the next turn looks for this state), then give back its
-        pages and slot. Finishing twice is harmless."""
+        pages and cell. Finishing twice is harmless."""
         rec = self.live.get(seq.id)
         if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
-            self._publish(rec)
+            self._publish(rec, seq.num_computed)
             self.checkpoints.capture(rec, None, END)
             self.checkpoints.store_pending()
         self.release(seq)
@@ -197,7 +174,7 @@ class CacheManager:
         seq.pages = []
         self.io.detach(seq)
 
-    def settle(self) -> None:
+    def store_pending(self) -> None:
         """Put captured checkpoints into the store now (the engine is idle)."""
         self.checkpoints.store_pending()
 
@@ -206,29 +183,28 @@ class CacheManager:
         if self.store is not None:
             self.store.close()
 
-    # ---- building blocks (also for tests and tools that drive a runner directly) -----
+    # start, fork and prepare also serve tests and tools that drive a runner directly
     def start(self, tokens: list[int], salt: str | None = None, use_cache: bool = True,
               chain: KeyChain | None = None) -> tuple[Sequence, RestoreInfo]:
-        """A new sequence with a slot, restored from the longest cached prefix. Raises
-        OutOfPages / OutOfSlots, holding nothing, when there is no room."""
+        """A new sequence with a cell, restored from the longest cached prefix. Raises
+        OutOfPages / OutOfCells, holding nothing, when there is no room."""
         check_token_ids(tokens, self.io.vocab_size)
-        self.checkpoints.store_pending()
         seq = Sequence(list(tokens), salt, use_cache)
-        info = self._start(seq, chain)
-        return seq, info
+        return seq, self.restore(seq, chain)
 
     def fork(self, seq: Sequence) -> Sequence:
         """A new sequence with seq's tokens and state, sharing all its pages (the partial
         one too: whichever of the two writes it first gets a copy)."""
         parent = self.live[seq.id]
-        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora)
+        child = Sequence(list(seq.tokens), seq.salt, seq.use_cache, lora=seq.lora,
+                         images=seq.images)
         self.io.attach(child)
         n = -(-seq.num_computed // self.B)
         child.pages = seq.pages[:n]
         self.device.incref(child.pages)
         child.num_computed = seq.num_computed
         if self.spec.is_hybrid and seq.num_computed:
-            self.io.load_recurrent(child.slot, *self.io.read_recurrent(seq.slot))
+            self.io.load_recurrent(child.cell, *self.io.read_recurrent(seq.cell))
         full = seq.num_computed // self.B
         chain = None if parent.chain is None else parent.chain.copy(full)
         self.live[child.id] = Tracked(child, chain, parent.prompt_len, parent.prompt_done,
@@ -240,20 +216,16 @@ class CacheManager:
         for seq, n in work:
             self._make_writable(seq, seq.num_computed + n)
 
-    # ---- internals -------------------------------------------------------------------
-    def _admit_new(self, w: Work) -> None:
-        try:
-            w.restored = self._start(w.seq, w.chain)
-        except (OutOfPages, OutOfSlots):
-            w.deferred = True
-        except Exception as e:           # this request fails, the step goes on
-            w.error = e
-
-    def _start(self, seq: Sequence, chain: KeyChain | None) -> RestoreInfo:
+    def restore(self, seq: Sequence, chain: KeyChain | None = None) -> RestoreInfo:
+        """Attach a new sequence (a cell) and bring it to the longest cached prefix of its
+        tokens, planning where its prefill stops for snapshots. chain: its block keys,
+        when hashed already. OutOfPages / OutOfCells when there is no room, and any
+        other failure, leave nothing held."""
+        self.checkpoints.store_pending()    # a restore may want what the last step captured
         self.io.attach(seq)
         use = seq.use_cache and self.enabled
         if use and chain is None:
-            chain = self.chain(seq.tokens, seq.salt)
+            chain = self.chain(seq.tokens, seq.salt, seq.images)
         rec = Tracked(seq, chain if use else None, len(seq.tokens))
         self.live[seq.id] = rec
         info = RestoreInfo()
@@ -266,32 +238,60 @@ class CacheManager:
             raise
         rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
         self._plan_stops(rec)
-        self._publish(rec)                               # restored pages serve the next
+        self._publish(rec, seq.num_computed)             # restored pages serve the next
         return info
+
+    def chunk(self, seq: Sequence, budget: int) -> int:
+        """How many of seq's tokens not computed yet a step of at most `budget` of them
+        computes: up to its next planned stop, where a snapshot is captured; 0 when none
+        is left or the budget is 0. A chunk never ends inside an image: it stops before
+        one, or, starting at an image, takes all of it, past the budget if need be (the
+        scheduler lets one such chunk into a step)."""
+        P = seq.num_computed
+        n = min(len(seq.tokens) - P, budget)
+        if n <= 0:
+            return 0
+        rec = self.live[seq.id]
+        if rec.stops and not rec.prompt_done:
+            ahead = [p for p in rec.stops if p > P]
+            if ahead:
+                n = min(n, min(ahead) - P)
+        im = inside(seq.images, P + n)
+        if im is not None:
+            n = im.start - P if im.start > P else im.end - P
+        return n
 
     def _plan_stops(self, rec: Tracked) -> None:
         """Where this prefill stops for a snapshot: where the prompt parts from what is
         cached (or from a prompt waiting for this one), and, for a hybrid, interval
         positions within the snapshot byte budget."""
         P, end = rec.seq.num_computed, rec.prompt_len
+        images = rec.seq.images
         for p in {rec.shared, *self.branches.pop(rec.seq.id, ())}:
+            p = _before_image(images, p)
             if P < p < end:
                 rec.stops[p] = BRANCH
         if self.spec.is_hybrid:
             budget = min(snapshot_budget(end, self.spec, self.snapshot_ratio),
                          self.max_snapshots)
             for p in interval_stops(P, end, self.interval, budget):
-                rec.stops.setdefault(p, INTERVAL)
+                p = _before_image(images, p)
+                if P < p:
+                    rec.stops.setdefault(p, INTERVAL)
 
-    def _chunk(self, seq: Sequence, n: int) -> int:
-        """At most n tokens, ending at the next planned stop when that comes first."""
-        rec = self.live[seq.id]
-        if rec.stops and not rec.prompt_done:
-            P = seq.num_computed
-            ahead = [p for p in rec.stops if p > P]
-            if ahead:
-                n = min(n, min(ahead) - P)
-        return max(n, 1)
+    def _preempt(self, batch: list[Work]) -> None:
+        """No work can run: the newest stalled one gives its pages back. A prefill is
+        deferred (back to the queue); a decode can't go back, and fails."""
+        stalled = [w for w in batch if isinstance(w.refused, Stalled)]
+        if not stalled:
+            return
+        w = stalled[-1]
+        if w.seq.num_computed >= self.live[w.seq.id].prompt_len:
+            w.refused = Failed(OutOfPages("out of KV cache memory: the running sequences "
+                                          "need more pages than the pool holds (--kv-budget)"))
+        else:
+            self.release(w.seq)
+            w.refused = Deferred()
 
     def _make_writable(self, seq: Sequence, end: int) -> None:
         """Give seq private pages up to `end` tokens: pages it shares that the step will
@@ -310,12 +310,13 @@ class CacheManager:
             seq.pages[i] = new
         seq.pages += fresh[len(copies):]
 
-    def _publish(self, rec: Tracked) -> None:
-        """Register the sequence's computed full pages on the device. Where an equal page
-        is there already (two sequences computed the same prefix at once), the sequence
-        switches to it and its own copy is freed: the prefix is held once."""
+    def _publish(self, rec: Tracked, upto: int) -> None:
+        """Register the sequence's full pages of its first `upto` computed tokens on the
+        device. Where an equal page is there already (two sequences computed the same
+        prefix at once), the sequence switches to it and its own copy is freed: the
+        prefix is held once."""
         seq, B = rec.seq, self.B
-        n = seq.num_computed // B
+        n = upto // B
         if n <= rec.published or rec.chain is None:
             return
         chain = rec.chain
@@ -331,21 +332,38 @@ class CacheManager:
                 seq.pages[i] = held
         rec.published = n
 
-    # ---- invariants ------------------------------------------------------------------
     def sanity_check(self) -> None:
         """Check what must always hold, between steps: every page reference has a holder
-        (a live sequence or the prefix table), slots belong to live sequences, and the
+        (a live sequence or the prefix table), cells belong to live sequences, and the
         store's index, pins and byte counts add up. AssertionError names what broke."""
         holders: Counter[int] = Counter()
         for rec in self.live.values():
             seq = rec.seq
             holders.update(seq.pages)
-            assert seq.slot >= 0, f"live sequence {seq.id} has no slot"
+            assert seq.cell >= 0, f"live sequence {seq.id} has no cell"
             assert rec.published <= seq.num_computed // self.B
             assert len(seq.pages) * self.B >= seq.num_computed
         self.device.sanity_check(holders)
-        slots = {rec.seq.slot for rec in self.live.values()}
-        assert slots == self.io.live_slots(), \
-            f"slots in use {sorted(self.io.live_slots())}, held by sequences {sorted(slots)}"
+        cells = {rec.seq.cell for rec in self.live.values()}
+        assert cells == self.io.live_cells(), \
+            f"cells in use {sorted(self.io.live_cells())}, held by sequences {sorted(cells)}"
         if self.store is not None:
             self.store.sanity_check()
+
+
+def _before_image(images, p: int) -> int:
+    """p, or the start of the image p would fall inside: no state is taken there."""
+    im = inside(images, p)
+    return p if im is None else im.start
+
+
+def _images_part(a, b) -> int:
+    """Where two prompts' images first differ (start, grid or digest): the most tokens
+    they can share, whatever their tokens (placeholders of equal-sized images match)."""
+    for x, y in zip(a, b):
+        if (x.start, x.grid, x.digest) != (y.start, y.grid, y.digest):
+            return min(x.start, y.start)
+    if len(a) != len(b):
+        return (a[len(b)] if len(a) > len(b) else b[len(a)]).start
+    return 1 << 62
+

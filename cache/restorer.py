@@ -20,6 +20,9 @@ from ckptd.cache.device import DevicePages
 from ckptd.cache.lookup import DEVICE, REMOTE, RestoredState, RestorePlan
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
+from ckptd.cache.why import gone as departures
+from ckptd.cache.why.explain import Attempt, Declined, Failed
+from ckptd.cache.why.report import TIER_FAULT, tier_runs, tokens_by_tier
 from ckptd.cache.work import RestoreInfo
 from ckptd.model.spec import StateSpec
 
@@ -34,7 +37,8 @@ class Rates:
         self.prefill_tps = 2000.0          # tokens/s; replaced by measurements
         self.bytes_per_s = {"host": 4e9, "disk": 3e8, "remote": 1e8}
         # The remote is read an object a request, in parallel: small objects cost their
-        # requests (botocore spends ~1-2 ms of CPU on each), large ones their bytes.
+        # requests (botocore's CPU time on each: docs/BENCHMARKS.md, Measurements behind
+        # the code), large ones their bytes.
         self.remote_object_s = 0.0025      # wall seconds per object in a parallel fetch
         self.remote_latency = 0.02         # seconds per request (the client measures it)
         # How often asking the remote found something: a daemon serving fresh prompts
@@ -81,12 +85,14 @@ class Restorer:
         n = len(seq.tokens)
         device = self.device.find(chain, n // self.B)
         dev, limit, remote = len(device), n, self.store.remote is not None
+        seen, runs = Attempt(0), []           # what the report explains (cache/why/)
         for attempt in range(_ATTEMPTS):
-            plan = self._plan(rec, limit, dev, remote)
+            plan, declined = self._plan(rec, limit, dev, remote)
             if not attempt:
-                rec.shared = max(plan.shared, dev * self.B)
+                rec.shared = seen.shared = max(plan.shared, dev * self.B)
             if plan.position == n and plan.snapshot is None:
-                plan = self._plan(rec, n - 1, dev, remote)     # keep one token to compute
+                plan, declined = self._plan(rec, n - 1, dev, remote)   # keep one to compute
+            seen.declined = seen.declined or declined
             if plan.position == 0:
                 break
             t_read = time.perf_counter()
@@ -98,6 +104,7 @@ class Restorer:
             if not restored.ok:
                 self.device.decref(held)
                 info.fallbacks += 1
+                seen.failed = seen.failed or _failed(plan, restored, self.B)
                 if REMOTE in plan.bytes_by_tier():
                     # A slow remote: this request recomputes rather than wait again. A
                     # bad or missing object: the remote may still serve what is below it.
@@ -115,7 +122,9 @@ class Restorer:
             self._install(rec, restored, device, held)
             info.cached_tokens, info.tier = restored.position, restored.tier
             info.device_tokens = restored.first_block * self.B
-            info.by_tier = self._by_tier(plan, restored.first_block)
+            runs = tier_runs(plan.blocks, plan.snapshot, plan.position, restored.first_block,
+                             self.B)
+            info.by_tier = tokens_by_tier(runs)
             if restored.position == n:
                 info.logits = restored.snapshot.logits
             # Blocks the store lacks (a device page outlived its stored copy) are put
@@ -123,16 +132,24 @@ class Restorer:
             rec.stored_blocks = self._stored_run(chain, restored.position // self.B)
             break
         info.restore_ms = (time.perf_counter() - t0) * 1000
+        seen.restored = info.cached_tokens
+        info.report = self.store.why.report(seq.id, seq.tokens, seq.salt, chain, seen, runs,
+                                            info.restore_ms)
 
-    def _plan(self, rec, limit: int, dev: int, remote: bool) -> RestorePlan:
+    def _plan(self, rec, limit: int, dev: int, remote: bool
+              ) -> tuple[RestorePlan, Declined | None]:
         """The cheapest of: the store's local plan over the device pages, the device
         pages alone (an attention-only model can restore at any block boundary; a
         hybrid needs a stored snapshot), nothing, and (remote) the plan with the
-        remote tier's pieces."""
+        remote tier's pieces. Also the local plan when it was not taken for its cost."""
         seq, store = rec.seq, self.store
         best = store.lookup(seq.tokens, seq.salt, max_tokens=limit, device_blocks=dev,
                             chain=rec.chain)
+        declined = None
         if not self._worth_it(best):
+            declined = Declined(best.position, best.tier or DEVICE, best.total_bytes,
+                                self.rates.read_seconds(best),
+                                best.position / self.rates.prefill_tps)
             if dev and not self.hybrid:
                 best = store.lookup(seq.tokens, seq.salt, max_tokens=min(limit, dev * self.B),
                                     device_blocks=dev, chain=rec.chain)
@@ -149,7 +166,7 @@ class Restorer:
                     and self._cost(plan, limit) < self._cost(best, limit):
                 plan.shared = max(plan.shared, best.shared)
                 best = plan
-        return best
+        return best, declined
 
     def _worth_it(self, plan: RestorePlan) -> bool:
         return self.rates.read_seconds(plan) <= plan.position / self.rates.prefill_tps
@@ -179,18 +196,6 @@ class Restorer:
             return 0.0
         wait = max(1.0, 3 * self.rates.read_seconds(plan), plan.position / self.rates.prefill_tps)
         return min(remote.config.fetch_timeout, wait)
-
-    def _by_tier(self, plan: RestorePlan, first_block: int) -> dict[str, int]:
-        """Restored tokens by the tier that held them."""
-        B, out = self.B, {}
-        if first_block:
-            out[DEVICE] = first_block * B
-        for p in plan.blocks:
-            out[p.tier] = out.get(p.tier, 0) + B
-        rest = plan.position - (first_block + len(plan.blocks)) * B
-        if rest > 0 and plan.snapshot is not None:
-            out[plan.snapshot.tier] = out.get(plan.snapshot.tier, 0) + rest
-        return out
 
     def _load(self, plan: RestorePlan, device: list[int], remote_timeout: float
               ) -> tuple[RestoredState, list[int]]:
@@ -244,7 +249,7 @@ class Restorer:
         if P % B and snap.kv is not None:
             io.load_partial(seq.pages[n_full], snap.kv)
         if snap.conv is not None:
-            io.load_recurrent(seq.slot, snap.conv, snap.ssm)
+            io.load_recurrent(seq.cell, snap.conv, snap.ssm)
         seq.num_computed = P
         rec.published = min(first, rec.published) if rec.published else first
 
@@ -260,3 +265,11 @@ class Restorer:
             else:
                 hi = mid - 1
         return lo
+
+
+def _failed(plan: RestorePlan, restored: RestoredState, B: int) -> Failed:
+    """What a failed load reports: the piece at the good prefix's end failed."""
+    i = restored.position // B - plan.device_blocks
+    piece = plan.blocks[i] if 0 <= i < len(plan.blocks) else plan.snapshot
+    tier = piece.tier if piece is not None else DEVICE
+    return Failed(plan.position, departures.CORRUPT if restored.dropped else TIER_FAULT, tier)

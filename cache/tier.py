@@ -1,6 +1,9 @@
-"""The interface every tier offers: RAM (host.py), LMDB (disk.py), and later a shared
-remote store. Values are a tier's own representation: tensors in RAM, encoded
-bytes on disk. Metadata (EntryMeta) travels with every value."""
+"""The one interface every tier offers (DESIGN.md: get, put, contains, delete, scan):
+RAM (tiers/host.py), LMDB (tiers/disk.py) and the shared remote store (remote/tier.py).
+Values are a tier's own representation: tensors in RAM, encoded bytes on disk and in
+the remote. Metadata (EntryMeta) travels with every value. tests/cache/test_tiers.py
+holds each tier to it: its methods, parameters in this order (more only with
+defaults)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""What passes between the scheduler and the cache manager for one step."""
+"""What passes between the scheduler, the cache manager and the engine for one step.
+
+The scheduler makes each sequence's Work whole: how many tokens it computes this step
+(`n`: a decode's one token and its draft, or a prefill's share of the step's budget
+ending at its next planned snapshot), and for a new sequence what its restore gave.
+`cache.admit` then gives it the pages for them or refuses it (`refused`); after the
+model step, `outcome()` is the one value the engine acts on.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,9 @@ import torch
 
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.lookup import DEVICE
+from ckptd.cache.why.report import CacheReport
 from ckptd.model.sequence import Sequence
+from ckptd.model.spec import StepLogits
 
 
 @dataclass
@@ -21,6 +30,8 @@ class RestoreInfo:
     logits: torch.Tensor | None = None   # last-position logits, when the snapshot had them
     fallbacks: int = 0            # plans abandoned because a piece failed verification
     by_tier: dict[str, int] | None = None   # restored tokens per tier, from the plan
+    report: CacheReport | None = None       # where each restored block came from, and why
+    #                                         not more (cache/why/)
 
     def tokens_by_tier(self) -> dict[str, int]:
         """Restored tokens by the tier that held them."""
@@ -46,17 +57,68 @@ class Tracked:
     shared: int = 0               # prompt tokens something cached or running shares
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A new sequence with no room this step (it holds nothing): back to the queue."""
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """A running sequence with no pages this step: it waits, computing nothing."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """It can't go on: its restore failed, or it decodes and the pages ran out."""
+    error: Exception
+
+
+@dataclass(frozen=True)
+class Computed:
+    """It computed its tokens: logits [k, vocab], its last token's (k = 1) or, with a
+    draft, every computed token's."""
+    logits: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """An exact repeat: nothing to compute, the restored snapshot's last logits [vocab]."""
+    logits: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Nothing this step (its share of the budget was none)."""
+
+
+Refusal = Deferred | Stalled | Failed
+Outcome = Refusal | Computed | Repeated | Idle
+
+
 @dataclass(eq=False)
 class Work:
-    """One sequence's part of a step. The scheduler fills the first fields; `admit`
-    the rest: how many tokens the sequence computes, what a new one restored, and
-    whether it could not be given the memory it needs."""
+    """One sequence's part of a step. The scheduler writes every field but `refused`
+    when it makes it (a new sequence whose restore failed comes refused: Failed);
+    cache.admit writes `refused` when the work can't have its pages. Nothing else
+    writes a Work."""
     seq: Sequence
-    budget: int                       # the most tokens the step may compute for it
-    new: bool = False                 # its first step: admission restores it first
-    chain: KeyChain | None = None     # a new sequence's block keys, if hashed already
-    n: int = 0                        # tokens computed this step (0: none)
-    restored: RestoreInfo | None = None
-    deferred: bool = False            # a new sequence with no room now: it waits
-    stalled: bool = False             # a running one with no pages this step: it waits
-    error: Exception | None = None    # it can't go on
+    n: int                            # tokens it computes this step (drafted ones included)
+    drafted: int = 0                  # of n, a draft model's tokens, verified after the step
+    new: bool = False                 # its first step: restored by the scheduler just now
+    restored: RestoreInfo | None = None   # a new sequence's restore
+    refused: Refusal | None = None    # why it computes nothing this step
+
+    @property
+    def runs(self) -> bool:
+        """Whether the model computes tokens of it this step."""
+        return self.refused is None and self.n > 0
+
+    def outcome(self, logits: StepLogits) -> Outcome:
+        """What became of it in the step: its refusal, its logits, or nothing."""
+        if self.refused is not None:
+            return self.refused
+        if self.n:
+            return Computed(logits.of(self.seq))
+        if self.restored is not None and self.restored.logits is not None:
+            return Repeated(self.restored.logits)
+        return Idle()

@@ -112,6 +112,15 @@ class ServeConfig:
     spec_draft_p_min: float = DEFAULT_LIMITS.p_min
     spec_synth_len: float | None = None    # synthetic acceptance (benchmarking only)
     spec_synth_rates: str | None = None
+    # Images (model/vision): the vision tower of a GGUF model; an HF folder has its own
+    mmproj: str | None = None              # llama.cpp's mmproj GGUF
+    no_mmproj: bool = False                # serve the text model only: images refused
+    media_path: Path | None = None         # image parts may name files under it (file://)
+    image_max_bytes: int = 20 * 2**20      # an image as sent (decoded from base64)
+    image_max_side: int = 8192             # pixels, before the model's resize
+    image_max_pixels: int = 8192 * 4096
+    image_min_tokens: int | None = None    # the model's resize bounds, in placeholder
+    image_max_tokens: int | None = None    # tokens; None: the processor's
 
     @property
     def drafting(self) -> bool:
@@ -198,6 +207,22 @@ class ServeConfig:
         if self.cors_origins is not None and not self.cors_origins.strip():
             raise ValueError("cors_origins must not be empty")
         self._check_speculative()
+        self._check_vision()
+
+    def _check_vision(self) -> None:
+        if self.mmproj is not None and not Path(self.mmproj).is_file():
+            raise ValueError(f"mmproj: no such file: {self.mmproj}")
+        if self.mmproj is not None and self.no_mmproj:
+            raise ValueError("give mmproj or no_mmproj, not both")
+        if self.media_path is not None and not Path(self.media_path).is_dir():
+            raise ValueError(f"media_path: no such folder: {self.media_path}")
+        for name in ("image_max_bytes", "image_max_side", "image_max_pixels"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        lo, hi = self.image_min_tokens, self.image_max_tokens
+        if (lo is not None and lo < 1) or (hi is not None and hi < 1) \
+                or (lo is not None and hi is not None and lo > hi):
+            raise ValueError("image_min_tokens and image_max_tokens must be >= 1, min <= max")
 
     def _check_speculative(self) -> None:
         if self.model_draft is not None and not Path(self.model_draft).exists():
@@ -224,6 +249,7 @@ class ServeConfig:
 
     def _check_remote(self) -> None:
         if self.remote is not None:
+            # imported here: the layout imports torch (codec), and flags are checked without
             from ckptd.cache.remote.layout import RemoteURL
 
             RemoteURL.parse(self.remote)

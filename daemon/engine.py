@@ -1,10 +1,10 @@
 """The engine: one model, one loop, on one thread.
 
-    batch = scheduler.schedule()        who computes what (daemon/scheduler.py)
-    cache.admit(batch.work)             restore new sequences; pages for the step
-    logits = runner.step(work)          the model (model/runner.py)
-    cache.after_step(batch.work, ...)   publish pages, capture checkpoints
-    postprocess(batch, logits)          sample, stop, stream, finish
+    batch = scheduler.schedule()          who computes how many tokens (daemon/scheduler.py)
+    cache.admit(batch.work)               pages for them, or why not (cache/manager.py)
+    logits = runner.run(batch.runs())     the model (model/runner.py)
+    cache.after_step(batch.work, logits)  publish pages, capture checkpoints
+    postprocess(batch, logits)            each work by its outcome: sample, stop, stream
 
 `ckptd serve` runs `run()` on the process's main thread (it says why) and the
 HTTP side submits requests from its own; `ckptd generate` and the tests drive
@@ -20,10 +20,17 @@ import time
 
 import torch
 
-from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
-from ckptd.cache.work import RestoreInfo
-from ckptd.daemon.heap import Heap
+from ckptd.cache.work import (
+    Computed,
+    Deferred,
+    Failed,
+    Idle,
+    Repeated,
+    RestoreInfo,
+    Stalled,
+)
+from ckptd.daemon.gc_pacer import GcPacer
 from ckptd.daemon.inprocess import InProcess
 from ckptd.daemon.progress import PrefillLog
 from ckptd.daemon.request import (
@@ -43,18 +50,23 @@ from ckptd.model.runner import Runner
 from ckptd.model.sampling import backend
 from ckptd.model.sampling.decoding import Decoding, TokenEvent
 from ckptd.model.sequence import FinishReason, check_token_ids
+from ckptd.model.spec import StepLogits
+from ckptd.model.vision.positions import check_spans
 
 log = logging.getLogger("ckptd")
 
 
 class Engine(InProcess):
+    """submit, cancel, load, stop and wake are called from any thread; the loop (step,
+    run) runs on one."""
+
     def __init__(self, runner: Runner, cache: CacheManager, tokenizer, max_running: int = 4,
                  queue_size: int = 64, step_tokens: int = 256,
                  check_invariants: bool = False, spec: Speculation | None = None) -> None:
         """spec: speculative decoding with a draft model (daemon/speculation.py)."""
         self.runner, self.cache, self.tokenizer = runner, cache, tokenizer
         self.spec = spec
-        self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens)
+        self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens, spec)
         self.check_invariants = check_invariants
         self.broken: str | None = None      # a failed invariant check (check_invariants)
         self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
@@ -64,17 +76,18 @@ class Engine(InProcess):
                          "predicted_ms": 0.0, "max_sequence_tokens": 0}
         self.cached_by_tier: dict[str, int] = {}        # restored tokens: device, host, disk
         self.observations: list[tuple[str, float]] = []  # (histogram, seconds), for metrics
-        self.heap = Heap()                                # collects while idle (daemon/heap.py)
+        self.gc_pacer = GcPacer()                         # collects while idle
         self.progress = PrefillLog()                      # INFO lines for long prefills
         self.slots = Slots()            # the last sequence of each slot: what /slots saves
         self.sleep: Sleep | None = None   # --sleep-idle-seconds (daemon/sleep.py)
         self.worker: threading.Thread | None = None      # the thread in run()
         self.done = threading.Event()                    # set when run() returns
 
-    # ---- requests (any thread) -------------------------------------------------------
     def submit(self, req: Request) -> None:
         """Queue a request (on the caller's thread: the id check stays off the loop's)."""
         check_token_ids(req.tokens, self.runner.vocab_size)
+        if req.images:
+            self._check_images(req)
         if self.sleep is not None:
             self.sleep.touch()
         try:
@@ -83,6 +96,19 @@ class Engine(InProcess):
             self.counters["rejected"] += 1
             raise
         self.counters["requests"] += 1
+
+    def _check_images(self, req: Request) -> None:
+        """ValueError unless the model sees images and the spans are its placeholders."""
+        embedder = self.runner.embedder
+        if embedder is None:
+            raise ValueError("this model has no vision encoder: it can't take images "
+                             "(--mmproj)")
+        check_spans(req.images, len(req.tokens), embedder.config.image_token_id, req.tokens)
+        room = self.runner.max_batch_tokens - self.scheduler.step_tokens
+        big = max(im.length for im in req.images)
+        if big > room:       # a prefill chunk takes an image whole: it must fit a step
+            raise ValueError(f"an image of {big} tokens is more than one step can take "
+                             f"({room} beyond --step-tokens)")
 
     def cancel(self, req: Request) -> None:
         if self.scheduler.cancel(req):
@@ -93,70 +119,66 @@ class Engine(InProcess):
     def load(self) -> dict:
         return self.scheduler.load
 
-    # ---- the loop --------------------------------------------------------------------
     def step(self) -> bool:
         """One step of the loop; False when there was nothing to do."""
         self._reap()
         batch = self.scheduler.schedule()
-        drafts = self.spec.propose(batch) if self.spec is not None else []
         self.cache.admit(batch.work)
-        admitted = time.perf_counter()
-        if drafts:
-            drafts = self.spec.ready(drafts, self.cache)
-        work = [(w.seq, w.n) for w in batch.work if w.n]
-        if not work:
-            self._preempt(batch)
-        logits, verified = None, {}
-        if work:           # backend sampling wants the logits where the model ran
-            on_device = any(self._on_device(live) for live, w in zip(batch.lives, batch.work)
-                            if w.n)
-            if drafts:     # every drafted position's logits, then back to the kept tokens
-                wide = frozenset(d.live.seq.id for d in drafts)   # before the cache sees
-                logits, rows = self.runner.step_rows(work, wide, on_device)   # the step
-                verified = self.spec.verify(drafts, rows)
-            else:
-                logits = self.runner.step(work, on_device=on_device)
-        if work:
-            self.counters["model_calls"] += 1
-            self.counters["busy_in_calls"] += len(work)
+        logits = self.runner.run(batch.runs(), batch.drafted(), self._on_device_step(batch))
         self.cache.after_step(batch.work, logits)
-        self._postprocess(batch, logits, admitted, verified)
-        self.progress.update(self.scheduler.running)
-        if batch and self.sleep is not None:
-            self.sleep.touch()        # idle from the step's end (a long step is no idle time)
+        self._postprocess(batch, logits)
+        self._stepped(batch, logits)
         return bool(batch)
 
-    def _postprocess(self, batch: Batch, logits: torch.Tensor | None, admitted: float,
-                     verified: dict[int, list[TokenEvent]]) -> None:
-        row, now = 0, time.perf_counter()
+    def _postprocess(self, batch: Batch, logits: StepLogits) -> None:
+        """Each work by what became of it in the step: sample and emit, report a prompt's
+        progress, finish, or back to the queue."""
+        now = time.perf_counter()
         draws: list[tuple[Live, torch.Tensor]] = []      # sampled together, below
-        for live, w in zip(batch.lives, batch.work):
-            out = None
-            if w.n:
-                out, row = logits[row], row + 1
-            if w.deferred:
+        for live, w in batch:
+            outcome = w.outcome(logits)
+            if isinstance(outcome, Deferred):
                 self.scheduler.requeue(live)             # no room yet: it waits its turn
                 continue
             if w.new:
-                self._started(live, w.restored, admitted)
-            if live.req.progress and not live.t_decode and w.n and w.error is None:
-                self._progress(live, now)
-            if w.error is not None:
-                self._finish(live, FinishReason.ERROR, w.error)
-            elif live.seq.id in verified:          # a speculative step: several tokens
-                *kept, last = verified[live.seq.id]
-                for ev in kept:                    # in the sequence already
-                    self._emit(live, ev, append=False)
-                self._emit(live, last)
-            elif live.t_decode:
-                draws.append((live, out))
-            elif w.new and w.restored.logits is not None:   # an exact repeat
-                self._prompt_done(live, now)
-                draws.append((live, w.restored.logits))
-            elif w.n and live.seq.num_computed == len(live.seq.tokens):
-                self._prompt_done(live, now)
-                draws.append((live, out))
+                self._started(live, w.restored)
+            match outcome:
+                case Failed(error):
+                    self._finish(live, FinishReason.ERROR, error)
+                case Computed(rows) if w.drafted:        # several tokens, verified here
+                    *kept, last = self.spec.verify(live, rows)
+                    for ev in kept:                      # in the sequence already
+                        self._emit(live, ev, append=False)
+                    self._emit(live, last)
+                case Computed(rows) if live.t_decode:
+                    draws.append((live, rows[-1]))
+                case Computed(rows):                     # a chunk of its prompt
+                    if live.req.progress:
+                        self._progress(live, now)
+                    if live.seq.num_computed == len(live.seq.tokens):
+                        self._prompt_done(live, now)
+                        draws.append((live, rows[-1]))
+                case Repeated(last):                     # an exact repeat: nothing to compute
+                    self._prompt_done(live, now)
+                    draws.append((live, last))
+                case Stalled() | Idle():
+                    pass
         self._draw(draws)
+
+    def _stepped(self, batch: Batch, logits: StepLogits) -> None:
+        """What the step leaves to count: llama-server's model calls and busy sequences,
+        long prefills' progress lines, the idle clock."""
+        if logits:
+            self.counters["model_calls"] += 1
+            self.counters["busy_in_calls"] += len(logits.spans)
+        self.progress.update(self.scheduler.running)
+        if batch and self.sleep is not None:
+            self.sleep.touch()        # idle from the step's end (a long step is no idle time)
+
+    def _on_device_step(self, batch: Batch) -> bool:
+        """Backend sampling wants the step's logits where the model ran: when a sequence
+        computed in it asks for it."""
+        return any(self._on_device(live) for live, w in batch if w.runs)
 
     def _on_device(self, live: Live) -> bool:
         """Backend sampling: asked for, and the request's chain runs there (backend.py)."""
@@ -179,29 +201,12 @@ class Engine(InProcess):
             if not self._on_device(live):
                 self._emit(live, live.dec.accept(x.cpu()))
 
-    def _preempt(self, batch: Batch) -> None:
-        """Nothing could run this step: the KV pages are all held. The newest running
-        sequence that waits for pages gives them back: a prefill goes back to the front
-        of the queue (its checkpoints make the second try cheap), a decode fails."""
-        stalled = [(live, w) for live, w in zip(batch.lives, batch.work) if w.stalled]
-        if not stalled:
-            return
-        live, w = stalled[-1]
-        w.stalled = False
-        if live.t_decode:
-            w.error = OutOfPages("out of KV cache memory: the running sequences need more "
-                                 "pages than the pool holds (--kv-budget)")
-        else:
-            self.cache.finish(live.seq, checkpoint=False)
-            w.deferred = True
-
-    def _started(self, live: Live, info: RestoreInfo | None, admitted: float) -> None:
+    def _started(self, live: Live, info: RestoreInfo | None) -> None:
         req, st = live.req, live.req.stats
         info = info or RestoreInfo()
         live.dec = Decoding(self.tokenizer, req.params, req.tokens)
-        live.t_prefill = admitted
         st.prompt_n, st.cache_n, st.cache_tier = len(req.tokens), info.cached_tokens, info.tier
-        st.restore_ms = info.restore_ms
+        st.restore_ms, st.cache = info.restore_ms, info.report
         st.queued_ms = (live.t_prefill - req.created) * 1000 - info.restore_ms
         self.counters["prompt_tokens"] += st.prompt_n
         self.counters["cached_tokens"] += st.cache_n
@@ -261,20 +266,19 @@ class Engine(InProcess):
                                                    len(live.seq.tokens))
         # the next turn resumes after this answer
         self.cache.finish(live.seq, checkpoint=reason != FinishReason.ERROR)
-        if self.spec is not None:
-            self.spec.release(live.seq.id)
         if reason != FinishReason.ERROR and live.seq.num_computed:
             seq = live.seq
-            self.slots.remember(live.slot, seq.tokens[:seq.num_computed], seq.salt)
+            n = seq.num_computed
+            self.slots.remember(live.slot, seq.tokens[:n], seq.salt,
+                                tuple(im for im in seq.images if im.end <= n))
         if reason == FinishReason.CANCELLED:
             self.counters["cancelled"] += 1
         elif reason == FinishReason.ERROR:
             self.counters["errors"] += 1
         self.scheduler.remove(live)
-        self.heap.worked()
+        self.gc_pacer.worked()
         live.req.emit(Finished(reason, st, error))
 
-    # ---- the worker thread -----------------------------------------------------------
     def start(self) -> None:
         """Run the loop on a thread of its own (again, after a stop)."""
         self.scheduler.reopen()
@@ -286,13 +290,13 @@ class Engine(InProcess):
         """Run the loop on the calling thread until stop(). The daemon calls this on the
         process's main thread: there libgomp lets torch's thread team spin between
         parallel regions. A team led by any other thread counts one thread more, and on
-        a machine with no core to spare each of the ~600 regions of a step then sleeps
-        and wakes (a 4K-context question: 130-150 ms instead of ~100)."""
+        a machine with no core to spare each of the hundreds of regions of a step then
+        sleeps and wakes (docs/BENCHMARKS.md, Measurements behind the code)."""
         self.worker = threading.current_thread()
         try:
             self._loop()
         finally:
-            self.cache.settle()
+            self.cache.store_pending()
             self._check()
             self.done.set()
 
@@ -304,13 +308,13 @@ class Engine(InProcess):
 
     def _loop(self) -> None:
         sched = self.scheduler
-        unsettled = False           # work done since the loop last went idle
+        worked = False              # work done since the loop last went idle
         while True:
             with sched.cond:
                 idle = not sched.waiting and not sched.running
                 if idle and sched.stopping:
                     return
-                rest = idle and not unsettled and not self.heap.due()
+                rest = idle and not worked and not self.gc_pacer.due()
                 if rest and not (self.sleep is not None and self.sleep.due()):
                     sched.cond.wait(0.1)
                     continue
@@ -318,14 +322,14 @@ class Engine(InProcess):
                 self._sleep()
                 continue
             if idle:                          # outside the lock: submit() is not held up
-                self.cache.settle()           # checkpoints captured by the last steps
-                if unsettled:
+                self.cache.store_pending()     # checkpoints captured by the last steps
+                if worked:
                     self._check()
-                    unsettled = False
-                if self.heap.due():
-                    self.heap.settle()
+                    worked = False
+                if self.gc_pacer.due():
+                    self.gc_pacer.collect()
                 continue
-            unsettled = True
+            worked = True
             try:
                 self.step()
             except Exception as e:  # keep serving: fail the running requests, not the daemon
@@ -338,7 +342,7 @@ class Engine(InProcess):
         """Free the model until a request comes or a wake-up is asked for. The captured
         checkpoints are stored first and the device's prefix pages forgotten: the store
         holds what they held."""
-        self.cache.settle()
+        self.cache.store_pending()
         self.cache.device.evict_cached()
         for req in self.sleep.doze(self.scheduler):      # the model did not load again
             self.counters["errors"] += 1

@@ -111,6 +111,18 @@ SETTINGS: dict[str, tuple] = {
     "sleep_idle_seconds": (float, "after this many seconds without a task, free the model "
                                   "(weights, KV pages) until the next request reloads it; "
                                   "the host and disk cache tiers stay (default: never; -1: never)"),
+    "mmproj": (str, "vision tower of a GGUF model (llama.cpp's mmproj GGUF): images in "
+                    "prompts (an HF folder with model.visual.* weights needs none)"),
+    "no_mmproj": ("flag", "serve a multimodal model's text part only: images are refused"),
+    "media_path": (Path, "folder whose files image parts may name as file:// URLs (default: "
+                         "none; the daemon fetches no remote URL)"),
+    "image_max_bytes": ("size", "largest image as sent (default 20MiB)"),
+    "image_max_side": (_INT, "longest side of an image as sent, in pixels (default 8192)"),
+    "image_max_pixels": (_INT, "most pixels of an image as sent (default 33554432)"),
+    "image_min_tokens": (_INT, "fewest placeholder tokens an image is resized to (default: "
+                               "the model's processor)"),
+    "image_max_tokens": (_INT, "most placeholder tokens an image is resized to (default: "
+                               "the model's processor)"),
 }
 
 

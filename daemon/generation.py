@@ -48,8 +48,10 @@ class Generation:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = engine
+        # a prompt with images carries their spans (daemon/http/media.py: Prompt)
         self.req = Request(tokens, params, self._emit, salt=salt, use_cache=use_cache,
-                           timeout_s=timeout_s, progress=progress, id_slot=id_slot, lora=lora)
+                           timeout_s=timeout_s, progress=progress, id_slot=id_slot, lora=lora,
+                           images=getattr(tokens, "images", ()))
         self.finished: Finished | None = None
         self.created = time.time()
         self.on_close = on_close

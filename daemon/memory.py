@@ -56,7 +56,8 @@ def plan(page_bytes: int, device: torch.device, kv_budget: int | None,
         else:
             kv_budget = int(avail * KV_FRACTION)
         kv_budget = min(kv_budget, (parallel + 1) * context_pages * page_bytes)
-    pages = kv_budget // page_bytes if page_bytes else 0
+    # a model without attention keeps page ids for its blocks, holding no bytes
+    pages = kv_budget // page_bytes if page_bytes else (parallel + 1) * context_pages
     if host_budget is None:
         host_budget = int(avail * HOST_FRACTION)
     return Sizes(pages, pages * page_bytes, host_budget)

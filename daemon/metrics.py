@@ -87,7 +87,6 @@ class Metrics:
             self.base = now
         return (dn / dms * 1000 if dms > 0 else 0.0, gn / gms * 1000 if gms > 0 else 0.0)
 
-    # ---- sleeping (daemon/sleep.py): llama-server answers from a snapshot ----------------
     def enter_sleep(self, engine, cache_stats: dict | None, state: str) -> None:
         """The texts /metrics serves while the daemon sleeps: first the window the last
         scrape left (its throughput), then the same with an empty window. When the engine
@@ -166,6 +165,7 @@ class Metrics:
             if scrape:
                 rates = self.rates(counters, reset=True)
             _llamacpp_lines(put, counters, load, rates)
+            _image_lines(put, engine.runner.embedder)
         with self.lock:
             for name, help_text in HISTOGRAMS.items():
                 out.append(f"# HELP ckptd_{name}_seconds {help_text}")
@@ -219,6 +219,18 @@ def _llamacpp_lines(put: _Writer, c: dict, load: dict, rates: tuple[float, float
         put.gauge(f"llamacpp:{name}", help_text, [("", v)])
 
 
+def _image_lines(put: _Writer, embedder) -> None:
+    """The vision encoder's work (model/vision/embedder.py), when the model sees images."""
+    if embedder is None:
+        return
+    put.counter("ckptd_images_encoded_total", "Images run through the vision encoder",
+                [("", embedder.images_encoded)])
+    put.counter("ckptd_image_encode_seconds_total", "Seconds spent in the vision encoder",
+                [("", embedder.encode_seconds)])
+    put.counter("ckptd_image_embedding_hits_total", "Images whose encoder output was "
+                "reused from memory", [("", embedder.hits)])
+
+
 def _cache_lines(put: _Writer, s: dict) -> None:
     disk, host, wq = s.get("disk", {}), s.get("host", {}), s.get("write_queue", {})
     lookups = s.get("lookups", {})
@@ -247,6 +259,17 @@ def _cache_lines(put: _Writer, s: dict) -> None:
                                       for r in SHED_REASONS])
     put.counter("ckptd_cache_committed_writes_total", "Entries committed to disk",
                 [("", wq.get("committed", 0))])
+    misses = s.get("misses") or {}
+    put.counter("ckptd_cache_misses_total", "Restores that stopped short of the prompt, by "
+                "why the first token not restored was not (timings.cache.miss.reason)",
+                [(f'reason="{r}"', n) for r, n in misses.get("by_reason", {}).items()])
+    put.counter("ckptd_cache_missed_tokens_total", "Prompt tokens computed after a miss, by "
+                "its reason", [(f'reason="{r}"', n)
+                               for r, n in misses.get("tokens_by_reason", {}).items()])
+    put.counter("ckptd_cache_restores_total", "Restores explained, by whether the whole "
+                "prompt (but its last token) was restored",
+                [('result="complete"', misses.get("complete", 0)),
+                 ('result="missed"', misses.get("restores", 0) - misses.get("complete", 0))])
 
 
 def _remote_lines(put: _Writer, out: list[str], r: dict) -> None:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ckptd.cache.keys import KeyChain
+from ckptd.cache.why.report import CacheReport
+from ckptd.daemon.cachefields import timings_cache
 from ckptd.model.sampling.decoding import Decoding
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.sequence import FinishReason, Sequence
@@ -36,12 +38,14 @@ class Stats:
     queued_ms: float = 0.0
     draft_n: int = 0                  # tokens a draft model proposed (speculative decoding)
     draft_n_accepted: int = 0         # of them, those the model kept
+    cache: CacheReport | None = None  # what the restore took from where, and why not more
 
     def timings(self) -> dict:
         """llama-server's timings: prompt_n counts the prompt tokens computed (cache_n
         were restored), and the decode rate is over the steps after the first token
         (which came with the prompt's last logits). Every figure is a finite number;
-        ckptd adds the restore, the queue and the tier restored from (when one was)."""
+        ckptd adds the restore, the queue, the tier restored from (when one was) and the
+        cache's report (`cache`: daemon/cachefields.py)."""
         pp, dn = self.prompt_n - self.cache_n, max(self.predicted_n - 1, 0)
         # rates from the reported (rounded) times, so a client recomputes them exactly
         pms, dms = round(self.prompt_ms, 3), round(self.predicted_ms, 3)
@@ -56,6 +60,7 @@ class Stats:
         }
         if self.cache_tier is not None:
             out["cache_tier"] = self.cache_tier
+        out["cache"] = timings_cache(self)
         if self.draft_n:                  # llama-server reports them when it drafted
             out["draft_n"], out["draft_n_accepted"] = self.draft_n, self.draft_n_accepted
         return out
@@ -96,16 +101,18 @@ class Request:
     chain: KeyChain | None = None         # the prompt's block keys, once hashed
     progress: bool = False                # emit Progress events during the prefill
     id_slot: int | None = None            # the slot (running sequence index) asked for
+    images: tuple = ()                    # ImageSpan of each image in tokens, in order
     created: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
 
 
 @dataclass(eq=False)
 class Live:
-    """A request that holds a sequence: from admission to its end."""
+    """A request that holds a sequence: from admission to its end. The scheduler makes
+    it (req, seq, slot, t_prefill); the engine writes dec and t_decode."""
     req: Request
     seq: Sequence
     slot: int = 0                     # its index among the running (llama.cpp's id_slot)
-    dec: Decoding | None = None       # made once admission succeeds
     t_prefill: float = 0.0            # admitted (restore done)
+    dec: Decoding | None = None       # made in its first step
     t_decode: float = 0.0             # the prompt's last token computed; 0 before

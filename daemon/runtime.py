@@ -23,8 +23,11 @@ from ckptd.daemon.engine import Engine
 from ckptd.daemon.lora import Adapters
 from ckptd.daemon.sleep import Sleep
 from ckptd.daemon.speculation import SpecConfig, Speculation
+from ckptd.daemon.vision import load_embedder, max_image_tokens
 from ckptd.model.config import ModelConfig
 from ckptd.model.loader import load
+from ckptd.model.lora.adapter import read_adapter
+from ckptd.model.lora.apply import Lora
 from ckptd.model.placement import Placement, resolve
 from ckptd.model.runner import Runner
 from ckptd.model.speculative.drafter import Drafter, check_vocab
@@ -55,6 +58,7 @@ class Runtime:
     weights: str
     adapters: Adapters = field(default_factory=lambda: Adapters([], []))   # LoRA
     draft: Path | None = None      # the draft model's file (speculative decoding)
+    mmproj: Path | None = None     # the vision tower's file (--mmproj)
 
     @classmethod
     def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
@@ -78,10 +82,14 @@ class Runtime:
         sizes = memory.plan(page_bytes, model.device, cfg.kv_budget, cfg.host_budget,
                             -(-max_context // B) + 1, cfg.parallel)
         drafted = cfg.parallel * cfg.spec_draft_n_max if draft else 0
+        embedder = load_embedder(cfg, path, model, tok, where)
+        # a prefill chunk takes an image whole: room for one beyond the step's budget
+        image_room = max_image_tokens(embedder) if embedder is not None else 0
         runner = Runner(model, sizes.kv_pages, cfg.parallel, B,
-                        max_batch_tokens=cfg.step_tokens + drafted,
+                        max_batch_tokens=cfg.step_tokens + drafted + image_room,
                         graphs=False if cfg.enforce_eager else None,
                         max_seq_pages=-(-max_context // B))
+        runner.embedder = embedder
         remote = _remote(cfg.remote, model.fingerprint, runner.spec) if cfg.remote else None
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,
                            disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
@@ -99,10 +107,11 @@ class Runtime:
                         check_invariants=os.environ.get(CHECK_ENV) == "1", spec=speculation)
         rt = cls(model.config, model.fingerprint, tok, runner, store, cache, engine,
                  max_context, sizes.kv_pages * B, path, where, cfg.weights, adapters,
-                 Path(cfg.model_draft) if draft is not None else None)
+                 Path(cfg.model_draft) if draft is not None else None,
+                 Path(cfg.mmproj) if cfg.mmproj and embedder is not None else None)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
-        engine.heap.freeze()           # the loaded objects leave the collector's walks
+        engine.gc_pacer.freeze()       # the loaded objects leave the collector's walks
         log.info("loaded %s in %.1f s on %s: %s, %d layers, block %d, %s (%d tokens), RAM "
                  "tier %.0f MiB, context %d, %d parallel, %d torch threads", path.name,
                  time.perf_counter() - t0, where, model.config.arch,
@@ -123,8 +132,10 @@ class Runtime:
 
     def unload(self) -> None:
         """Sleeping (the engine's thread, idle): the weights, KV pool and graphs go, the
-        draft model's too."""
+        draft model's and the vision tower's too."""
         self.runner.release()
+        if self.runner.embedder is not None:
+            self.runner.embedder.release()
         if self.engine.spec is not None:
             self.engine.spec.drafter.runner.release()
 
@@ -137,12 +148,22 @@ class Runtime:
                              f"fingerprint {model.fingerprint[:12]}, cached state is for "
                              f"{self.fingerprint[:12]}): restart the daemon to serve it")
         if len(self.adapters):      # read and checked at start-up; the same weights again
-            from ckptd.model.lora.apply import Lora
             Lora(self.adapters.adapters).attach(model)
         self.runner.reload(model)
+        if self.runner.embedder is not None:
+            self.runner.embedder.reload(self._vision_encoder(model))
         if self.engine.spec is not None:
             draft, _ = load(self.draft, self.where.dtype, self.where.device, weights=self.weights)
             self.engine.spec.drafter.runner.reload(draft)
+
+    def _vision_encoder(self, model):
+        """The vision tower loaded again on waking: the same one, or a ValueError."""
+        cfg = ServeConfig(mmproj=str(self.mmproj) if self.mmproj else None)
+        fresh = load_embedder(cfg, self.source, model, self.tokenizer, self.where)
+        old = self.runner.embedder
+        if fresh is None or fresh.fingerprint != old.fingerprint:
+            raise ValueError("the vision tower changed while the daemon slept: restart it")
+        return fresh.encoder
 
     def close(self) -> None:
         """Cancel what still runs, then store what the cache captured, flush and close."""
@@ -153,8 +174,6 @@ class Runtime:
 def _adapters(cfg: ServeConfig, model) -> Adapters:
     """Read and check every --lora adapter against the model (a ValueError naming the
     file before anything is served), then attach them."""
-    from ckptd.model.lora.adapter import read_adapter
-    from ckptd.model.lora.apply import Lora
     loaded = [read_adapter(f.path, model) for f in cfg.lora]
     if loaded:
         Lora(loaded).attach(model)

@@ -1,49 +1,78 @@
-"""The queue, the running set, and who computes what in the next step.
+"""The queue, the running set, and who computes how many tokens in the next step.
 
 Requests wait in a bounded queue (QueueFull beyond it). Each step the scheduler
-admits waiting requests up to `max_running`, then splits the step's token budget:
-one token for every decoding sequence, the rest shared by prompts being
-prefilled, the fewest tokens to go first and each taking at most an even share,
-so a short prompt that arrives during a long prefill finishes in its first steps
-instead of waiting behind it. A waiting request whose prompt starts with blocks a
-running prefill is computing stays queued until they exist, then adopts them:
-N clients on one new document compute it once. Thread-safe: the HTTP side
-submits and cancels while the engine's thread schedules.
+admits waiting requests up to `max_running`, each restored from the longest cached
+prefix of its prompt (cache.restore; one with no room yet waits in the queue), then
+decides every running sequence's tokens for the step, once: one for every decoding
+sequence (and a draft's, with speculative decoding), and for prompts being prefilled
+an even share of the rest of the step's budget each, the fewest tokens to go first,
+each ending at its next planned snapshot stop and never inside an image (cache.chunk:
+an image is taken whole, one past its share a step). So a short prompt that
+arrives during a long prefill finishes in its first steps instead of waiting behind
+it. A waiting request whose prompt starts with blocks a running prefill is computing
+stays queued until they exist, then adopts them: N clients on one new document
+compute it once. Thread-safe: the HTTP side submits and cancels while the engine's
+thread schedules.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
-from ckptd.cache.work import Work
+from ckptd.cache.work import Failed, RestoreInfo, Work
 from ckptd.daemon.request import Live, QueueFull, Request
+from ckptd.daemon.speculation import Speculation
 from ckptd.model.sequence import Sequence
+from ckptd.model.spec import OutOfCells
 
 
 @dataclass
 class Batch:
-    """One step's sequences: work[i] is lives[i]'s part of it."""
-    lives: list[Live] = field(default_factory=list)
-    work: list[Work] = field(default_factory=list)
+    """One step: each running sequence and its work, decodes first, in the order the
+    model computes them."""
+    entries: list[tuple[Live, Work]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.work)
+        return bool(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    @property
+    def work(self) -> list[Work]:
+        return [w for _, w in self.entries]
+
+    def runs(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens) of every work the model computes this step."""
+        return [(w.seq, w.n) for _, w in self.entries if w.runs]
+
+    def drafted(self) -> frozenset[int]:
+        """Ids of the sequences whose every computed token's logits are wanted (a draft
+        to verify)."""
+        return frozenset(w.seq.id for _, w in self.entries if w.runs and w.drafted)
 
 
 class Scheduler:
+    """submit, cancel, stop, reopen, snapshot and load are called from any thread (the
+    HTTP side); the rest only from the engine's, which alone changes `running` (under
+    the lock, so that snapshot() reads it whole from others)."""
+
     def __init__(self, cache: CacheManager, max_running: int = 4, queue_size: int = 64,
-                 step_tokens: int = 256) -> None:
-        self.cache = cache
+                 step_tokens: int = 256, spec: Speculation | None = None) -> None:
+        """spec: speculative decoding (daemon/speculation.py), the one place drafts enter
+        a step: they count in a decoding sequence's tokens."""
+        self.cache, self.spec = cache, spec
         self.max_running, self.queue_size, self.step_tokens = max_running, queue_size, step_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Live] = []
         self.cond = threading.Condition()
         self.stopping = False
 
-    # ---- from any thread -------------------------------------------------------------
     def submit(self, req: Request) -> None:
         with self.cond:
             if self.stopping:
@@ -90,31 +119,36 @@ class Scheduler:
         with self.cond:
             return {"waiting": len(self.waiting), "running": len(self.running)}
 
-    # ---- the engine's thread ---------------------------------------------------------
     def schedule(self) -> Batch:
-        """The next step: new requests admitted to the running set, each running one
-        with the tokens it may compute."""
-        batch = Batch()
-        budget = self.step_tokens
-        self._admit_waiting()
-        for live in self.running:
-            if live.t_decode:
-                batch.lives.append(live)
-                batch.work.append(Work(live.seq, 1))
-                budget -= 1
+        """The next step: waiting requests admitted (restored), then each running
+        sequence with the tokens it computes."""
+        restored = self._admit_waiting()
+        batch, budget = Batch(), self.step_tokens
+        decoding = [live for live in self.running if live.t_decode]
+        drafts = self.spec.propose(decoding, self.cache) if self.spec is not None else {}
+        for live in decoding:
+            k = drafts.get(live.seq.id, 0)
+            batch.entries.append((live, Work(live.seq, 1 + k, drafted=k)))
+            budget -= 1
         prefills = sorted((live for live in self.running if not live.t_decode),
                           key=lambda live: len(live.seq.tokens) - live.seq.num_computed)
+        over = False
         for i, live in enumerate(prefills):
             share = max(0, budget // (len(prefills) - i))
-            new = live.dec is None
-            batch.lives.append(live)
-            batch.work.append(Work(live.seq, share, new=new,
-                                   chain=live.req.chain if new else None))
             budget -= share
+            got = restored.get(live)
+            if isinstance(got, Exception):
+                work = Work(live.seq, 0, new=True, refused=Failed(got))
+            else:
+                n = self.cache.chunk(live.seq, share)
+                if n > share:
+                    # a whole image past its share: one a step (the runner has room for
+                    # one beyond the step's budget); another waits for the next step
+                    n, over = (0, over) if over else (n, True)
+                work = Work(live.seq, n, new=got is not None, restored=got)
+            batch.entries.append((live, work))
         return batch
 
-    # `running` changes only on the engine's thread, under the lock so that snapshot()
-    # reads it whole from others
     def requeue(self, live: Live) -> None:
         """A new sequence admission had no room for: back to the front of the queue."""
         with self.cond:
@@ -124,6 +158,8 @@ class Scheduler:
     def remove(self, live: Live) -> None:
         with self.cond:
             self.running.remove(live)
+        if self.spec is not None:
+            self.spec.release(live.seq.id)
 
     def take_cancelled(self) -> list[Request]:
         """Queued requests cancelled by stop(), taken off the queue."""
@@ -132,16 +168,35 @@ class Scheduler:
             self.waiting = deque(r for r in self.waiting if not r.cancelled)
         return gone
 
-    def _admit_waiting(self) -> None:
-        while len(self.running) < self.max_running:
+    def _admit_waiting(self) -> dict[Live, RestoreInfo | Exception]:
+        """Waiting requests into the running set while there is room, each a sequence
+        restored from the longest cached prefix of its prompt: {live: what its restore
+        gave, or the exception it failed with}. A request the cache has no room for
+        goes back to the front of the queue."""
+        out: dict[Live, RestoreInfo | Exception] = {}
+        no_room = []
+        for _ in range(self.max_running - len(self.running)):
             req = self._next_waiting()
             if req is None:
-                return
+                break
             # the sequence's tokens grow as it generates: the request keeps its prompt
-            live = Live(req, Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora),
-                        self._free_slot(req))
+            seq = Sequence(list(req.tokens), req.salt, req.use_cache, lora=req.lora,
+                           images=req.images)
+            try:
+                got = self.cache.restore(seq, req.chain)
+            except (OutOfPages, OutOfCells):
+                no_room.append(req)
+                continue
+            except Exception as e:       # this request fails, the step goes on
+                got = e
+            live = Live(req, seq, self._free_slot(req), t_prefill=time.perf_counter())
             with self.cond:
                 self.running.append(live)
+            out[live] = got
+        if no_room:
+            with self.cond:
+                self.waiting.extendleft(reversed(no_room))
+        return out
 
     def _free_slot(self, req: Request) -> int:
         """The slot index the request asked for when it is free, else the lowest free."""
@@ -164,7 +219,7 @@ class Scheduler:
                 continue                       # take_cancelled() reports it
             if req.use_cache and cache.enabled:
                 if req.chain is None:          # hashed once; admission and puts reuse it
-                    req.chain = cache.chain(req.tokens, req.salt)
+                    req.chain = cache.chain(req.tokens, req.salt, req.images)
                 if self._waits_for(req, prefills):
                     continue
             with self.cond:

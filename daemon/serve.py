@@ -63,14 +63,14 @@ class _Http:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Event | None = None
         self.stop_requested = False
-        self.settled = threading.Event()     # the model loaded or failed, or the loop ended
+        self.loaded_or_failed = threading.Event()   # or the loop ended
         self.thread = threading.Thread(target=self._main, name="ckptd-http")
 
     def _main(self) -> None:
         try:
             self.code = asyncio.run(serve(self.cfg, self.svc, self))
         finally:
-            self.settled.set()
+            self.loaded_or_failed.set()
 
     def request_stop(self, *_) -> None:      # a signal handler: runs on the main thread
         self.stop_requested = True
@@ -91,12 +91,12 @@ def _run(cfg: config.ServeConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, http.request_stop)
     http.thread.start()
-    http.settled.wait()
+    http.loaded_or_failed.wait()
     if svc.state == READY and not http.stop_requested:
         svc.rt.engine.run()                  # until the HTTP side's shutdown stops it
     http.thread.join()
     if svc.rt is not None and svc.rt.engine.broken:
-        from ckptd.daemon.runtime import CHECK_FAILED_EXIT
+        from ckptd.daemon.runtime import CHECK_FAILED_EXIT  # (torch: see above)
         log.error("exiting with %d: a cache invariant was broken", CHECK_FAILED_EXIT)
         return CHECK_FAILED_EXIT
     return http.code
@@ -122,6 +122,7 @@ def _setup_logging(fmt: str) -> None:
 
 
 async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
+    # imported here, as in _run: the flags are checked before torch is imported
     from ckptd.daemon.console import ConsoleProgress
     from ckptd.daemon.http.app import build_app
     from ckptd.daemon.service import FAILED
@@ -156,7 +157,7 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
             svc.state, svc.error = FAILED, f"{type(e).__name__}: {e}"
             log.error("model load failed: %s", svc.error)
         loop.call_soon_threadsafe(loaded.set)
-        http.settled.set()
+        http.loaded_or_failed.set()
 
     console = ConsoleProgress()
     threading.Thread(target=load, name="ckptd-load", daemon=True).start()
@@ -166,6 +167,8 @@ async def serve(cfg: config.ServeConfig, svc: Service, http: _Http) -> int:
     background = []
     if loaded.is_set() and code == 0 and not stop.is_set():
         background = [asyncio.ensure_future(_pump_metrics(svc)),
+                      asyncio.ensure_future(svc.history.run(svc.rt)),
+                      asyncio.ensure_future(_save_departures(svc)),
                       asyncio.ensure_future(console.watch_prefills(svc.rt.engine.scheduler))]
         await stop.wait()
     log.info("shutting down")
@@ -189,8 +192,18 @@ async def _pump_metrics(svc: Service, period: float = 5.0) -> None:
         svc.metrics.drain(svc.rt.engine)
 
 
+async def _save_departures(svc: Service, period: float = 60.0) -> None:
+    """The records of departed entries, saved beside the store every minute while they
+    change (cache/why/gone.py): `ckptd inspect why` reads them beside a running daemon."""
+    store = svc.rt.store
+    while True:
+        await asyncio.sleep(period)
+        await asyncio.get_running_loop().run_in_executor(None, store.gone.save, store.path,
+                                                         True)
+
+
 async def _shutdown(svc: Service, runner: web.AppRunner, loaded: bool) -> None:
-    from ckptd.daemon.service import DRAINING, FAILED
+    from ckptd.daemon.service import DRAINING, FAILED  # (torch: see serve)
 
     loaded = loaded and svc.state != FAILED
     svc.state = DRAINING                   # new generation requests now get 503

@@ -20,13 +20,17 @@ from jinja2.exceptions import TemplateError
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.contexts import Context, ContextRegistry
 from ckptd.daemon.generation import Generation
+from ckptd.daemon.history import TierHistory
+from ckptd.daemon.http import media as media_parts
 from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import ApiError, bad_request, context_exceeded
+from ckptd.daemon.http.media import Media, Prompt
 from ckptd.daemon.http.sampling import LLAMA, OPENAI, ParseContext
 from ckptd.daemon.http.schemas import CacheOptions, Generate
 from ckptd.daemon.metrics import Metrics
 from ckptd.daemon.runtime import Runtime
 from ckptd.daemon.sleep import WakeFailed
+from ckptd.daemon.vision import limits as vision_limits
 from ckptd.model.default import default_model_path
 from ckptd.model.sampling.dry import DEFAULT_BREAKERS, BreakerTable
 from ckptd.model.sampling.grammar import GrammarError, Grammars
@@ -63,14 +67,15 @@ class Service:
         self.rt: Runtime | None = None       # set once loaded
         self.contexts = ContextRegistry(Path(cfg.cache_dir) / "contexts.json")
         self.metrics = Metrics()
+        self.history = TierHistory()        # the tiers over time, for the page at /
         self.started = time.time()
         self.inflight = 0
         self._ctx_tokens: dict[str, tuple[str, list[int]]] = {}   # name -> (source, tokens)
         self._syntax: ToolSyntax | None = None
 
-    # ---- lifecycle (blocking: call from a thread) ------------------------------------
     def load(self, start: bool = True) -> None:
-        """start=False: the caller runs the engine's loop itself (`rt.engine.run()`)."""
+        """Load the model (blocking: call it from a thread). start=False: the caller runs
+        the engine's loop itself (`rt.engine.run()`)."""
         rt = Runtime.load(self.cfg, self.path)
         cfg = self.cfg
         if cfg.chat_template_file is not None:
@@ -121,7 +126,6 @@ class Service:
             raise ApiError(503, f"the model failed to load after sleeping: {e}", None,
                            "load_failed") from None
 
-    # ---- checks ----------------------------------------------------------------------
     def unavailable(self) -> ApiError | None:
         """Why requests can't be served now, or None when they can."""
         if self.state == READY:
@@ -159,10 +163,14 @@ class Service:
         return self.rt.tokenizer
 
     @property
+    def vision(self) -> bool:
+        """Whether the model takes images (a vision tower is loaded)."""
+        return self.rt is not None and self.rt.runner.embedder is not None
+
+    @property
     def max_context(self) -> int:
         return self.rt.max_context
 
-    # ---- prompts ---------------------------------------------------------------------
     def context(self, name: str, salt: str | None = None, check_salt: bool = True,
                 param: str = "context") -> Context:
         """A named context; one registered under another tenant's salt is answered as
@@ -269,13 +277,40 @@ class Service:
     def completion_tokens(self, prompt: str | list,
                           cache: CacheOptions) -> tuple[list[int], str | None]:
         """(tokens, salt): a named context's tokens, then the prompt's own."""
-        ids = self.prompt_tokens(prompt)
+        media = getattr(prompt, "media", None)
         if cache.context is None:
-            return ids, cache.salt
+            if media:
+                return self.media_tokens([], prompt, media, "prompt"), cache.salt
+            return self.prompt_tokens(prompt), cache.salt
         ctx = self.context(cache.context, cache.salt)
-        return self.context_tokens(ctx) + ids, cache.salt or ctx.salt
+        head = self.context_tokens(ctx)
+        if media:
+            return self.media_tokens(head, prompt, media, "prompt"), cache.salt or ctx.salt
+        return head + self.prompt_tokens(prompt), cache.salt or ctx.salt
 
-    def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions) -> tuple[list[int], str | None]:
+    def media_tokens(self, head: list[int], text: str, media: Media, where: str) -> Prompt:
+        """`head`, then the ids of `text` with each image's placeholders where its marker
+        is (blocking: images are read and decoded here)."""
+        embedder = self.rt.runner.embedder
+        room = self.rt.runner.max_batch_tokens - self.cfg.step_tokens
+        images = media_parts.prepare_all(media, embedder, self.cfg.media_path,
+                                          vision_limits(self.cfg), room)
+        body = media_parts.tokenize(text, media.marker, images, self.tokenizer.encode,
+                                    embedder, where)
+        out = media_parts.Prompt(head + body)
+        out.images = tuple(im.moved(im.start + len(head)) for im in body.images)
+        return out
+
+    def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions,
+                    param: str = "messages") -> tuple[list[int], str | None]:
+        """(tokens, salt); `param`: the field that holds the messages (images' errors)."""
+        if chat.media:
+            if cache.context is not None:
+                ctx = self.context(cache.context, cache.salt)
+                return (self.media_tokens(self.context_tokens(ctx), self.render_chat(chat),
+                                          chat.media, param), cache.salt or ctx.salt)
+            return self.media_tokens([], self.render_chat(chat), chat.media, param), \
+                cache.salt
         if cache.context is None:
             return self.tokenizer.encode(self.render_chat(chat)), cache.salt
         ctx = self.context(cache.context, cache.salt)
@@ -290,7 +325,7 @@ class Service:
             suffix = self.render_chat(chat)
         return self.context_tokens(ctx) + self.tokenizer.encode(suffix), cache.salt or ctx.salt
 
-    def settle(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
+    def fit_to_context(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
                prompt_param: str = "prompt") -> SamplingParams:
         """Check the prompt against the context limit (or what the KV memory holds, when
         that is less) and fix max_tokens: at most what the server allows (--max-tokens)

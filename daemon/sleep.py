@@ -27,6 +27,8 @@ class WakeFailed(RuntimeError):
 
 
 class Sleep:
+    """touch, due and wake are called from any thread; doze from the engine's."""
+
     def __init__(self, idle_s: float, unload: Callable[[], None],
                  reload: Callable[[], None]) -> None:
         if not idle_s > 0:
@@ -45,7 +47,6 @@ class Sleep:
         self.count = 0                       # times it slept
         self.wake_s: float | None = None     # the last wake-up's load time
 
-    # ---- any thread ------------------------------------------------------------------
     def touch(self) -> None:
         """A task: the idle clock starts again."""
         self.last = time.monotonic()
@@ -68,7 +69,6 @@ class Sleep:
             if self.error is not None and self.sleeping:
                 raise WakeFailed(self.error)
 
-    # ---- the engine's thread -----------------------------------------------------------
     def doze(self, sched) -> list:
         """Sleep until the scheduler has work, a wake-up is asked for, or it stops; then
         load the model again. Returns the requests that waited for a load that failed
@@ -129,7 +129,7 @@ class Sleep:
 def _give_back_memory() -> None:
     """Collect the freed model's cycles and hand glibc's free pages back to the system,
     so that RSS drops (the point of sleeping)."""
-    gc.unfreeze()                # daemon/heap.py froze the loaded model's objects
+    gc.unfreeze()                # daemon/gc_pacer.py froze the loaded model's objects
     gc.collect()
     gc.freeze()
     try:

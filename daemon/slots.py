@@ -25,17 +25,19 @@ class SlotView:
 class Slots:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self._last: dict[int, tuple[list[int], str | None]] = {}
+        # slot -> (tokens, salt, image spans among the tokens)
+        self._last: dict[int, tuple[list[int], str | None, tuple]] = {}
 
-    def remember(self, slot: int, tokens: list[int], salt: str | bytes | None) -> None:
+    def remember(self, slot: int, tokens: list[int], salt: str | bytes | None,
+                 images: tuple = ()) -> None:
         with self.lock:
-            self._last[slot] = (tokens, salt)
+            self._last[slot] = (tokens, salt, images)
 
-    def last(self, slot: int) -> tuple[list[int], str | None] | None:
+    def last(self, slot: int) -> tuple[list[int], str | None, tuple] | None:
         with self.lock:
             return self._last.get(slot)
 
-    def forget(self, slot: int) -> tuple[list[int], str | None] | None:
+    def forget(self, slot: int) -> tuple[list[int], str | None, tuple] | None:
         with self.lock:
             return self._last.pop(slot, None)
 

@@ -5,13 +5,18 @@ position after another, keeps the drafted tokens it would have drawn itself. The
 answer is the one decoding without a draft gives: the same sampler, seeded the same,
 sees the same logits in the same order; it only sees several of them a step.
 
-    drafts = spec.propose(batch)     before cache.admit: drafted tokens join the step
-    spec.ready(drafts, cache)        after it: those with pages are marked (runner.mark)
-    spec.verify(drafts, rows)        after runner.step: sample, take back what was not
-                                     kept (runner.rewind), before cache.after_step
+It enters the step in one place, the scheduler's decision of how many tokens each
+sequence computes:
+
+    scheduler.schedule()     spec.propose: drafted tokens join their sequence, with
+                             pages for them (else none this time), marked (runner.mark)
+    cache.admit, runner.run  the drafted tokens are computed with the sequence's own;
+    cache.after_step         the cache publishes nothing a draft leaves in doubt
+    postprocess              spec.verify: sample over the rows, take back what was not
+                             kept (runner.rewind)
 
 What a sequence did not keep never reaches the cache: the sequence is back at its last
-kept token before after_step publishes pages or finish takes its checkpoint.
+kept token before a page of it is published or finish takes its checkpoint.
 """
 
 from __future__ import annotations
@@ -23,9 +28,7 @@ import torch
 
 from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
-from ckptd.cache.work import Work
 from ckptd.daemon.request import Live
-from ckptd.daemon.scheduler import Batch
 from ckptd.model.runner import Mark, Runner
 from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.speculative.drafter import Drafter
@@ -44,10 +47,9 @@ class SpecConfig:
 class Draft:
     """One sequence's drafted tokens in this step."""
     live: Live
-    work: Work
     tokens: list[int]
     base: int                      # the sequence's tokens before them
-    mark: Mark | None = None
+    mark: Mark
 
 
 class Speculation:
@@ -56,14 +58,17 @@ class Speculation:
         self.drafter, self.runner, self.cfg, self.eog = drafter, runner, cfg, eog
         self.rngs: dict[int, random.Random] = {}    # synthetic acceptance, per sequence
         self.stalled: set[int] = set()      # no pages for a draft last step: none this one
+        self.drafts: dict[int, Draft] = {}  # this step's, by sequence id, until verified
 
-    def propose(self, batch: Batch) -> list[Draft]:
-        """Draft for the batch's decoding sequences; each one's drafted tokens are
-        appended to its tokens and its work's budget grows by them."""
-        asks, whose = [], []
-        for live, w in zip(batch.lives, batch.work):
+    def propose(self, decoding: list[Live], cache: CacheManager) -> dict[int, int]:
+        """Draft for decoding sequences: each one's drafted tokens are appended to its
+        tokens, with pages for them and its state marked, or dropped when the pages are
+        not there (it then decodes its one token as without a draft). Returns the
+        number of tokens drafted, by sequence id."""
+        asks, whose, drafted = [], [], {}
+        for live in decoding:
             seq = live.seq
-            if not live.t_decode or w.error is not None or seq.id in self.stalled:
+            if seq.id in self.stalled:
                 self.stalled.discard(seq.id)
                 continue
             p = live.req.params
@@ -73,75 +78,64 @@ class Speculation:
             if n_max <= 0 or n_max < lim.n_min:
                 continue
             asks.append((seq.id, seq.tokens, replace(lim, n_max=n_max)))
-            whose.append((live, w))
-        out = []
-        for (live, w), tokens in zip(whose, self.drafter.propose(asks) if asks else []):
+            whose.append(live)
+        for live, tokens in zip(whose, self.drafter.propose(asks) if asks else []):
             # ids only the draft has (its vocabulary may be padded longer) end the draft
             tokens = tokens[:next((i for i, t in enumerate(tokens)
                                    if t >= self.runner.vocab_size), len(tokens))]
-            if tokens:
-                out.append(Draft(live, w, tokens, len(live.seq.tokens)))
-                live.seq.tokens += tokens
-                w.budget = 1 + len(tokens)
-        return out
+            if tokens and self._take(live, tokens, cache):
+                drafted[live.seq.id] = len(tokens)
+        return drafted
 
-    def ready(self, drafts: list[Draft], cache: CacheManager) -> list[Draft]:
-        """After admission: the drafts whose sequences got pages for all their tokens,
-        marked; the others' drafted tokens are dropped, and the sequence decodes its one
-        token as it would have without a draft, when there are pages for that."""
-        kept = []
-        for d in drafts:
-            seq, w = d.live.seq, d.work
-            if w.n == 1 + len(d.tokens):
-                d.mark = self.runner.mark(seq)
-                kept.append(d)
-                continue
-            del seq.tokens[d.base:]
+    def _take(self, live: Live, tokens: list[int], cache: CacheManager) -> bool:
+        """Append a draft to its sequence, with the pages for it; False (nothing
+        appended) when there are none."""
+        seq = live.seq
+        base = len(seq.tokens)
+        seq.tokens += tokens
+        try:
+            cache.prepare([(seq, 1 + len(tokens))])
+        except OutOfPages:
+            del seq.tokens[base:]
             self.drafter.release(seq.id)
             self.stalled.add(seq.id)
-            if w.stalled:
-                try:
-                    cache.prepare([(seq, 1)])
-                    w.n, w.stalled, w.budget = 1, False, 1
-                except OutOfPages:
-                    pass
-        return kept
+            return False
+        self.drafts[seq.id] = Draft(live, tokens, base, self.runner.mark(seq))
+        return True
 
-    def verify(self, drafts: list[Draft], rows: dict[int, torch.Tensor]
-               ) -> dict[int, list[TokenEvent]]:
-        """Sample each drafted sequence over its step's logits, position by position, as
-        long as the sampler draws the drafted token; the sequence goes back to its last
-        kept token. Returns each one's events (the tokens it gained, in order): all but
-        the last are in the sequence's tokens (computed), the last is not appended yet
-        (the engine does that, as after a plain step)."""
-        out = {}
-        for d in drafts:
-            seq, dec, st = d.live.seq, d.live.dec, d.live.req.stats
-            logits, k = rows[seq.id], len(d.tokens)
-            events: list[TokenEvent] = []
-            hits = 0
-            for i in range(k + 1):
-                forced = self._synthetic(d, i) if self.cfg.synth and i < k else None
-                ev = dec.accept(logits[i], forced)
-                events.append(ev)
-                hit = i < k and (forced is not None if self.cfg.synth
-                                 else ev.token == d.tokens[i])
-                hits += hit
-                if ev.finish_reason is not None or not hit:
-                    break
-            e = len(events)         # the state keeps the last token and e - 1 drafted ones
-            del seq.tokens[d.base + e - 1:]
-            self.runner.rewind(seq, d.mark, d.base + e - 1)
-            self.drafter.settle(seq.id, e - 1)
-            st.draft_n += k
-            st.draft_n_accepted += hits
-            out[seq.id] = events
-        return out
+    def verify(self, live: Live, logits: torch.Tensor) -> list[TokenEvent]:
+        """Sample a drafted sequence over its step's logits [1 + drafted, vocab], position
+        by position, as long as the sampler draws the drafted token; the sequence goes
+        back to its last kept token. Returns the tokens it gained, in order: all but the
+        last are in the sequence's tokens (computed), the last is not appended yet (the
+        engine does that, as after a plain step)."""
+        d = self.drafts.pop(live.seq.id)
+        seq, dec, st = live.seq, live.dec, live.req.stats
+        k = len(d.tokens)
+        events: list[TokenEvent] = []
+        hits = 0
+        for i in range(k + 1):
+            forced = self._synthetic(d, i) if self.cfg.synth and i < k else None
+            ev = dec.accept(logits[i], forced)
+            events.append(ev)
+            hit = i < k and (forced is not None if self.cfg.synth
+                             else ev.token == d.tokens[i])
+            hits += hit
+            if ev.finish_reason is not None or not hit:
+                break
+        e = len(events)         # the state keeps the last token and e - 1 drafted ones
+        del seq.tokens[d.base + e - 1:]
+        self.runner.rewind(seq, d.mark, d.base + e - 1)
+        self.drafter.keep(seq.id, e - 1)
+        st.draft_n += k
+        st.draft_n_accepted += hits
+        return events
 
     def release(self, seq_id: int) -> None:
         self.drafter.release(seq_id)
         self.rngs.pop(seq_id, None)
         self.stalled.discard(seq_id)
+        self.drafts.pop(seq_id, None)
 
     def _synthetic(self, d: Draft, i: int) -> int | None:
         """llama.cpp's synthetic acceptance: the drafted token at i is kept with its

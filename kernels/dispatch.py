@@ -20,6 +20,8 @@ from ckptd.kernels.conv1d import naive as conv_ref
 from ckptd.kernels.conv1d import reference_varlen as conv_varlen_ref
 from ckptd.kernels.gated_delta import naive as gdn_ref
 from ckptd.kernels.gated_delta import reference_varlen as gdn_varlen_ref
+from ckptd.kernels.mamba1 import reference_varlen as scan_ref
+from ckptd.kernels.mamba2 import reference_varlen as ssd_ref
 from ckptd.kernels.moe import naive as moe_ref
 from ckptd.kernels.norm import naive as norm_ref
 from ckptd.kernels.paged_attention import naive as attn_ref
@@ -35,18 +37,23 @@ _MODES = ("auto", "triton", "torch")
 _HAVE_FLA = find_spec("fla") is not None
 _HAVE_FLASH = find_spec("flash_attn") is not None
 
+# The process's kernels, read once from CKPTD_KERNELS and CKPTD_EXTERNAL_KERNELS (every
+# op asks; a test sets these, monkeypatch.setattr(dispatch, "MODE", ...), not the variables)
+MODE = os.environ.get("CKPTD_KERNELS", "auto")
+EXTERNAL = os.environ.get("CKPTD_EXTERNAL_KERNELS", "auto") != "off"
+
 
 def use_external(name: str, x: torch.Tensor) -> bool:
     """Whether a prefill step runs fla ("fla") or flash-attn ("flash") on x: installed,
     on CUDA, and not turned off. Decode steps keep ckptd's kernels (CUDA graphs)."""
-    if os.environ.get("CKPTD_EXTERNAL_KERNELS", "auto") == "off" or not x.is_cuda:
+    if not EXTERNAL or not x.is_cuda:
         return False
     return _HAVE_FLA if name == "fla" else _HAVE_FLASH
 
 
 def use_triton(x: torch.Tensor) -> bool:
     """Whether an op whose main tensor is x runs its Triton kernel."""
-    mode = os.environ.get("CKPTD_KERNELS", "auto")
+    mode = MODE
     if mode == "auto":
         return x.is_cuda and _HAVE_TRITON
     if mode == "torch":
@@ -55,6 +62,7 @@ def use_triton(x: torch.Tensor) -> bool:
         raise ValueError(f"CKPTD_KERNELS must be one of {_MODES}, got {mode!r}")
     if not _HAVE_TRITON:
         raise ValueError("CKPTD_KERNELS=triton but triton is not installed")
+    # only Triton on CPU tensors (the interpreter: tests) looks at the environment here
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("CKPTD_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1, "
                          "set before triton is imported")
@@ -162,7 +170,7 @@ def _attention_impl(q):
     when CKPTD_KERNELS=torch."""
     if use_triton(q):
         return _fast("paged_attention.triton_attention")
-    return attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+    return attn_ref if MODE == "torch" else attn_sdpa
 
 
 def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale):
@@ -228,6 +236,8 @@ def gated_rms_norm(x, z, weight, eps):
 
 def apply_rotary(x, cos, sin):
     """x [T, H, D]; cos, sin [T, R]: rotate the first R dims of each head."""
+    if cos.shape[-1] == 0:        # a model without position embedding (NoPE)
+        return x
     impl = _fast("rotary.triton_rotary") if use_triton(x) else rotary_ref
     return impl.apply_rotary(x, cos, sin)
 
@@ -239,6 +249,7 @@ def silu_and_mul(gate, up):
 
 
 rotary_cos_sin = rotary_ref.rotary_cos_sin
+mrope_cos_sin = rotary_ref.mrope_cos_sin
 
 
 # mixture of experts
@@ -261,7 +272,7 @@ def quant_matmul(x, qt, bias=None):
     multiply a decode step's rows block by block, else the plain reference."""
     if use_triton(x):
         return _fast("quant.triton_quant").matmul(x, qt, bias)
-    if os.environ.get("CKPTD_KERNELS") != "torch" and x.dtype == torch.float32:
+    if MODE != "torch" and x.dtype == torch.float32:
         cpu = _fast("quant.cpu")
         if cpu.supports(qt):
             return cpu.matmul(x, qt, bias)
@@ -283,12 +294,12 @@ def quant_moe_experts(x, topk_ids, topk_w, gate, up, down):
 # one call per layer for a whole step of packed sequences (kernels/varlen.py)
 
 
-def step_conv1d(x, weight, conv_pool, varlen):
+def step_conv1d(x, weight, conv_pool, varlen, bias=None):
     """x [N, C]: the step's tokens; conv_pool [S, C, K-1] read and written in place at
-    varlen.state_indices. Returns y [N, C] (silu)."""
+    varlen.state_indices; bias [C] or None. Returns y [N, C] (silu)."""
     if varlen.decode_only:
-        return causal_conv1d_update_slots(x, conv_pool, varlen.state_indices, weight)
-    return causal_conv1d_varlen(x, weight, None, varlen, conv_pool, varlen.state_indices)
+        return causal_conv1d_update_slots(x, conv_pool, varlen.state_indices, weight, bias)
+    return causal_conv1d_varlen(x, weight, bias, varlen, conv_pool, varlen.state_indices)
 
 
 def step_gated_delta(q, k, v, g, beta, state_pool, varlen, recurrent=False):
@@ -317,10 +328,47 @@ def step_attention(q, kv_pool, layer, varlen, scale):
         return _fast("paged_attention.triton_attention").paged_attention_varlen(
             q, kv_pool, layer, varlen.cu_seqlens, varlen.ctx_lens, varlen.page_tables, scale,
             max_q_len=varlen.max_q_len)
-    impl = attn_ref if os.environ.get("CKPTD_KERNELS") == "torch" else attn_sdpa
+    impl = _attention_impl(q)           # not Triton (asked above): SDPA or the reference
     out = torch.empty_like(q)
     cu = varlen.cu
     for i in range(varlen.n):
         out[cu[i]:cu[i + 1]] = impl.paged_attention(q[cu[i]:cu[i + 1]], kv_pool, layer,
                                                     varlen.tables[i], varlen.ctx[i], scale)
     return out
+
+
+# selective state space scans: Mamba2's (SSD, kernels/mamba2) and Mamba's (kernels/mamba1)
+
+
+def ssd_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices, chunked=True):
+    """Packed sequences: x [N, H, P]; dt [N, H] (after softplus); A [H] (< 0); B, C
+    [N, G, N_s]; D [H] or None; state_pool [S, H, P, N_s] fp32 advanced in place at
+    state_indices [n]. Chunked (prefill) or token by token. Returns y [N, H, P]."""
+    if not use_triton(x):
+        return ssd_ref.ssd_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices,
+                                  chunked)
+    impl = _fast("mamba2.chunk") if chunked else _fast("mamba2.fused_recurrent")
+    fn = impl.ssd_chunk_varlen if chunked else impl.ssd_recurrent_varlen
+    return fn(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices)
+
+
+def step_mamba2(x, dt, A, B, C, D, state_pool, varlen, recurrent=False):
+    """One call per Mamba2 layer for a whole step (kernels/varlen.py): chunked unless
+    every sequence has one token (or recurrent: token by token, for tests)."""
+    return ssd_varlen(x, dt, A, B, C, D, varlen, state_pool, varlen.state_indices,
+                      chunked=not (varlen.decode_only or recurrent))
+
+
+def selective_scan_varlen(x, dt, A, B, C, Dskip, cu_seqlens, state_pool, state_indices):
+    """Packed sequences: x [N, D]; dt [N, D] (after softplus); A [D, N_s]; B, C [N, N_s];
+    Dskip [D] or None; state_pool [S, D, N_s] fp32 advanced in place at state_indices
+    [n]. Returns y [N, D]."""
+    impl = _fast("mamba1.triton_scan") if use_triton(x) else scan_ref
+    return impl.selective_scan_varlen(x, dt, A, B, C, Dskip, cu_seqlens, state_pool,
+                                      state_indices)
+
+
+def step_mamba1(x, dt, A, B, C, Dskip, state_pool, varlen):
+    """One call per Mamba layer for a whole step of packed sequences."""
+    return selective_scan_varlen(x, dt, A, B, C, Dskip, varlen, state_pool,
+                                 varlen.state_indices)

@@ -52,6 +52,23 @@ def chunk_bounds(cu, chunk_size: int = CHUNK) -> tuple[list[int], list[int]]:
     return bos, eos
 
 
+def check_cu(cu_seqlens, n_tokens: int, state_indices) -> list[int]:
+    """cu_seqlens as host ints, rising from 0 to n_tokens, with one state index per
+    sequence; ValueError otherwise."""
+    cu = host_cu(cu_seqlens)
+    if not cu or cu[0] != 0 or cu[-1] != n_tokens or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to {n_tokens}, got {cu}")
+    if len(state_indices) != len(cu) - 1:
+        raise ValueError(f"need one state index per sequence: {len(cu) - 1}, "
+                         f"got {len(state_indices)}")
+    return cu
+
+
+def one_token_each(cu: list[int]) -> bool:
+    """Several sequences of one token each: a batched decode."""
+    return len(cu) > 2 and cu == list(range(len(cu)))
+
+
 def host_cu(cu_seqlens) -> list[int]:
     """cu_seqlens as host ints (from a Varlen without touching the device)."""
     if isinstance(cu_seqlens, Varlen):

@@ -3,7 +3,7 @@
 One step runs any mix of prefill chunks and single-token decodes. Tokens of all
 sequences are packed into one flat dimension N; each sequence's slice of it is a
 `SeqChunk`. Before the step, a sequence already holds `ctx_len` tokens of state
-(KV in its pages, recurrent state in its slot); the step appends `q_len` more.
+(KV in its pages, recurrent state in its cell); the step appends `q_len` more.
 
 `StepBatch.build` makes every tensor the step needs from host ints in one go: the
 values are packed into two host buffers (int64 and int32), copied to the model's
@@ -30,23 +30,33 @@ class SeqChunk:
     q_len: int                # tokens computed this step (1 for a decode)
     ctx_len: int              # tokens already in this sequence's state
     page_table: torch.Tensor  # host int32 [ceil((ctx_len + q_len) / block_size)] page ids
-    slot: int                 # this sequence's recurrent state slot
+    cell: int                 # this sequence's recurrent state cell
+    shift: int = 0            # rotary position - token index (text after images)
+    mrope: torch.Tensor | None = None   # host int64 [3, q_len]: M-RoPE positions of a
+    #                                     chunk with image tokens (model/vision/positions.py)
+    images: list[tuple[int, torch.Tensor]] | None = None   # (offset in the chunk,
+    #                                     embeddings [n, hidden]) replacing token rows
+
+
+@dataclass
+class ImageRows:
+    """Rows of the step's input embeddings that images replace: x[index] = values."""
+    index: torch.Tensor       # int64 [M] flat token indices, on the model's device
+    values: torch.Tensor      # [M, hidden]
 
 
 @dataclass
 class StepBatch:
     seqs: list[SeqChunk]
     input_ids: torch.Tensor     # int64 [N], on the model's device (as all below)
-    positions: torch.Tensor     # int64 [N]
-    kv_slots: torch.Tensor      # int64 [N]: flat KV slot (page * block_size + offset)
+    positions: torch.Tensor     # int64 [N]: rotary positions (token index + shift)
+    kv_index: torch.Tensor      # int64 [N]: each token's KV in the pool (page * B + offset)
     logits_index: torch.Tensor  # int64 [M]: flat token indices whose logits are returned
     varlen: Varlen
     buffers: tuple              # (int64, int32) device buffers every tensor above views
     lora: Rows | None = None    # LoRA scales per token (model/lora); None: none is used
-
-    @property
-    def is_decode_only(self) -> bool:
-        return self.varlen.decode_only
+    mrope: torch.Tensor | None = None   # int64 [3, N] when a chunk has image tokens
+    images: ImageRows | None = None
 
     @classmethod
     def build(cls, seqs: list[SeqChunk], input_ids: list[int], logits_index: list[int],
@@ -76,19 +86,22 @@ class StepBatch:
                 raise ValueError(f"a page table of {width} pages is wider than {pad.width}")
             width = pad.width
         tables = torch.zeros(n, max(width, 1), dtype=torch.int64, device=_HOST)
-        pos, slots = [], []
+        pos, kv_index = [], []
         for i, s in enumerate(seqs):
             table = s.page_table.to(_HOST, torch.int64)
             tables[i, :len(table)] = table
             p = torch.arange(s.ctx_len, s.ctx_len + s.q_len, device=_HOST)
-            pos.append(p)
-            slots.append(table[p // B] * B + p % B)
+            pos.append(p + s.shift if s.shift else p)
+            kv_index.append(table[p // B] * B + p % B)
         bos, eos = chunk_bounds(cu, CHUNK)
         empty = torch.zeros(0, dtype=torch.int64, device=_HOST)
         wide = [torch.tensor(input_ids, dtype=torch.int64, device=_HOST),
-                torch.cat(pos) if pos else empty, torch.cat(slots) if slots else empty,
+                torch.cat(pos) if pos else empty, torch.cat(kv_index) if kv_index else empty,
                 torch.tensor(logits_index, dtype=torch.int64, device=_HOST),
-                torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=_HOST)]
+                torch.tensor([s.cell for s in seqs], dtype=torch.int64, device=_HOST)]
+        if any(s.mrope is not None for s in seqs):
+            wide.append(torch.cat([s.mrope if s.mrope is not None else p.expand(3, -1)
+                                   for s, p in zip(seqs, pos)], dim=1).flatten())
         narrow = [torch.tensor(x, dtype=torch.int64, device=_HOST)
                   for x in (cu, [s.ctx_len for s in seqs], bos, eos)] + [tables.flatten()]
         # int64 where torch indexes with it, int32 what the kernels read: two buffers, of
@@ -98,31 +111,44 @@ class StepBatch:
             buffers = tuple(b.pin_memory().to(device, non_blocking=True) for b in buffers)
         elif device != _HOST:
             buffers = tuple(b.to(device) for b in buffers)
-        ids, positions, kv_slots, logits, state = buffers[0].split([p.numel() for p in wide])
+        ids, positions, kv_index, logits, state, *mrope = \
+            buffers[0].split([p.numel() for p in wide])
         cu_t, ctx, bos_t, eos_t, tab = buffers[1].split([p.numel() for p in narrow])
         varlen = Varlen(tuple(cu), tuple(s.ctx_len for s in seqs),
                         tuple(s.page_table for s in seqs), cu_t, ctx, state, tab.view(n, -1),
                         bos_t, eos_t)
         rows = None if lora is None or pad is not None else \
             Rows.build(lora, [s.q_len for s in seqs], device, dtype)
-        return cls(seqs, ids, positions, kv_slots, logits, varlen, buffers, rows)
+        return cls(seqs, ids, positions, kv_index, logits, varlen, buffers, rows,
+                   mrope[0].view(3, -1) if mrope else None, _image_rows(seqs, device))
+
+
+def _image_rows(seqs: list[SeqChunk], device: torch.device) -> ImageRows | None:
+    index, values = [], []
+    for s in seqs:
+        for offset, emb in s.images or ():
+            index.append(torch.arange(s.q_start + offset, s.q_start + offset + emb.shape[0]))
+            values.append(emb)
+    if not index:
+        return None
+    return ImageRows(torch.cat(index).to(device), torch.cat(values).to(device))
 
 
 @dataclass(frozen=True)
 class Padding:
     """Rows up to `rows` sequences, each one token of a sequence of nothing before it
-    whose KV and recurrent state go to a page and a slot no sequence is given: a
+    whose KV and recurrent state go to a page and a cell no sequence is given: a
     padded row computes garbage no real row reads. Tables `width` pages wide."""
     rows: int
     width: int
     page: int
-    slot: int
+    cell: int
 
     def apply(self, seqs, input_ids, logits_index):
         if len(seqs) > self.rows or any(s.q_len != 1 for s in seqs):
             raise ValueError(f"padding takes up to {self.rows} one-token sequences")
         n = len(seqs)
         table = torch.tensor([self.page], dtype=torch.int32, device=_HOST)
-        extra = [SeqChunk(n + i, 1, 0, table, self.slot) for i in range(self.rows - n)]
+        extra = [SeqChunk(n + i, 1, 0, table, self.cell) for i in range(self.rows - n)]
         rows = range(n, self.rows)
         return [*seqs, *extra], [*input_ids, *[0] * len(extra)], [*logits_index, *rows]

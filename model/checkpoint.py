@@ -5,13 +5,16 @@ them into the one the model holds (arch/), as recipes that run when the loader
 assigns each parameter, so no tensor is read or converted before it is needed:
 
 - the text model of a multimodal checkpoint (`model.language_model.*`) is the model;
-  the vision tower and multi-token-prediction layers are skipped (one log line each);
+  the vision tower (loaded apart: model/vision/load.py) and multi-token-prediction
+  layers are skipped here (one log line each);
 - experts stored one tensor per expert (`mlp.experts.{j}.gate_proj.weight`, ...: the
   Hub's layout, which transformers merges when it loads) are stacked into
   `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I];
   checkpoints already holding those 3-D tensors are taken as they are;
 - Qwen3-Next's fused, per-key-head interleaved `in_proj_qkvz` and `in_proj_ba` are
-  split into Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+  split into Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`;
+- the state space hybrids' names are the model's after model/ssm_checkpoint.py (the
+  loader passes its `rename`).
 """
 
 from __future__ import annotations
@@ -68,14 +71,21 @@ def normalize(recipes: dict[str, Recipe]) -> dict[str, Recipe]:
             continue
         out[name] = r
     for what, n in skipped.items():
-        log.info("skipping the checkpoint's %s (%d tensors): ckptd serves the text model",
-                 what, n)
+        log.info("the text model skips the checkpoint's %s (%d tensors)", what, n)
     return out
 
 
-def adapt(cfg: ModelConfig, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
-    """Recipes under the model's names (see the module docstring)."""
+Rename = Callable[[ModelConfig, dict[str, Recipe]], dict[str, Recipe]]
+
+
+def adapt(cfg: ModelConfig, recipes: dict[str, Recipe],
+          rename: Rename | None = None) -> dict[str, Recipe]:
+    """Recipes under the model's names (see the module docstring); `rename`, an
+    architecture's own names onto the model's (ssm_checkpoint.rename), runs before
+    experts are stacked."""
     out = normalize(recipes)
+    if rename is not None:
+        out = rename(cfg, out)
     for i, kind in enumerate(cfg.mlp_types):
         if kind == "moe":
             _stack_experts(cfg, out, f"model.layers.{i}.mlp.experts.")

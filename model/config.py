@@ -11,7 +11,9 @@ from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 ARCHS = ("llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # multimodal checkpoints whose text model we serve: model_type -> the text_config's
 NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
-SUPPORTED = ARCHS + tuple(NESTED)
+# the selective state space hybrids: model/ssm_config.py (SSMConfig, a ModelConfig)
+SSM_ARCHS = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS
 LAYER_KINDS = ("full_attention", "linear_attention")
 MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -30,6 +32,8 @@ class ModelConfig:
     layer_types: tuple[str, ...]
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0
+    # M-RoPE: rotary pairs per axis (temporal, height, width), interleaved; () for none
+    mrope_section: tuple[int, ...] = ()
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -113,7 +117,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, d: dict) -> ModelConfig:
         """Build from a Hugging Face config.json dict: llama, qwen3_5_text,
-        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config."""
+        qwen3_5_moe_text, qwen3_next, or qwen3_5 / qwen3_5_moe with a nested text_config
+        (a state space hybrid's is configs.config_from_hf's)."""
         d = text_config(d)
         model_type = d["model_type"]
         try:
@@ -146,6 +151,7 @@ class ModelConfig:
                 layer_types=tuple(types),
                 rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
                 partial_rotary_factor=float(partial),
+                mrope_section=_mrope(model_type, rope),
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 attention_bias=bool(d.get("attention_bias", False)),
@@ -225,6 +231,14 @@ def text_config(d: dict) -> dict:
     if model_type not in ARCHS:
         raise ValueError(unsupported(model_type))
     return d
+
+
+def _mrope(model_type: str, rope: dict) -> tuple[int, ...]:
+    """Qwen3.5's M-RoPE sections; transformers' Qwen3_5TextRotaryEmbedding takes
+    [11, 11, 10] where the config names none. Only image tokens tell them apart."""
+    if model_type not in ("qwen3_5_text", "qwen3_5_moe_text"):
+        return ()
+    return tuple(int(s) for s in rope.get("mrope_section") or (11, 11, 10))
 
 
 def _moe_fields(d: dict, n_layers: int) -> dict:

@@ -29,7 +29,13 @@ def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.d
     h.update(str(dtype).encode())
     if weights != "expand":
         h.update(f"weights={weights}".encode())
-    for f in sorted(weight_files):
+    hash_files(h, weight_files)
+    return h.hexdigest()
+
+
+def hash_files(h, files: list[Path]) -> None:
+    """Feed each file's name, size and first and last MiB to the hash `h`."""
+    for f in sorted(files):
         size = f.stat().st_size
         h.update(f.name.encode() + size.to_bytes(8, "little"))
         with open(f, "rb") as fh:
@@ -37,4 +43,3 @@ def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.d
             if size > _EDGE:
                 fh.seek(max(_EDGE, size - _EDGE))
                 h.update(fh.read(_EDGE))
-    return h.hexdigest()

@@ -5,7 +5,7 @@ one by one from Python costs more than running them. A graph records one decode
 step per batch size (`BUCKETS` up to the runner's sequences) and replays it with one
 launch. A step of n sequences runs the graph of the next bucket up: its inputs are
 built padded to that many rows (model/batch.py: Padding; padded rows write to a page
-and a recurrent slot no sequence holds) and with page tables as wide as the longest
+and a recurrent cell no sequence holds) and with page tables as wide as the longest
 context, copied into the graph's input buffers (every input tensor is a view of
 them), replayed, and the first n rows of its logits read.
 
@@ -36,12 +36,12 @@ class _Graph:
 
 class DecodeGraphs:
     def __init__(self, model, state, block_size: int, max_batch: int, width: int,
-                 pad_page: int, pad_slot: int, capture: bool = True) -> None:
+                 pad_page: int, pad_cell: int, capture: bool = True) -> None:
         if max_batch < 1 or width < 1:
             raise ValueError(f"need max_batch and width >= 1, got {max_batch}, {width}")
         self.model, self.state, self.block_size = model, state, block_size
         self.buckets = sorted({b for b in BUCKETS if b < max_batch} | {max_batch})
-        self.width, self.pad_page, self.pad_slot = width, pad_page, pad_slot
+        self.width, self.pad_page, self.pad_cell = width, pad_page, pad_cell
         self.capture = capture
         self.graphs: dict[int, _Graph] = {}
         self._pool = None
@@ -52,12 +52,13 @@ class DecodeGraphs:
 
     def fits(self, seqs: list[SeqChunk]) -> bool:
         return bool(seqs) and self.bucket(len(seqs)) is not None and all(
-            s.q_len == 1 and len(s.page_table) <= self.width for s in seqs)
+            s.q_len == 1 and len(s.page_table) <= self.width and s.mrope is None
+            and not s.images for s in seqs)
 
     def run(self, seqs: list[SeqChunk], input_ids: list[int]) -> torch.Tensor:
         """Logits [len(seqs), vocab] of one decode step (fits(seqs) must hold)."""
         rows = self.bucket(len(seqs))
-        pad = Padding(rows, self.width, self.pad_page, self.pad_slot)
+        pad = Padding(rows, self.width, self.pad_page, self.pad_cell)
         batch = StepBatch.build(seqs, input_ids, list(range(len(seqs))), self.block_size,
                                 self.state.device, pad)
         g = self.graphs.get(rows) or self._record(rows)
@@ -72,12 +73,12 @@ class DecodeGraphs:
         return g.logits[:len(seqs)]
 
     def _record(self, rows: int) -> _Graph:
-        pad = Padding(rows, self.width, self.pad_page, self.pad_slot)
+        pad = Padding(rows, self.width, self.pad_page, self.pad_cell)
         static = StepBatch.build([], [], [], self.block_size, self.state.device, pad)
         if not self.capture:
             g = _Graph(static, self.model(static, self.state).clone(), None)
         else:
-            # a first run compiles the Triton kernels and settles lazy allocations, off
+            # a first run compiles the Triton kernels and makes its lazy allocations, off
             # the capture (only padded rows: no real sequence's state moves)
             side = torch.cuda.Stream(self.state.device)
             side.wait_stream(torch.cuda.current_stream(self.state.device))

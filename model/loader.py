@@ -19,10 +19,17 @@ from pathlib import Path
 import torch
 
 from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.arch.ssm_lm import HybridLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
+from ckptd.model.configs import config_from_hf
 from ckptd.model.fingerprint import model_fingerprint
-from ckptd.model.quant import attach_kept, is_kept
+from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
+from ckptd.model.kept_swap import attach_kept
+from ckptd.model.quant import is_kept
+from ckptd.model.ssm_checkpoint import rename
+from ckptd.model.ssm_config import SSMConfig
+from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.model.weights import SafetensorsSource
 
 WEIGHTS = ("keep", "expand")
@@ -33,10 +40,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once.
     weights: "keep" serves a GGUF's quantized / F16 / BF16 tensors in their formats
     (model/quant.py), "expand" converts every tensor to `dtype` at load."""
-    from ckptd.model.text.tokenizer import Tokenizer
     path = Path(path)
     if _is_gguf(path):
-        from ckptd.model.gguf.load import check_architecture, open_gguf
         check_architecture(path)
         reader = open_gguf(path)
         return (load_model(path, dtype, device, reader, weights),
@@ -56,14 +61,13 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         raise FileNotFoundError(f"model path does not exist: {path}")
     dtype = dtype or torch.float32
     if _is_gguf(path):
-        from ckptd.model.gguf.load import check_architecture, gguf_recipes
         if gguf_reader is None:
             check_architecture(path)        # before gguf's reader maps the file
         hf_config, recipes, release = gguf_recipes(path, gguf_reader, weights == "keep")
         files = [path]
-        cfg = ModelConfig.from_hf(hf_config)
+        cfg = config_from_hf(hf_config)
     elif path.is_dir():
-        cfg = ModelConfig.from_hf(_read_config(path))   # refuses before a weight is read
+        cfg = config_from_hf(_read_config(path))   # refuses before a weight is read
         files = _weight_files(path)
         source = SafetensorsSource(files)
         recipes = {n: plain(lambda n=n: source.get(n)) for n in source.names()}
@@ -85,16 +89,23 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
     pages it read for it) and `release(everything=True)` once the model is built."""
     device = torch.device(device)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = causal_lm(cfg)
     with _one_thread():
         return _assign(cfg, model, tensors, dtype, device, release)
+
+
+def causal_lm(cfg: ModelConfig) -> CausalLM:
+    """The model class of cfg's architecture (a state space hybrid: arch/ssm_lm.py)."""
+    if isinstance(cfg, SSMConfig):
+        return HybridLM(cfg)
+    return CausalLM(cfg)
 
 
 @contextmanager
 def _one_thread() -> Iterator[None]:
     """Loading is copies and dtype conversions, bound by memory: a second OpenMP thread
-    adds nothing, and on a busy machine the two wait on each other (a MoE checkpoint
-    loaded ~4x slower on two threads; docs/BENCHMARKS.md)."""
+    adds nothing, and on a busy machine the two wait on each other (docs/BENCHMARKS.md:
+    a MoE checkpoint's load)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -105,7 +116,8 @@ def _one_thread() -> Iterator[None]:
 
 def _assign(cfg: ModelConfig, model: CausalLM, tensors: dict, dtype: torch.dtype,
             device: torch.device, release: Callable[..., None]) -> CausalLM:
-    recipes = adapt(cfg, {n: t if callable(t) else _given(t) for n, t in tensors.items()})
+    recipes = adapt(cfg, {n: t if callable(t) else _given(t) for n, t in tensors.items()},
+                    rename if isinstance(cfg, SSMConfig) else None)
     tied = cfg.tie_word_embeddings      # lm_head is the embedding, whatever is stored
     expected = {n: m for n, m in model.state_dict().items()
                 if not (tied and n == "lm_head.weight")}

@@ -37,7 +37,7 @@ class Placement:
 def resolve(device: str = "auto", dtype: str = "auto") -> Placement:
     """The torch device and dtype the names stand for, on this machine."""
     check_names(device, dtype)
-    import torch
+    import torch  # here: check_names serves the flags without torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

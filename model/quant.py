@@ -1,8 +1,8 @@
-"""Modules over weights kept in their GGUF formats (`--weights keep`).
+"""Weights kept in their GGUF formats (`--weights keep`), and the modules over them.
 
 The loader builds the model as usual; a parameter whose checkpoint tensor is kept
 (kernels/quant/formats.py: QuantTensor, usually a view of the mapped file) is not
-assigned: `attach_kept` swaps its module for one of these instead.
+assigned: `attach_kept` (model/kept_swap.py) swaps its module for one of these instead.
 
     nn.Linear       -> KeptLinear      x @ W.T through ops.quant_matmul
     nn.Embedding    -> KeptEmbedding   dequantizes only the rows looked up
@@ -10,10 +10,9 @@ assigned: `attach_kept` swaps its module for one of these instead.
     (a KeptColumns weight: KeptLinear permutes its input instead of the columns)
                                        (ffn_{gate,up}_exps may differ in format)
 
-The MoE router and the shared expert's gate stay plain: route() reads the router's
-weight as fp32 (a near-tie must pick the expert transformers picks), and both are tiny.
-`fuse_kept` fuses projections that share an input like layers.fuse_linears does:
-rows of one format are concatenated and each module's weight becomes a view of them.
+`layers.fuse_kept` fuses projections that share an input into a KeptMatmul, as
+layers.fuse_linears does plain ones: rows of one format are concatenated and each
+module's weight becomes a view of them.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ import torch
 from torch import nn
 
 from ckptd.kernels import ops
-from ckptd.kernels.quant.formats import QuantTensor, cat_rows
-
-_PLAIN = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+from ckptd.kernels.quant.formats import QuantTensor
 
 
 @dataclass(frozen=True)
@@ -124,80 +121,3 @@ class KeptMatmul:
                 for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if self.bias is None else y + self.bias
-
-
-def fuse_kept(linears: list[nn.Module]) -> KeptMatmul:
-    """One KeptMatmul for linears (some kept) that read the same input."""
-    from ckptd.model.arch.layers import Matmul
-
-    parts: list = []
-    run: list[KeptLinear] = []
-
-    def flush() -> None:
-        if not run:
-            return
-        if len(run) == 1:
-            parts.append(run[0].qweight)
-            run.clear()
-            return
-        fused = cat_rows([m.qweight for m in run])
-        row = 0
-        for m in run:     # views of the fused rows: no second copy stays
-            n = m.out_features
-            m.qweight = QuantTensor(fused.data[row:row + n], fused.fmt, (n, fused.shape[1]))
-            row += n
-        parts.append(fused)
-        run.clear()
-
-    for m in linears:
-        if isinstance(m, KeptLinear) and m.in_index is None and \
-                (not run or run[0].qweight.fmt == m.qweight.fmt):
-            run.append(m)
-            continue
-        flush()
-        if isinstance(m, KeptLinear) and m.in_index is None:
-            run.append(m)
-        elif isinstance(m, KeptLinear):
-            parts.append(m.matmul)          # permutes its own input
-        else:
-            parts.append(Matmul(m.weight.detach()))
-    flush()
-    biases = [m.bias for m in linears]
-    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-    return KeptMatmul(parts, bias)
-
-
-def attach_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype
-                ) -> dict[str, torch.Tensor]:
-    """Swap the modules of kept parameters (names as in model.state_dict()) for Kept*
-    ones. Returns the parameters that stay plain, dequantized to `dtype` (the router, a
-    MoE layer with only one of its expert tensors kept, anything not a linear)."""
-    from ckptd.model.arch.moe import Experts
-
-    plain: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[str, Kept]] = {}
-    for name, t in kept.items():
-        path, _, attr = name.rpartition(".")
-        mod = model.get_submodule(path)
-        if isinstance(mod, Experts):
-            experts.setdefault(path, {})[attr] = t
-        elif isinstance(mod, nn.Linear) and attr == "weight" and not name.endswith(_PLAIN) \
-                and isinstance(t, (QuantTensor, KeptColumns)):
-            weight, columns = (t.weight, t.columns) if isinstance(t, KeptColumns) else (t, None)
-            _replace(model, path, KeptLinear(weight, mod.bias, columns))
-        elif isinstance(mod, nn.Embedding) and isinstance(t, QuantTensor):
-            _replace(model, path, KeptEmbedding(t, dtype))
-        else:
-            plain[name] = t.dequantize(dtype)
-    for path, parts in experts.items():
-        gu, down = parts.get("gate_up_proj"), parts.get("down_proj")
-        if isinstance(gu, KeptGateUp) and isinstance(down, QuantTensor):
-            _replace(model, path, KeptExperts(gu.gate, gu.up, down))
-        else:
-            plain.update({f"{path}.{a}": t.dequantize(dtype) for a, t in parts.items()})
-    return plain
-
-
-def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
-    parent, _, child = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)

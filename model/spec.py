@@ -1,7 +1,10 @@
-"""The state contract between model/ and cache/.
+"""The contract between model/ and cache/: the state's layout (StateSpec), what the
+runner offers the cache to read and write it (StateIO), the error a full state pool
+raises (OutOfCells), and a step's logits with the rows each sequence owns (StepLogits).
 
 A sequence state at position P is: the K/V of every attention layer for tokens
-[0, P), plus every recurrent layer's conv state and delta-rule state at P.
+[0, P), plus every recurrent layer's conv state and recurrent (delta-rule or
+selective state space) state at P.
 
 Layouts (fixed here, used by the runner, the kernels and the cache tiers):
 
@@ -11,6 +14,8 @@ Layouts (fixed here, used by the runner, the kernels and the cache tiers):
     conv state     [n_rec, conv_dim, conv_kernel - 1]             conv_dtype
                    (the last conv_kernel-1 inputs of the causal conv, oldest first)
     ssm state      [n_rec, v_heads, k_head_dim, v_head_dim]       float32
+                   (Gated DeltaNet; a selective state space layer declares its state
+                   [heads, head_dim, state_size] in those three: RecurrentSpec.ssm)
 
 Attention layers are numbered 0..n_attn-1 and recurrent layers 0..n_rec-1 in
 the order they appear in the model.
@@ -18,9 +23,13 @@ the order they appear in the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+
+from ckptd.model.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,14 @@ class RecurrentSpec:
     conv_dtype: torch.dtype
     ssm_dtype: torch.dtype = torch.float32
 
+    @classmethod
+    def ssm(cls, n_layers: int, conv_dim: int, conv_kernel: int, heads: int, head_dim: int,
+            state_size: int, conv_dtype: torch.dtype) -> RecurrentSpec:
+        """Selective state space layers (Mamba2: [heads, head_dim, state_size]; Mamba:
+        [1, d_inner, state_size]): the same two tensors per layer as Gated DeltaNet's,
+        so the cache stores, thins and restores them alike."""
+        return cls(n_layers, conv_dim, conv_kernel, heads, head_dim, state_size, conv_dtype)
+
 
 @dataclass(frozen=True)
 class StateSpec:
@@ -59,6 +76,12 @@ class StateSpec:
     def is_hybrid(self) -> bool:
         """True when some layer's state can't be cut: restores need snapshots."""
         return self.recurrent is not None and self.recurrent.n_layers > 0
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of a page's KV; a model without attention has pages of no bytes
+        (kept for the prefix chain of its blocks), float32 by convention."""
+        return torch.float32 if self.attention is None else self.attention.dtype
 
     def kv_shape(self, n_tokens: int | None = None) -> tuple[int, ...]:
         """Shape of n_tokens (default: one page) of KV for all attention layers."""
@@ -113,3 +136,52 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """A step's logits and whose rows they are, worked out once, where the rows are
+    chosen: rows [n, vocab] float32 (on the CPU, or where the model ran for backend
+    sampling), and for each sequence of the step the slice of its rows: its last
+    token's, or every token it computed where the step was asked for them (row i then
+    predicts the token after its i-th). Empty (false) when no model call was made."""
+    rows: torch.Tensor | None = None
+    spans: dict[int, slice] = field(default_factory=dict)     # sequence id -> its rows
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def of(self, seq: Sequence) -> torch.Tensor:
+        """seq's rows [k, vocab]."""
+        return self.rows[self.spans[seq.id]]
+
+    def last(self, seq: Sequence) -> torch.Tensor:
+        """The logits [vocab] after seq's last computed token."""
+        return self.rows[self.spans[seq.id].stop - 1]
+
+
+
+class OutOfCells(RuntimeError):
+    """No free recurrent state cell: the request waits, it never crashes anything."""
+
+
+class StateIO(Protocol):
+    """What the cache asks of the runner (model/runner.py), which owns the state tensors:
+    a sequence's cell, copy-on-write of a page, and host copies in and out of pages,
+    partial pages and recurrent cells, for restores and checkpoints."""
+
+    vocab_size: int
+
+    def attach(self, seq: Sequence) -> None: ...
+    def detach(self, seq: Sequence) -> None: ...
+    def live_cells(self) -> set[int]: ...
+    def copy_page(self, src: int, dst: int) -> None: ...
+    def page_views(self, pages: list[int]) -> list[torch.Tensor] | None: ...
+    def read_pages(self, pages: list[int]) -> torch.Tensor: ...
+    def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
+    def read_partial(self, page: int, n: int) -> torch.Tensor: ...
+    def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
+    def read_recurrent(self, cell: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def load_recurrent(self, cell: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
+    def deferred_reads(self) -> AbstractContextManager: ...
+    def wait_reads(self) -> None: ...

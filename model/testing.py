@@ -1,7 +1,7 @@
 """Run whole prompts through a model without the runner: for tests and tools.
 
 Pages are taken in order (sequence i of a batch gets its own contiguous range)
-and sequence i uses recurrent slot i.
+and sequence i uses recurrent cell i.
 """
 
 from __future__ import annotations

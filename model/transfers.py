@@ -3,7 +3,7 @@
 On CUDA a checkpoint's state goes to pinned host memory on a side stream, after an
 event that orders it behind the step that computed it; the step after it runs
 meanwhile, and the host waits for the copies only when the checkpoint is stored
-(`settle`, at the next admission or when idle), not after the step. A restore copies
+(`wait`, at the next admission or when idle), not after the step. A restore copies
 host values into the pool on the side stream too, and the compute stream waits for
 that on the device (an event), never the host. Off CUDA these are plain copies: the
 device is the host.
@@ -17,12 +17,6 @@ from contextlib import contextmanager
 import torch
 
 
-def host_empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """A host buffer for state bound for a device: pinned where there is CUDA, so its
-    copy up is asynchronous (disk reads decode into these: cache/store/reader.py)."""
-    return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available())
-
-
 class Transfers:
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -33,7 +27,7 @@ class Transfers:
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
-        """Inside: to_host returns before its copy is done; settle() waits for them."""
+        """Inside: to_host returns before its copy is done; wait() waits for them."""
         self._defer += 1
         try:
             yield
@@ -49,7 +43,7 @@ class Transfers:
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         """A host copy of a device tensor nobody writes any more (a fresh gather or
-        clone). Inside deferred(), on CUDA, it is valid once settle() has returned."""
+        clone). Inside deferred(), on CUDA, it is valid once wait() has returned."""
         if not self.cuda:
             return t
         out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
@@ -65,7 +59,7 @@ class Transfers:
             done.synchronize()
         return out
 
-    def settle(self) -> None:
+    def wait(self) -> None:
         """Wait for the device -> host copies issued so far."""
         pending, self._pending = self._pending, []
         for done in pending:
@@ -76,7 +70,7 @@ class Transfers:
         if not self.cuda:
             write(host.to(self.device))
             return
-        self.settle()             # a deferred host copy is what is being written back
+        self.wait()               # a deferred host copy is what is being written back
         compute = torch.cuda.current_stream(self.device)
         # the pages may have held another sequence's state that a queued step still reads
         self.stream.wait_stream(compute)

@@ -12,6 +12,19 @@ from ckptd.tools.make_tiny import make_tiny
 # invariants whenever it goes idle, and exits non-zero at shutdown if one broke:
 # the tests that stop a daemon assert its exit code (daemon/runtime.py).
 os.environ["CKPTD_CHECK_INVARIANTS"] = "1"
+_KERNELS = {name: os.environ.get(name) for name in ("CKPTD_KERNELS", "CKPTD_EXTERNAL_KERNELS")}
+
+
+@pytest.fixture(autouse=True)
+def kernels_are_chosen_through_dispatch(monkeypatch):
+    """kernels/dispatch.py reads CKPTD_KERNELS and CKPTD_EXTERNAL_KERNELS once: a test
+    that sets the variables instead of dispatch.MODE / EXTERNAL would change nothing
+    in this process. Fails such a test rather than let it pass untested. (Requests
+    monkeypatch so that it checks before monkeypatch undoes the test's changes.)"""
+    yield
+    changed = [n for n, v in _KERNELS.items() if os.environ.get(n) != v]
+    assert not changed, (f"{', '.join(changed)} changed during the test: set dispatch.MODE "
+                         "or dispatch.EXTERNAL instead (the variables are read once)")
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +60,24 @@ def tiny_model(tiny_dir):
     return load_model(tiny_dir)
 
 
+# the selective state space hybrids, written by transformers' own classes (tools/tiny_ssm.py)
+SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+
+
+@pytest.fixture(scope="session")
+def ssm_dirs(tmp_path_factory):
+    """{model_type: make-tiny folder} of every state space hybrid."""
+    root = tmp_path_factory.mktemp("tiny-ssm")
+    return {arch: make_tiny(arch, root / arch) for arch in SSM_ARCHES}
+
+
+@pytest.fixture(scope="session")
+def ssm_models(ssm_dirs):
+    """{model_type: loaded model} (fp32, CPU)."""
+    from ckptd.model.loader import load_model
+    return {arch: load_model(folder) for arch, folder in ssm_dirs.items()}
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS) on loopback for the whole session: started once,
@@ -58,3 +89,21 @@ def s3_server(tmp_path_factory):
         yield server.wait_ready()
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_vision(tmp_path_factory):
+    """Multimodal tiny checkpoints by arch, written by transformers' own classes
+    (`make-tiny --vision`), each with its text GGUF and mmproj GGUF from llama.cpp's
+    converter: {arch: (folder, gguf, mmproj)}, made on first use."""
+    from ckptd.tools.make_tiny_vision import make_tiny_vision
+
+    made: dict[str, tuple] = {}
+
+    def get(arch: str = "qwen3_5_text"):
+        if arch not in made:
+            root = tmp_path_factory.mktemp(f"tiny-vision-{arch}")
+            folder, mmproj = make_tiny_vision(arch, root / "hf", gguf=root / "tiny.gguf")
+            made[arch] = (folder, root / "tiny.gguf", mmproj)
+        return made[arch]
+    return get

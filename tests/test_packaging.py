@@ -62,6 +62,8 @@ def test_the_wheel_holds_only_ckptd(tmp_path):
     for part in PARTS:
         assert f"ckptd/{part}/__init__.py" in names
     assert "ckptd/cache/store/store.py" in names and "ckptd/tools/bench/kernels.py" in names
+    # the cache page the daemon serves at / (package data)
+    assert {"ckptd/daemon/http/page/index.html", "ckptd/daemon/http/page/page.js"} <= names
 
 
 def test_ckptd_imports_from_any_folder(tmp_path):

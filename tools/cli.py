@@ -14,7 +14,7 @@ import sys
 COMMANDS = {
     "serve": ("ckptd.daemon.serve", "run the HTTP daemon"),
     "generate": ("ckptd.tools.generate", "generate text from a prompt (no daemon)"),
-    "make-tiny": ("ckptd.tools.make_tiny", "write a tiny random-weight model in HF format"),
+    "make-tiny": ("ckptd.tools.make_tiny_command", "write a tiny random-weight model in HF format"),
     "make-lora": ("ckptd.tools.make_lora", "write a random LoRA adapter (PEFT folder) for a model"),
     "inspect": ("ckptd.tools.inspect_store.command",
                 "inspect a cache store or a running daemon's cache"),

@@ -55,13 +55,17 @@ class Conversion:
 # ('' to let the converter identify it), then (folder, outfile, outtype, extra args) per
 # job, separated by '--next'. A trained-from-scratch tiny vocabulary has no entry in the
 # converter's table of known tokenizers (identified by hashing a reference encoding), so
-# the caller names its pre-tokenizer instead; tensors go through the converter untouched.
+# the caller names its pre-tokenizer instead (and Jamba's converter, which wants a Llama
+# vocabulary, writes it as GPT-2's); tensors go through the converter untouched.
 _DRIVER = """
 import runpy, sys
 script, pre, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
 if pre:
     from conversion.base import TextModel
+    from conversion.jamba import JambaModel
     TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+    # Jamba's converter reads only a Llama-style vocabulary: the tiny byte-level BPE is GPT-2's
+    JambaModel.set_vocab = TextModel._set_vocab_gpt2
 jobs, job = [], []
 for a in rest:
     if a == "--next":

@@ -38,6 +38,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    # imported here: `ckptd generate --help` answers without importing torch
     from ckptd.daemon.engine import local_engine
     from ckptd.model.default import default_model_path
     from ckptd.model.loader import load
@@ -98,6 +99,7 @@ class _PrefillBar:
     def __init__(self, total: int) -> None:
         self.total, self.progress, self.task = total, None, None
         if total >= LONG_PROMPT:
+            # only a long prompt shows a bar
             from rich.console import Console
             from rich.progress import (
                 BarColumn,

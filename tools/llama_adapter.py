@@ -7,7 +7,8 @@ The model is ckptd's (CKPTD_SUITE_MODEL, default the embedded SmolLM2); the suit
 model flags (--hf-repo, --model, --model-draft) are not followed: it downloads nothing
 (a draft model is ckptd's model too: it drafts for itself). Its LoRA adapters are
 for its own model too: `--lora` serves CKPTD_SUITE_LORA instead (an adapter for
-ckptd's model, `ckptd make-lora`), and is refused without it. llama-server's
+ckptd's model, `ckptd make-lora`), and is refused without it; its vision tower likewise
+(CKPTD_SUITE_MMPROJ, for a GGUF model; an HF model folder brings its own). llama-server's
 defaults are mapped too: metrics off unless --metrics, CORS open to any origin with
 credentials. A flag for a feature ckptd leaves out exits 2 with one line saying so.
 """
@@ -19,6 +20,7 @@ import sys
 import tempfile
 
 from ckptd.daemon.flags import SETTINGS
+from ckptd.model.default import default_model_path
 
 # llama-server flag -> (ckptd flag or None to drop it, takes a value)
 _MAP = {
@@ -48,11 +50,13 @@ _MAP = {
     "--spec-draft-p-min": ("--spec-draft-p-min", True),
     "--spec-synth-len": ("--spec-synth-len", True),
     "--spec-synth-rates": ("--spec-synth-rates", True),
+    "--media-path": ("--media-path", True), "--no-mmproj": ("--no-mmproj", False),
+    # the suite's vision tower is for its own model: CKPTD_SUITE_MMPROJ takes its place
+    "--mmproj-url": (None, True), "--mmproj": (None, True),
 }
 UNSUPPORTED = {
     "--embedding": "embeddings", "--reranking": "reranking", "--pooling": "embeddings",
     "--context-shift": "context shift",
-    "--mmproj-url": "multimodal input", "--media-path": "multimodal input",
     "--models-dir": "router mode", "--models-max": "router mode",
     "--no-models-autoload": "router mode",
     "--models-preset": "router mode", "--tools": "tool/MCP proxying",
@@ -119,6 +123,8 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         out += ["--cors-origins", "*", "--cors-credentials"]
     if env.get("CKPTD_SUITE_MODEL"):
         out += ["--model", env["CKPTD_SUITE_MODEL"]]
+    if env.get("CKPTD_SUITE_MMPROJ") and "--no-mmproj" not in out:
+        out += ["--mmproj", env["CKPTD_SUITE_MMPROJ"]]
     return out
 
 
@@ -132,7 +138,6 @@ def environment(env: dict[str, str]) -> dict[str, str]:
 
 def _model(env: dict[str, str]) -> str:
     """The model ckptd serves in the suite: CKPTD_SUITE_MODEL, else the embedded one."""
-    from ckptd.model.default import default_model_path
     return env.get("CKPTD_SUITE_MODEL") or str(default_model_path())
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -31,7 +32,8 @@ from ckptd.tools.llama_suite_plugin import exclusions as _exclusions
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "ckptd.tools.llama_suite_plugin"
 _VENDOR = "vendor/llama.cpp/"
-_KEEP = ("tools/server/tests/", "models/templates/")
+# test_security.py's media-path test reads llama.cpp's own test picture
+_KEEP = ("tools/server/tests/", "models/templates/", "tools/mtmd/test-1.jpeg")
 TESTS = "tools/server/tests"
 # utils.py imports `wget` for downloads; the suite runs offline against ckptd's model
 _NO_WGET = '"""Downloads are off: the suite runs against ckptd\'s own model."""\n\n\n' \
@@ -43,8 +45,10 @@ def fetch(dest: Path) -> Path:
     """The suite's tests folder (extracted once), with downloads turned off."""
     root = dest / "llama-server-suite"
     tests = root / TESTS
-    if (tests / "utils.py").is_file():
+    if (tests / "utils.py").is_file() and (root / _KEEP[-1]).is_file():
         return tests
+    if root.exists():                       # extracted by an older build: again, whole
+        shutil.rmtree(root)
     sdist = _download(dest / "cache")
     tmp = root.with_name(root.name + ".partial")
     with tarfile.open(sdist) as tar:
@@ -96,7 +100,7 @@ def free_port() -> int:
 
 
 def environment(suite: Path, model: str | None, base: dict[str, str],
-                lora: str | None = None) -> dict[str, str]:
+                lora: str | None = None, mmproj: str | None = None) -> dict[str, str]:
     """The suite's environment: its servers on a free port (the suite's default, 8080,
     may be another server's, whose answers would then be taken for ckptd's), ckptd's
     model, and nothing of the caller's pytest run."""
@@ -109,6 +113,8 @@ def environment(suite: Path, model: str | None, base: dict[str, str],
         env["CKPTD_SUITE_MODEL"] = str(Path(model).resolve())
     if lora:
         env["CKPTD_SUITE_LORA"] = str(Path(lora).resolve())
+    if mmproj:
+        env["CKPTD_SUITE_MMPROJ"] = str(Path(mmproj).resolve())
     return env
 
 
@@ -126,11 +132,12 @@ def stand_ins(suite: Path) -> None:
             path.write_text("a stand-in: the adapter serves ckptd's model instead\n")
 
 
-def run(extra: list[str], model: str | None, dest: Path, lora: str | None = None) -> int:
+def run(extra: list[str], model: str | None, dest: Path, lora: str | None = None,
+        mmproj: str | None = None) -> int:
     suite = fetch(dest)
     stand_ins(suite)
     return subprocess.call(command(extra), cwd=suite,
-                           env=environment(suite, model, dict(os.environ), lora))
+                           env=environment(suite, model, dict(os.environ), lora, mmproj))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora", default=None,
                    help="LoRA adapter for ckptd's model, served where a test loads the "
                         "suite's own (ckptd make-lora MODEL OUT writes one)")
+    p.add_argument("--mmproj", default=None,
+                   help="vision tower (mmproj GGUF) for a GGUF --model, served where a test "
+                        "starts the suite's multimodal model (an HF folder brings its own)")
     args, extra = p.parse_known_args(argv)
     try:
-        return run(extra, args.model, args.dest, args.lora)
+        return run(extra, args.model, args.dest, args.lora, args.mmproj)
     except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

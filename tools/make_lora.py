@@ -14,8 +14,10 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from ckptd.model.lora.apply import adaptable
+from ckptd.model.loader import load_model
+from ckptd.model.lora.targets import adaptable
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -23,7 +25,6 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def make_lora(model, out: str | Path, rank: int = 4, alpha: float = 8.0, seed: int = 0,
               std: float = 0.05, targets: tuple[str, ...] = PROJECTIONS) -> Path:
     """A PEFT folder adapting every linear of `model` whose last name is in `targets`."""
-    from safetensors.torch import save_file
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
     out = Path(out)
@@ -58,7 +59,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ckptd.model.loader import load_model
     model = load_model(args.model)
     print(make_lora(model, args.out, args.rank, args.alpha, args.seed, args.std))
     return 0

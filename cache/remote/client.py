@@ -108,7 +108,6 @@ class RemoteClient:
         self.cool = _COOL_MIN
         self.last_error: str | None = None
 
-    # ---- health ------------------------------------------------------------------------
     def available(self) -> bool:
         """False during a cool-off after the remote failed."""
         return time.monotonic() >= self.down_until
@@ -133,7 +132,6 @@ class RemoteClient:
             with self.lock:
                 self.cool = _COOL_MIN
 
-    # ---- requests ----------------------------------------------------------------------
     def _call(self, op: str, fn: Callable[[], T], up: int = 0, expect: int = 404) -> T:
         """fn() counted as one `op` request; RemoteError for failures, except the HTTP
         status `expect` (a missing object; 412 for a conditional put that found one),
@@ -181,9 +179,6 @@ class RemoteClient:
             self.latency_sum += seconds
             if op in ("head", "list"):        # small requests: latency without transfer
                 self.latency_ema = 0.8 * self.latency_ema + 0.2 * seconds
-
-    def _missing(self, e: Exception) -> bool:
-        return isinstance(e, self._exc.ClientError)
 
     def get(self, name: str) -> bytes | None:
         """An object's body; None when there is no such object."""

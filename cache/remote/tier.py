@@ -60,7 +60,6 @@ class RemoteTier:
         """Seconds per small request, as measured."""
         return self.client.latency_ema
 
-    # ---- restore planning ------------------------------------------------------------
     def plan(self, local: IndexView, tokens: list[int], limit: int, chain: KeyChain,
              device_blocks: int, floor: int) -> RestorePlan | None:
         """The deepest restorable state of tokens[:limit] over the local tiers and the
@@ -98,7 +97,6 @@ class RemoteTier:
     def flush(self, timeout: float | None = None) -> bool:
         return True if self.uploader is None else self.uploader.flush(timeout)
 
-    # ---- the tier interface, over LMDB values (tools and tests) ---------------------
     def get(self, key: bytes) -> bytes | None:
         return self.get_many([key])[0]
 
@@ -154,7 +152,6 @@ class RemoteTier:
                     out.append((parsed[1], found[0]))
         return out
 
-    # ---- lifecycle -------------------------------------------------------------------
     def check(self) -> str | None:
         """Why the remote can't be used now (logged at start), or None."""
         try:

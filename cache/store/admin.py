@@ -1,20 +1,19 @@
 """The store's admin API (daemon endpoints, inspector): stats, listing, pin, delete,
 verify, export/import. Keys are taken and given as hex strings. Held by the
-CacheStore, whose parts it works through."""
+CacheStore (store.py), whose parts, checks (writable, need_model), sync and flush it
+works through; store.py imports this module, so the store it is given goes unnamed
+here."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ckptd.cache import codec
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import key_from_hex
-
-if TYPE_CHECKING:
-    from ckptd.cache.store.store import CacheStore
 from ckptd.cache.tiers.disk import DiskTier
+from ckptd.cache.why.gone import DELETED
 
 _SORTS = {"last_used": lambda m: m.last_used, "size": lambda m: m.stored_bytes or m.logical_bytes,
           "hits": lambda m: m.hits, "created": lambda m: m.created,
@@ -36,12 +35,13 @@ class EntryInfo:
     pinned: bool
     fingerprint: str
     tiers: tuple[str, ...]
+    next_position: int | None = None   # a snapshot after images: its next M-RoPE position
 
     @classmethod
     def of(cls, key: bytes, m: EntryMeta, tiers: tuple[str, ...]) -> EntryInfo:
         return cls(key.hex(), m.kind, m.position, list(m.tokens), m.parent.hex(), m.stored_bytes,
                    m.logical_bytes, m.created, m.last_used, m.hits, m.pinned, m.fingerprint,
-                   tiers)
+                   tiers, m.next_position)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,7 +56,7 @@ class VerifyReport:
 
 
 class StoreAdmin:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store) -> None:
         self.store = store
         self.catalog, self.host, self.disk = store.catalog, store.host, store.disk
 
@@ -95,8 +95,10 @@ class StoreAdmin:
                 host_kinds[m.kind] = host_kinds.get(m.kind, 0) + 1
         w, c, remote = self.store.writer, self.catalog.counters, self.store.remote
         remote = remote.stats() if remote is not None else None
+        misses = self.store.why.stats()          # explains what waits: not under the lock
         with self.catalog.lock:
             return {
+                "misses": misses,
                 "entries": len(merged),
                 "disk": disk,
                 "host": {"entries": sum(host_kinds.values()), "by_kind": host_kinds,
@@ -154,8 +156,8 @@ class StoreAdmin:
                     if c not in keys:
                         keys.add(c)
                         todo.append(c)
-            for k in keys:
-                self.catalog.index.remove(k)
+            metas = [(k, self.catalog.index.remove(k)) for k in keys]
+        self.store.gone.left(metas, DELETED, "")
         found = self.disk.delete_many(list(keys))
         in_host = [k for k in keys if self.host.contains(k)]
         for k in in_host:
@@ -185,7 +187,7 @@ class StoreAdmin:
             for below, k in zip([None, *path], path):
                 m = index.get(k)
                 if not pinned and any(index.get(c).pinned
-                                      for c in index.children.get(k, ()) if c != below):
+                                      for c in index.children.of(k) if c != below):
                     break                # still needed by another pinned entry below it
                 if m.pinned == pinned and k != key:
                     break                # pinning: its ancestors are pinned already
@@ -202,8 +204,8 @@ class StoreAdmin:
         self.store.flush()
         with self.catalog.lock:
             keys = [k for k, m in self.catalog.index.rows.items() if include_pinned or not m.pinned]
-            for k in keys:
-                self.catalog.index.remove(k)
+            metas = [(k, self.catalog.index.remove(k)) for k in keys]
+        self.store.gone.left(metas, DELETED, "")
         self.disk.delete_many(keys)
         for k, m in self.host.scan():
             if include_pinned or not m.pinned:

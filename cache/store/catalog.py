@@ -66,8 +66,8 @@ class Catalog:
             touched, self.touched = self.touched, {}
         return touched
 
-    # ---- the IndexView restore planning reads: RAM first, then disk --------------------
     def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]:
+        """The IndexView restore planning reads (cache/lookup.py): RAM first, then disk."""
         out: list = [None if m is None else (m, HOST) for m in self.host.metas(keys)]
         with self.lock:
             for i, key in enumerate(keys):
@@ -77,13 +77,13 @@ class Catalog:
 
     def has_snapshots(self, parent: bytes) -> bool:
         with self.lock:
-            if parent in self.index.snap_parents:
+            if self.index.children.has_snapshots(parent):
                 return True
         return self.host.has_snapshots(parent)
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            found = {p for p in parents if p in self.index.snap_parents}
+            found = self.index.children.with_snapshots(parents)
         return found | self.host.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]:
@@ -91,6 +91,11 @@ class Catalog:
             found = {k: (k, m, DISK) for k, m in self.index.children_after(parent)}
         found.update({k: (k, m, HOST) for k, m in self.host.children_after(parent)})
         return list(found.values())
+
+    def roots(self) -> list[bytes]:
+        """The root keys (model, block size, salt) some stored entry hangs from."""
+        with self.lock:
+            return list(self.index.roots)
 
     def sanity_check(self) -> None:
         with self.lock:

@@ -19,6 +19,7 @@ from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.store.evict import pick_victims
 from ckptd.cache.store.thin import Forget, split_forgets
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
+from ckptd.cache.why.gone import BUDGET, EVICTED, Gone
 
 log = logging.getLogger(__name__)
 Encoded = tuple[bytes, EntryMeta, bytes]
@@ -34,12 +35,15 @@ class Fetched(NamedTuple):
 class Committer:
     def __init__(self, catalog: Catalog, disk: DiskTier, fingerprint: str | None,
                  budget: int, hybrid: bool | None,
-                 on_commit: Callable[[list[Encoded]], object] | None = None) -> None:
+                 on_commit: Callable[[list[Encoded]], object] | None = None,
+                 gone: Gone | None = None) -> None:
         """hybrid: the model's (None for a store opened without one: evict says).
-        on_commit: called on the writer thread with the entries each commit wrote."""
+        on_commit: called on the writer thread with the entries each commit wrote.
+        gone: where evictions and writes refused are recorded."""
         self.catalog, self.disk, self.fp = catalog, disk, fingerprint
         self.budget, self.hybrid = budget, hybrid
         self.on_commit = on_commit
+        self.gone = gone if gone is not None else Gone()
 
     def encode(self, item) -> Encoded | Forget | Fetched:
         if isinstance(item, (Forget, Fetched)):
@@ -82,6 +86,11 @@ class Committer:
                 lost = len(batch) - len(keep) - orphans
                 cat.counters.lost_writes += lost
                 cat.counters.orphans += orphans
+            if len(written) < len(batch):
+                done = set(written)
+                self.gone.left([(k, m) for k, m in metas.items() if k not in done], BUDGET,
+                               "disk", "the disk budget had no room for it (pinned entries, "
+                               "or a batch larger than the budget)")
         if written and self.on_commit is not None:
             done = set(written)
             try:
@@ -107,7 +116,7 @@ class Committer:
         margin = 2 * sum(len(b) for _, _, b in items) + min(self.budget, stored) // 20
         try:
             self.evict(margin, protect)         # a full disk may refuse even the deletes
-            self.disk.settle()
+            self.disk.commit_empty()
             return self.disk.put_many(items, touched)
         except DiskFull:
             return None
@@ -167,9 +176,9 @@ class Committer:
         cat = self.catalog
         with cat.lock:
             victims = pick_victims(cat.index, need, hybrid, protect)
-            for k in victims:
-                cat.index.remove(k)
+            metas = [(k, cat.index.remove(k)) for k in victims]
             cat.counters.evicted += len(victims)
+        self.gone.left(metas, EVICTED, "disk", "least recently used, over the disk budget")
         if victims:
             self.disk.delete_many(victims)      # the index no longer plans them
         return victims

@@ -24,7 +24,7 @@ def pick_victims(index: DiskIndex, need_bytes: int, hybrid: bool,
     if need_bytes <= 0:
         return []
     rows = index.rows
-    left = {p: len(c) for p, c in index.children.items()}
+    left = index.children.counts()
 
     def rank(key: bytes) -> tuple:
         m = rows[key]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ckptd.cache.children import Children
 from ckptd.cache.entry import SNAPSHOT, EntryMeta
 
 
 class DiskIndex:
     def __init__(self, entries: Iterable[tuple[bytes, EntryMeta]] = ()) -> None:
         self.rows: dict[bytes, EntryMeta] = {}
-        self.children: dict[bytes, set[bytes]] = {}     # parent key -> child keys
-        self.snap_parents: dict[bytes, int] = {}        # parent key -> snapshots after it
+        self.children = Children()                      # parent key -> child keys
+        self.roots: dict[bytes, int] = {}               # root key -> entries hanging from it
         self.stored_bytes = 0
         self.logical_bytes = 0
         for key, meta in entries:
@@ -34,9 +35,9 @@ class DiskIndex:
     def add(self, key: bytes, meta: EntryMeta) -> None:
         self.remove(key)
         self.rows[key] = meta
-        self.children.setdefault(meta.parent, set()).add(key)
-        if meta.kind == SNAPSHOT:
-            self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
+        self.children.add(key, meta.parent, meta.kind == SNAPSHOT)
+        if not meta.has_block_parent:
+            self.roots[meta.parent] = self.roots.get(meta.parent, 0) + 1
         self.stored_bytes += meta.stored_bytes
         self.logical_bytes += meta.logical_bytes
 
@@ -44,24 +45,17 @@ class DiskIndex:
         meta = self.rows.pop(key, None)
         if meta is None:
             return None
-        sibs = self.children.get(meta.parent)
-        if sibs is not None:
-            sibs.discard(key)
-            if not sibs:
-                del self.children[meta.parent]
-        if meta.kind == SNAPSHOT:
-            self.snap_parents[meta.parent] -= 1
-            if not self.snap_parents[meta.parent]:
-                del self.snap_parents[meta.parent]
+        self.children.remove(key, meta.parent, meta.kind == SNAPSHOT)
+        if not meta.has_block_parent:
+            self.roots[meta.parent] -= 1
+            if not self.roots[meta.parent]:
+                del self.roots[meta.parent]
         self.stored_bytes -= meta.stored_bytes
         self.logical_bytes -= meta.logical_bytes
         return meta
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
-        return [(k, self.rows[k]) for k in self.children.get(parent, ())]
-
-    def is_leaf(self, key: bytes) -> bool:
-        return not self.children.get(key)
+        return [(k, self.rows[k]) for k in self.children.of(parent)]
 
     def subtree(self, key: bytes) -> list[bytes]:
         """`key` and everything below it, parents before children."""
@@ -69,7 +63,7 @@ class DiskIndex:
         while todo:
             k = todo.pop()
             out.append(k)
-            todo.extend(self.children.get(k, ()))
+            todo.extend(self.children.of(k))
         return out
 
     def ancestors(self, key: bytes) -> list[bytes]:
@@ -98,17 +92,16 @@ class DiskIndex:
         """The index is closed (every entry's parent block is present), pins are closed
         upwards, and the derived maps and byte counts match the rows. AssertionError
         names what broke."""
-        children: dict[bytes, set[bytes]] = {}
-        snaps: dict[bytes, int] = {}
+        self.children.check(((k, m.parent, m.kind == SNAPSHOT) for k, m in self.rows.items()),
+                            "the index")
+        roots: dict[bytes, int] = {}
         for key, m in self.rows.items():
-            children.setdefault(m.parent, set()).add(key)
-            if m.kind == SNAPSHOT:
-                snaps[m.parent] = snaps.get(m.parent, 0) + 1
-            if m.has_block_parent:
-                parent = self.rows.get(m.parent)
-                assert parent is not None, f"entry {key.hex()} has lost its parent block"
-                assert not m.pinned or parent.pinned, f"pinned {key.hex()} has an unpinned parent"
-        assert children == self.children, "the index's child sets are off"
-        assert snaps == self.snap_parents, "the index's snapshot counts are off"
+            if not m.has_block_parent:
+                roots[m.parent] = roots.get(m.parent, 0) + 1
+                continue
+            parent = self.rows.get(m.parent)
+            assert parent is not None, f"entry {key.hex()} has lost its parent block"
+            assert not m.pinned or parent.pinned, f"pinned {key.hex()} has an unpinned parent"
+        assert roots == self.roots, "the index's root counts are off"
         assert self.stored_bytes == sum(m.stored_bytes for m in self.rows.values())
         assert self.logical_bytes == sum(m.logical_bytes for m in self.rows.values())

@@ -24,6 +24,8 @@ from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers import pagein
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, owned_copy
+from ckptd.cache.why import gone as departures
+from ckptd.cache.why.gone import Gone
 from ckptd.model.spec import StateSpec
 
 log = logging.getLogger(__name__)
@@ -35,10 +37,12 @@ _READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at
 class Reader:
     def __init__(self, catalog: Catalog, host: HostTier, disk: DiskTier, spec: StateSpec | None,
                  fingerprint: str | None, threads: int, readonly: bool,
-                 fetcher=None, adopt=None) -> None:
+                 fetcher=None, adopt=None, gone: Gone | None = None) -> None:
         """fetcher: the remote tier's (None without one); adopt(items): keeps what it
-        read, [(key, meta, value bytes, tensors to hold in RAM or None)]."""
+        read, [(key, meta, value bytes, tensors to hold in RAM or None)]; gone: where
+        dropped values are recorded."""
         self.catalog, self.host, self.disk = catalog, host, disk
+        self.gone = gone if gone is not None else Gone()
         self.fetcher, self.adopt = fetcher, adopt
         self.spec, self.fp, self.readonly = spec, fingerprint, readonly
         self.B = spec.block_size if spec is not None else None
@@ -90,7 +94,7 @@ class Reader:
             outs = into_pages[:nb]
         elif nb:
             # pinned where there is CUDA: the copy up to the device is then asynchronous
-            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.attention.dtype,
+            pages = torch.empty((nb, *self.spec.kv_shape()), dtype=self.spec.kv_dtype,
                                 pin_memory=torch.cuda.is_available())
             outs = list(pages)
         else:
@@ -110,7 +114,7 @@ class Reader:
         if from_disk:
             # Two helpers run ahead of the readers, in the order they go: one asks the
             # disk for the values (it mostly waits), one faults in the output pages the
-            # values decode into (CPU). See cache/pagein.py.
+            # values decode into (CPU). See cache/tiers/pagein.py.
             done = threading.Event()
             refs = [(pieces[i].key, pieces[i].kind) for i in from_disk]
             self.prefetcher.submit(_ahead, refs, self.disk.prefetch, done)
@@ -131,7 +135,7 @@ class Reader:
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
-            self.drop(corrupt)
+            self.drop(corrupt, REMOTE if from_remote else DISK)
         read = {**dict.fromkeys(from_disk, DISK), **dict.fromkeys(from_remote, REMOTE)}
         self._touch_and_promote(pieces, values, read, at_once=into_pages is not None)
         snap = values[nb] if plan.snapshot is not None else None
@@ -251,14 +255,17 @@ class Reader:
                 if self.catalog.index.get(k) is not None:
                     self.host.put(k, m, v)
 
-    def drop(self, keys: list[bytes]) -> None:
+    def drop(self, keys: list[bytes], tier: str = DISK) -> None:
         """Values that failed verification: gone from every tier, never served. What
-        is below them goes too, as a delete takes a subtree: a prefix stays closed."""
+        is below them goes too, as a delete takes a subtree: a prefix stays closed.
+        tier: where they were read from (recorded as where they failed)."""
+        metas = dict(zip(keys, self.host.metas(keys)))
         with self.catalog.lock:
             self.catalog.counters.corrupt += len(keys)
             gone = list(dict.fromkeys(k for bad in keys for k in self.catalog.index.subtree(bad)))
             for k in gone:
-                self.catalog.index.remove(k)
+                metas[k] = self.catalog.index.remove(k) or metas.get(k)
+        self.gone.left(metas.items(), departures.CORRUPT, tier)
         for k in gone:
             self.host.delete(k)
         if not self.readonly:

@@ -15,6 +15,9 @@ The store is its parts, each a small object with public methods:
     admin       stats, listing, pins, deletes, verify, export (admin.py)
     remote      optional: the shared S3 tier below LMDB (cache/remote/), fed by the
                 committer after each commit, read by the reader, planned last
+    gone        records of the entries that left, and why (cache/why/gone.py): the
+                parts record what they evict, thin, drop or could not write
+    why         explains each restore and counts its misses (cache/why/ledger.py)
 
 No part does LMDB I/O or compression while holding the catalog's lock.
 """
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ckptd.cache.entry import BLOCK, BRANCH, END, INTERVAL, SNAPSHOT, EntryMeta
-from ckptd.cache.keys import KeyChain, KeyContext, root_key, snapshot_key
+from ckptd.cache.keys import KeyChain, prompt_chain, root_key, snapshot_key
 from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.admin import StoreAdmin
@@ -43,6 +46,8 @@ from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, owned_copy, tensors_nbytes
+from ckptd.cache.why.gone import BUDGET, EVICTED, Gone
+from ckptd.cache.why.ledger import Ledger
 from ckptd.model.spec import StateSpec
 
 if TYPE_CHECKING:
@@ -91,15 +96,13 @@ class CacheStore:
         # LMDB needs free pages beyond the values (copy-on-write, pages readers still
         # see): a map smaller than the budget caps what is stored at 2/3 of it.
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
-        self.host = HostTier(0 if readonly else cfg.host_budget)
+        self.gone = Gone.load(self.path)
+        self.host = HostTier(0 if readonly else cfg.host_budget, self._host_evicted)
         self.catalog = Catalog(self._read_index(), self.host)
-        self.link = RemoteLink(self, remote) if remote is not None else None
-        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
-                             cfg.read_threads, readonly, remote.fetcher if remote else None,
-                             self.link.adopt if self.link else None)
+        self.why = Ledger(self.catalog, self.gone, fingerprint)
         self.committer = Committer(self.catalog, self.disk, fingerprint, self.budget,
                                    spec.is_hybrid if spec is not None else None,
-                                   remote.offer if remote else None)
+                                   remote.offer if remote else None, self.gone)
         # Marking a put queued and queueing it happen together: a put that sees its
         # parent marked must find the parent ahead of it in the queue, or the writer
         # would drop it as an orphan (two threads putting one prefix at once).
@@ -107,7 +110,12 @@ class CacheStore:
         self.writer = None if readonly else Writer(
             self.committer.encode, self.committer.commit, cfg.queue_bytes, cfg.write_threads,
             cfg.batch, cfg.block_when_full, on_shed=self._shed)
-        self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget)
+        self.link = None if remote is None else RemoteLink(
+            self.catalog, self.host, self.disk, self.writer, self.put_lock)
+        self.reader = Reader(self.catalog, self.host, self.disk, spec, fingerprint,
+                             cfg.read_threads, readonly, remote.fetcher if remote else None,
+                             self.link.adopt if self.link else None, self.gone)
+        self.thinner = Thinner(self.catalog, self.host, self.B, self._queue_forget, self.gone)
         self.admin = StoreAdmin(self)
         if remote is not None and not readonly:
             remote.attach(self.link.committed)
@@ -124,9 +132,11 @@ class CacheStore:
         return root_key(self.fp, self.B, salt)
 
     def chain(self, tokens, salt: str | bytes | None = None, extras=None,
-              positions=None) -> KeyChain:
-        """The block keys of `tokens` under this store's model and a salt."""
-        return KeyChain(self.root(salt), self.B, tokens, KeyContext(salt, extras, positions))
+              positions=None, media: tuple = ()) -> KeyChain:
+        """The block keys of `tokens` under this store's model and a salt. media: the
+        spans of the prompt's images (model/vision/positions.py), named in the keys."""
+        self.need_model()
+        return prompt_chain(self.fp, self.B, tokens, salt, extras, positions, media)
 
     def need_model(self) -> None:
         if self.spec is None or self.fp is None:
@@ -159,7 +169,6 @@ class CacheStore:
         """Whether the key is in RAM, on disk or on its way there."""
         return self.catalog.has(key)
 
-    # ---- lookup and load ----------------------------------------------------------
     def lookup(self, tokens, salt: str | bytes | None = None, extras=None,
                max_tokens: int | None = None, positions=None,
                device_blocks: int = 0, chain: KeyChain | None = None) -> RestorePlan:
@@ -203,7 +212,6 @@ class CacheStore:
             remote_timeout = self.remote.config.fetch_timeout if self.remote else 0.0
         return self.reader.load(plan, into_pages, remote_timeout)
 
-    # ---- puts ---------------------------------------------------------------------
     def put_blocks(self, tokens, first_block: int, pages: torch.Tensor,
                    salt: str | bytes | None = None, extras=None, positions=None,
                    chain: KeyChain | None = None) -> int:
@@ -212,12 +220,10 @@ class CacheStore:
         were new."""
         self.writable()
         self.need_model()
-        a = self.spec.attention
         n = pages.shape[0] if pages.dim() else 0
-        if a is None or tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != a.dtype:
+        if tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != self.spec.kv_dtype:
             raise ValueError(f"pages must be [n, {', '.join(map(str, self.spec.kv_shape()))}] "
-                             f"{a.dtype if a else 'of an attention model'}, "
-                             f"got {list(pages.shape)} {pages.dtype}")
+                             f"{self.spec.kv_dtype}, got {list(pages.shape)} {pages.dtype}")
         tokens = [int(t) for t in tokens[:(first_block + n) * self.B]]
         if first_block < 0 or len(tokens) < (first_block + n) * self.B:
             raise ValueError(f"blocks {first_block}..{first_block + n - 1} need "
@@ -265,8 +271,12 @@ class CacheStore:
         tail = [int(t) for t in tokens[d * self.B:]]
         key = snapshot_key(parent, tail, d, self.B, ctx)
         if not self.catalog.known(key):
+            if ctx.inside_image(len(tokens)):
+                raise ValueError(f"a snapshot at {len(tokens)} would fall inside an image")
             meta = EntryMeta(SNAPSHOT, parent, len(tokens), tail, self.fp,
-                             plain=ctx.plain(d, self.B), role=role)
+                             plain=ctx.plain(d, self.B), role=role,
+                             next_position=ctx.next_position(len(tokens)) if ctx.media
+                             else None)
             self._put(key, meta, {k: owned_copy(v) for k, v in tensors.items()})
             if keep is not None:
                 self.thinner.thin(tokens, parents, keep, ctx)
@@ -310,6 +320,7 @@ class CacheStore:
                 return True
             with cat.lock:
                 cat.queued.pop(key, None)
+        self.gone.left([(key, meta)], BUDGET, "disk", _QUEUE_FULL)
         return False
 
     def _shed(self, item) -> None:
@@ -317,12 +328,22 @@ class CacheStore:
         key = item[0]
         with self.catalog.lock:
             self.catalog.queued.pop(key, None)
+        self.gone.left([(key, item[1])], BUDGET, "disk", _QUEUE_FULL)
+
+    def _host_evicted(self, items: list[tuple[bytes, EntryMeta]]) -> None:
+        """The RAM tier evicted these: the last copy of those that are not on disk or on
+        their way (read without the catalog's lock, which the RAM tier's must not wait
+        for: a racing commit at worst leaves a record of an entry that is there, and
+        records are read only for entries that are not)."""
+        cat = self.catalog
+        lost = [(k, m) for k, m in items if k not in cat.index and k not in cat.queued]
+        if lost:
+            self.gone.left(lost, EVICTED, "host", "over the RAM tier's budget", unless=BUDGET)
 
     def _queue_forget(self, item: Forget) -> None:
         with self.put_lock:
             self.writer.put(item, 0, counted=False)
 
-    # ---- the admin API (cache/store/admin.py) -------------------------------------
     def stats(self) -> dict:
         return self.admin.stats()
 
@@ -356,7 +377,6 @@ class CacheStore:
     def import_(self, path: str | Path) -> int:
         return self.admin.import_(path)
 
-    # ---- lifecycle ----------------------------------------------------------------
     def sanity_check(self) -> None:
         """The invariants of the index and the RAM tier (AssertionError names what
         broke)."""
@@ -383,6 +403,8 @@ class CacheStore:
             self.remote.close()        # after the writer: its last commits go up too
         self.reader.close()
         self.disk.close()
+        if not self.readonly:
+            self.gone.save(self.path)
 
     def __enter__(self) -> CacheStore:
         return self
@@ -391,8 +413,11 @@ class CacheStore:
         self.close()
 
 
+_QUEUE_FULL = "the write queue was full (the disk writer fell behind)"
+
+
 def _ints(tokens) -> list[int]:
     """tokens as a list of ints. The daemon's lists pass as they are: converting a
-    long prompt again costs ~1 ms per call (16K tokens), and it makes several calls."""
+    long prompt again costs time on every call, and it makes several calls."""
     return tokens if type(tokens) is list else list(map(int, tokens))
 

@@ -26,6 +26,7 @@ from ckptd.cache.entry import SNAPSHOT, EntryMeta
 from ckptd.cache.keys import KeyContext, snapshot_key
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers.host import HostTier
+from ckptd.cache.why.gone import THINNED, Gone
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,12 @@ def thin_victims(positions: Sequence[int], end: int, keep: int,
 
 class Thinner:
     def __init__(self, catalog: Catalog, host: HostTier, block_size: int,
-                 queue_forget: Callable[[Forget], None]) -> None:
-        """queue_forget: puts a Forget into the write-behind queue, in order with puts."""
+                 queue_forget: Callable[[Forget], None], gone: Gone | None = None) -> None:
+        """queue_forget: puts a Forget into the write-behind queue, in order with puts;
+        gone: where the snapshots dropped are recorded."""
         self.catalog, self.host, self.B = catalog, host, block_size
         self.queue_forget = queue_forget
+        self.gone = gone if gone is not None else Gone()
 
     def thin(self, tokens: list[int], parents: list[bytes], keep: int,
               ctx: KeyContext) -> int:
@@ -98,11 +101,12 @@ class Thinner:
         if not keys:
             return 0
         cat = self.catalog
+        metas = self.host.metas(keys)
         with cat.lock:
-            for k in keys:
-                cat.index.remove(k)
+            metas = [(k, cat.index.remove(k) or m) for k, m in zip(keys, metas)]
             cat.forgetting.update(keys)
             cat.counters.thinned += len(keys)
+        self.gone.left(metas, THINNED, "")
         for k in keys:
             self.host.delete(k)
         self.queue_forget(Forget(keys))

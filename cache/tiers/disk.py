@@ -167,7 +167,6 @@ class DiskTier:
     def _db(self, kind: str):
         return self.blocks if kind == BLOCK else self.snapshots
 
-    # ---- reads ----------------------------------------------------------------------
     def read_many(self, items: Sequence[tuple[bytes, str]],
                   fn: Callable[[bytes, memoryview | None], T]) -> list[T]:
         """fn(key, value buffer or None) for each (key, kind), all in one read
@@ -240,7 +239,6 @@ class DiskTier:
     def map_bytes(self) -> int:
         return self.env.info()["map_size"]
 
-    # ---- writes ---------------------------------------------------------------------
     def put(self, key: bytes, meta: EntryMeta, value: bytes) -> bool:
         return bool(self.put_many([(key, meta, value)]))
 
@@ -271,7 +269,7 @@ class DiskTier:
             raise _write_error(e, str(self.map_bytes())) from None
         return written
 
-    def settle(self) -> None:
+    def commit_empty(self) -> None:
         """Commit an empty-ish transaction. LMDB reuses the pages a transaction freed only
         from the second transaction after it, so call this between evicting for room
         and retrying a write that found the map full."""

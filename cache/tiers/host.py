@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from ckptd.cache.children import Children
 from ckptd.cache.entry import SNAPSHOT, EntryMeta
 
 Tensors = dict[str, torch.Tensor]
@@ -33,15 +34,17 @@ def tensors_nbytes(tensors: Tensors) -> int:
 class HostTier:
     name = "host"
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int,
+                 on_evict: Callable[[list[tuple[bytes, EntryMeta]]], None] | None = None) -> None:
+        """on_evict(items): called, under no lock of the tier's, with what a put evicted."""
         if budget_bytes < 0:
             raise ValueError(f"host budget must be >= 0, got {budget_bytes}")
         self.budget = budget_bytes
         self.items: OrderedDict[bytes, tuple[EntryMeta, Tensors, int]] = OrderedDict()
-        self.children: dict[bytes, set[bytes]] = {}  # parent key -> keys of entries after it
-        self.snap_parents: dict[bytes, int] = {}      # parent key -> snapshots after it
+        self.children = Children()                   # parent key -> keys of entries after it
         self.bytes = 0
         self.evictions = 0
+        self.on_evict = on_evict
         self.lock = threading.Lock()
 
     def accepts(self, nbytes: int) -> bool:
@@ -51,16 +54,19 @@ class HostTier:
         size = tensors_nbytes(value)
         if size > self.budget:
             return False
+        evicted = []
         with self.lock:
             self._pop(key)
             self.items[key] = (meta, value, size)
             self.bytes += size
-            self.children.setdefault(meta.parent, set()).add(key)
-            if meta.kind == SNAPSHOT:
-                self.snap_parents[meta.parent] = self.snap_parents.get(meta.parent, 0) + 1
+            self.children.add(key, meta.parent, meta.kind == SNAPSHOT)
             while self.bytes > self.budget:
-                self._pop(next(iter(self.items)))
+                old = next(iter(self.items))
+                evicted.append((old, self.items[old][0]))
+                self._pop(old)
                 self.evictions += 1
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
         return True
 
     def put_many(self, items: Sequence[tuple[bytes, EntryMeta, Tensors]]) -> list[bytes]:
@@ -72,15 +78,7 @@ class HostTier:
             return
         meta, _, size = item
         self.bytes -= size
-        sibs = self.children.get(meta.parent)
-        if sibs is not None:
-            sibs.discard(key)
-            if not sibs:
-                del self.children[meta.parent]
-        if meta.kind == SNAPSHOT:
-            self.snap_parents[meta.parent] -= 1
-            if not self.snap_parents[meta.parent]:
-                del self.snap_parents[meta.parent]
+        self.children.remove(key, meta.parent, meta.kind == SNAPSHOT)
 
     def get(self, key: bytes) -> Tensors | None:
         with self.lock:
@@ -104,15 +102,15 @@ class HostTier:
 
     def has_snapshots(self, parent: bytes) -> bool:
         with self.lock:
-            return parent in self.snap_parents
+            return self.children.has_snapshots(parent)
 
     def with_snapshots(self, parents: Sequence[bytes]) -> set[bytes]:
         with self.lock:
-            return {p for p in parents if p in self.snap_parents}
+            return self.children.with_snapshots(parents)
 
     def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta]]:
         with self.lock:
-            return [(k, self.items[k][0]) for k in self.children.get(parent, ())]
+            return [(k, self.items[k][0]) for k in self.children.of(parent)]
 
     def contains(self, key: bytes) -> bool:
         with self.lock:
@@ -130,7 +128,6 @@ class HostTier:
         with self.lock:
             self.items.clear()
             self.children.clear()
-            self.snap_parents.clear()
             self.bytes = 0
 
     def sanity_check(self) -> None:
@@ -139,12 +136,7 @@ class HostTier:
             assert self.bytes == sum(size for _, _, size in self.items.values()), \
                 "host tier bytes are off"
             assert self.bytes <= self.budget, "host tier is over its budget"
-            children: dict[bytes, set[bytes]] = {}
-            snaps: dict[bytes, int] = {}
-            for key, (m, value, size) in self.items.items():
+            for _, value, size in self.items.values():
                 assert size == tensors_nbytes(value)
-                children.setdefault(m.parent, set()).add(key)
-                if m.kind == SNAPSHOT:
-                    snaps[m.parent] = snaps.get(m.parent, 0) + 1
-            assert children == self.children, "host tier child sets are off"
-            assert snaps == self.snap_parents, "host tier snapshot counts are off"
+            self.children.check(((k, m.parent, m.kind == SNAPSHOT)
+                                 for k, (m, _, _) in self.items.items()), "host tier")

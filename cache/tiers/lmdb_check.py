@@ -18,7 +18,7 @@ open, while the daemon's lock keeps every writer out:
 
 Values are not read: a damaged value fails its own checksum on use. The walk
 reads only branch and leaf pages, so its cost follows the number of keys, not the
-bytes stored: 1.7 s for 400K keys (EPYC-Zen4b, loaded).
+bytes stored (docs/BENCHMARKS.md, Measurements behind the code).
 """
 
 from __future__ import annotations

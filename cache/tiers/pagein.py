@@ -2,7 +2,8 @@
 thread waiting here for the disk or the kernel leaves the other threads running.
 
 A cold restore pays twice per page of 4 KiB: the kernel reads the value's file page,
-and it faults in the fresh output page the value decodes into (~0.3 s per GB here).
+and it faults in the fresh output page the value decodes into (docs/BENCHMARKS.md,
+Measurements behind the code).
 Done one fault at a time inside the decoders, both stall them; done here, in large
 ranges and ahead of them, the disk and the decoders overlap.
 

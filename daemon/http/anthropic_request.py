@@ -21,6 +21,7 @@ from ckptd.daemon.http.chat import (
 )
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, Names, type_error
+from ckptd.daemon.http.media import Media
 from ckptd.daemon.http.messages import Turn
 from ckptd.daemon.http.schemas import ApiRequest, generate
 from ckptd.daemon.service import Service
@@ -38,7 +39,8 @@ def parse(body: object, svc: Service) -> ApiRequest:
     f = Fields(body, names=NAMES)
     if "messages" not in f.data:
         raise bad_request("messages is required", "messages", "missing_field")
-    msgs = _conversation(f.data)
+    media = Media()
+    msgs = _conversation(f.data, media)
     tools = [_tool(t, where) for where, t in tool_list(f.data.get("tools"), "tools")]
     choice, name, parallel = _tool_choice(f.data.get("tool_choice"), tools)
     kwargs, thinking = template_kwargs(f)
@@ -47,11 +49,12 @@ def parse(body: object, svc: Service) -> ApiRequest:
         thinking = switch
     gen = generate(f, svc.parse_openai, f.int("max_tokens", DEFAULT_MAX_TOKENS, 0), None,
                    False)
-    chat = ChatPrompt.of(msgs, tools, choice, name, parallel, True, kwargs, thinking)
+    chat = ChatPrompt.of(msgs, tools, choice, name, parallel, True, kwargs, thinking,
+                         media=media)
     return ApiRequest(f.str("model"), gen, chat, prompt_param="messages")
 
 
-def _conversation(body: dict) -> list[dict]:
+def _conversation(body: dict, media: Media) -> list[dict]:
     turns = []
     system = body.get("system")
     if system is not None:
@@ -61,13 +64,14 @@ def _conversation(body: dict) -> list[dict]:
     if not isinstance(raw, list):
         raise type_error("messages", "a list of messages", raw)
     for i, m in enumerate(raw):
-        turns += _message(m, f"messages[{i}]")
+        turns += _message(m, f"messages[{i}]", media)
     # llama-server answers an empty list (a template's defaults) rather than refusing it
     return messages.conversation(turns, "messages", allow_empty=True)
 
 
-def _message(m: object, where: str) -> list[Turn]:
-    """One Anthropic message as turns: a user turn's tool results first, then the rest."""
+def _message(m: object, where: str, media: Media) -> list[Turn]:
+    """One Anthropic message as turns: a user turn's tool results first, then the rest
+    (image blocks into `media`)."""
     if not isinstance(m, dict):
         raise type_error(where, "an object", m)
     role, c = m.get("role"), m.get("content")
@@ -86,7 +90,7 @@ def _message(m: object, where: str) -> list[Turn]:
         at = f"{where}.content[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
         if messages.is_part(b, "anthropic"):
-            text.append(messages.part(b, at, "anthropic"))
+            text.append(messages.part(b, at, "anthropic", media))
         elif kind == "thinking":
             thinking += messages.string(b, "thinking", at)
         elif kind == "redacted_thinking":
@@ -97,7 +101,8 @@ def _message(m: object, where: str) -> list[Turn]:
         elif kind == "tool_result" and role == "user":
             cid = messages.string(b, "tool_use_id", at)
             results.append(Turn({"role": "tool", "tool_call_id": cid,
-                                 "content": _result(b.get("content"), f"{at}.content")}, at))
+                                 "content": _result(b.get("content"), f"{at}.content",
+                                                    media)}, at))
         else:
             raise bad_request(f"{at}: a {role} message holds no blocks of type {kind!r}",
                               f"{at}.type")
@@ -112,11 +117,11 @@ def _message(m: object, where: str) -> list[Turn]:
     return out
 
 
-def _result(c: object, where: str) -> str:
+def _result(c: object, where: str, media: Media) -> str:
     """A tool result's content: text, or text (and image) blocks."""
     if c is None:
         return ""
-    return messages.content(c, where, "anthropic")
+    return messages.content(c, where, "anthropic", media=media)
 
 
 def _tool(t: dict, where: str) -> dict:

@@ -11,6 +11,7 @@ from ckptd.daemon.http import (
     adapters,
     admin,
     anthropic,
+    cacheview,
     contexts,
     llama,
     openai,
@@ -77,6 +78,7 @@ def build_app(svc: Service, env: Mapping[str, str] = os.environ) -> web.Applicat
     r.add_post("/cache/pin", admin.cache_pin)
     r.add_post("/cache/unpin", admin.cache_unpin)
     r.add_post("/cache/clear", admin.cache_clear)
+    cacheview.register(app)                           # the page at / and what it reads
     for (method, path), what in UNSUPPORTED.items():
         r.add_route(method, path, _unsupported(what))
     vertex.register(app, Vertex.from_env(env), admin.health)

@@ -1,6 +1,8 @@
 """Who may call what.
 
-- `--api-key`: every endpoint but /health needs `Authorization: Bearer KEY`.
+- `--api-key`: every endpoint but /health and the cache page's files (/, /page.js: no
+  data, which the page reads from /cache/* with a key it asks for) needs
+  `Authorization: Bearer KEY`.
 - `--admin-key`: the cache admin endpoints (/cache/*) need this key, and the API key is
   not enough for them; the admin key opens every other endpoint too.
 - `--no-admin`: /cache/* answers 403 to everyone.
@@ -18,7 +20,7 @@ from aiohttp import web
 from ckptd.daemon.config import ServeConfig
 from ckptd.daemon.http.errors import ApiError
 
-OPEN_PATHS = frozenset({"/health", "/v1/health"})
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/", "/page.js"})
 ADMIN_PREFIX = "/cache/"
 
 

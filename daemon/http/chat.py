@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from ckptd.daemon.http import messages
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, type_error
+from ckptd.daemon.http.media import Media
 
 TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOOLS = 128
@@ -28,14 +29,17 @@ class ChatPrompt:
     kwargs: dict = field(default_factory=dict)          # chat_template_kwargs
     enable_thinking: bool | None = None                 # None: the server's --reasoning
     reasoning_format: str = "auto"      # llama-server's: "none" leaves thinking in content
+    media: Media | None = None          # the image parts, a marker each in the text
 
     @classmethod
     def parse(cls, f: Fields) -> ChatPrompt:
         """An OpenAI chat request's prompt (its messages, tools and template options)."""
         raw = f.get("messages")
-        msgs = messages.openai_messages(raw)
+        media = Media()
+        msgs = messages.openai_messages(raw, media=media)
         if msgs and msgs[-1]["role"] == "assistant" and isinstance(raw[-1].get("content"), list):
-            # an answer's start given in parts continues as llama-server joins them
+            # an answer's start given in parts continues as llama-server joins them (an
+            # image in it is refused: an answer's start is text)
             msgs[-1]["content"] = messages.content(raw[-1]["content"],
                                                    f"messages[{len(raw) - 1}].content",
                                                    "openai", "\n\n")
@@ -56,21 +60,22 @@ class ChatPrompt:
             raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}"
                               f", got {fmt!r}", "reasoning_format")
         return cls.of(msgs, tools, choice, name, f.bool("parallel_tool_calls", True), add,
-                      kwargs, thinking, fmt)
+                      kwargs, thinking, fmt, media)
 
     @classmethod
     def of(cls, msgs: list[dict], tools: list[dict], choice: str = "auto",
            name: str | None = None, parallel: bool = True, add: bool = True,
            kwargs: dict | None = None, thinking: bool | None = None,
-           reasoning_format: str = "auto") -> ChatPrompt:
+           reasoning_format: str = "auto", media: Media | None = None) -> ChatPrompt:
         """The prompt of checked messages (messages.conversation): a last assistant
-        message without calls is an answer's start to continue, as llama-server reads it."""
+        message without calls is an answer's start to continue, as llama-server reads it.
+        `media`: the images whose markers the messages hold."""
         prefill = None
         last = msgs[-1] if msgs else {}
         if len(msgs) > 1 and last["role"] == "assistant" and not last.get("tool_calls"):
             prefill, msgs = last["content"], msgs[:-1]
         return cls(msgs, tools, choice, name, parallel, add, prefill, dict(kwargs or {}),
-                   thinking, reasoning_format)
+                   thinking, reasoning_format, media or None)
 
     def with_messages(self, messages: list[dict], add_generation_prompt: bool,
                       prefill: str | None = None) -> ChatPrompt:

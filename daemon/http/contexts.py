@@ -37,7 +37,7 @@ async def create(request: web.Request) -> web.Response:
                        "name", "context_exists")
     ctx = Context(req.name, req.text, req.messages, req.salt, req.pin)
     tokens = await blocking(svc.context_tokens, ctx)
-    params = svc.settle(tokens, 1, SamplingParams(max_tokens=1),
+    params = svc.fit_to_context(tokens, 1, SamplingParams(max_tokens=1),
                         "text" if req.text is not None else "messages")
     gen = svc.generation(tokens, params, req.salt, True)
     try:

@@ -162,5 +162,5 @@ async def props(request: web.Request) -> web.Response:
         "total_slots": svc.cfg.parallel, "model_alias": svc.model_id,
         "model_path": str(svc.path), "chat_template": tok.chat_template or "",
         "bos_token": tok.bos_token or "", "eos_token": tok.eos_token or "",
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": svc.vision, "audio": False},
         "build_info": svc.system_fingerprint, "is_sleeping": svc.sleeping})

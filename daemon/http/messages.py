@@ -9,7 +9,9 @@ carries tool calls; a tool result follows an assistant message that made calls (
 names one of them, when both give ids).
 
 Content parts are read through one table (`PART_KINDS`: each API's part type -> what
-it is) and one reader per kind (`READERS`); a new kind of part is added there.
+it is) and one reader per kind (`READERS`); a new kind of part is added there. An image
+part becomes the marker of the request's `Media` (daemon/http/media.py), each API's
+image shape read by `IMAGE_SOURCES`; where a reading takes no images, it is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import type_error
+from ckptd.daemon.http.media import Media
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT, IMAGE, AUDIO, FILE = "text", "image", "audio", "file"
@@ -49,7 +52,7 @@ def no_media(what: str, where: str):
                        "not_supported")
 
 
-def _text_part(part: dict, where: str, kind: str) -> str:
+def _text_part(part: dict, where: str, kind: str, media: Media | None) -> str:
     text = part.get("text")
     if not isinstance(text, str):
         raise bad_request(f"{where}.text must be a string", f"{where}.text",
@@ -57,23 +60,72 @@ def _text_part(part: dict, where: str, kind: str) -> str:
     return text
 
 
-def _media_part(part: dict, where: str, kind: str) -> str:
+def _media_part(part: dict, where: str, kind: str, media: Media | None) -> str:
     raise no_media(f"{part.get('type')} parts", where)
 
 
+def _openai_image(part: dict, where: str) -> tuple[str, object]:
+    url = part.get("image_url")        # {url, detail}, or the URL itself
+    return f"{where}.image_url", url.get("url") if isinstance(url, dict) else url
+
+
+def _anthropic_image(part: dict, where: str) -> tuple[str, object]:
+    src = part.get("source")
+    if not isinstance(src, dict) or src.get("type") not in ("base64", "url"):
+        raise bad_request(f"{where}.source must be {{type: base64, media_type, data}} or "
+                          "{type: url, url}", f"{where}.source",
+                          "missing_field" if src is None else "invalid_type")
+    if src["type"] == "url":
+        return f"{where}.source.url", src.get("url")
+    data = src.get("data")
+    if not isinstance(data, str) or not data:
+        raise bad_request(f"{where}.source.data must be base64 image data",
+                          f"{where}.source.data", "missing_field" if data is None else
+                          "invalid_type")
+    mime = src.get("media_type")
+    if not isinstance(mime, str) or not mime:
+        raise bad_request(f"{where}.source.media_type must be an image type (image/png...)",
+                          f"{where}.source.media_type", "missing_field" if mime is None else
+                          "invalid_type")
+    return f"{where}.source", f"data:{mime};base64,{data}"
+
+
+def _responses_image(part: dict, where: str) -> tuple[str, object]:
+    if part.get("image_url") is None and part.get("file_id") is not None:
+        raise bad_request(f"{where}.file_id: files are not stored by this server (ckptd); "
+                          "send the image as a data URL in image_url", f"{where}.file_id",
+                          "not_supported")
+    return f"{where}.image_url", part.get("image_url")
+
+
+# Each API's image part: (the field naming the image, its URL)
+IMAGE_SOURCES: dict[str, Callable[[dict, str], tuple[str, object]]] = {
+    "openai": _openai_image, "anthropic": _anthropic_image, "responses": _responses_image}
+
+
+def _image_part(part: dict, where: str, kind: str, media: Media | None) -> str:
+    if media is None:
+        raise no_media(f"{part.get('type')} parts", where)
+    api = next(a for a, kinds in PART_KINDS.items() if kinds.get(part.get("type")) == IMAGE)
+    field, url = IMAGE_SOURCES[api](part, where)
+    return media.add(field, url)
+
+
 # What a part of each kind becomes in the text the template sees
-READERS: dict[str, Callable[[dict, str, str], str]] = {
-    TEXT: _text_part, IMAGE: _media_part, AUDIO: _media_part, FILE: _media_part}
+READERS: dict[str, Callable[[dict, str, str, Media | None], str]] = {
+    TEXT: _text_part, IMAGE: _image_part, AUDIO: _media_part, FILE: _media_part}
 
 
-def content(c: object, where: str, api: str, sep: str = "\n") -> str | None:
+def content(c: object, where: str, api: str, sep: str = "\n",
+            media: Media | None = None) -> str | None:
     """A message's content as text: a string, or its parts read and joined by `sep`
-    (as llama-server gives them to a template that takes strings); None when absent."""
+    (as llama-server gives them to a template that takes strings); None when absent.
+    `media`: where image parts go (None: they are refused)."""
     if c is None or isinstance(c, str):
         return c
     if not isinstance(c, list):
         raise type_error(where, "a string or a list of content parts", c)
-    return sep.join(part(p, f"{where}[{j}]", api) for j, p in enumerate(c))
+    return sep.join(part(p, f"{where}[{j}]", api, media) for j, p in enumerate(c))
 
 
 def is_part(p: object, api: str) -> bool:
@@ -81,7 +133,7 @@ def is_part(p: object, api: str) -> bool:
     return isinstance(p, dict) and p.get("type") in PART_KINDS[api]
 
 
-def part(p: object, where: str, api: str) -> str:
+def part(p: object, where: str, api: str, media: Media | None = None) -> str:
     """One content part, read by the reader of its kind."""
     kinds = PART_KINDS[api]
     if not isinstance(p, dict):
@@ -91,7 +143,7 @@ def part(p: object, where: str, api: str) -> str:
         raise bad_request(f"{where}.type must be one of {', '.join(kinds)}, got "
                           f"{p.get('type')!r}", f"{where}.type",
                           "missing_field" if p.get("type") is None else "invalid_value")
-    return READERS[kind](p, where, kind)
+    return READERS[kind](p, where, kind, media)
 
 
 def string(obj: dict, key: str, where: str) -> str:
@@ -157,9 +209,11 @@ def conversation(turns: list[Turn], name: str, allow_empty: bool = False) -> lis
     return [t.msg for t in turns]
 
 
-def openai_messages(v: object, name: str = "messages", allow_empty: bool = False) -> list[dict]:
+def openai_messages(v: object, name: str = "messages", allow_empty: bool = False,
+                    media: Media | None = None) -> list[dict]:
     """OpenAI's [{role, content, ...}]: an assistant's tool_calls, a tool result's
-    tool_call_id and name, and reasoning_content kept for templates that show them."""
+    tool_call_id and name, and reasoning_content kept for templates that show them;
+    image parts into `media` (None: refused)."""
     if not isinstance(v, list):
         raise bad_request(f"{name} must be a list of messages", name,
                           "missing_field" if v is None else "invalid_type")
@@ -174,7 +228,8 @@ def openai_messages(v: object, name: str = "messages", allow_empty: bool = False
                               f"{where}.role", "missing_field" if role is None else
                               "invalid_value")
         msg = {"role": "system" if role == "developer" else role,
-               "content": content(m.get("content"), f"{where}.content", "openai")}
+               "content": content(m.get("content"), f"{where}.content", "openai",
+                                  media=media)}
         ids: set[str] = set()
         raw_calls = m.get("tool_calls")
         if role == "assistant" and raw_calls is not None:

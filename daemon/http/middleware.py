@@ -117,10 +117,10 @@ async def api_key(request: web.Request, handler) -> web.StreamResponse:
 
 
 # Reads that answer while the daemon sleeps without waking it (llama-server's: health,
-# metrics, props, models; also slots, whose view needs no model, and the cache admin
-# routes, which read and change only the store).
+# metrics, props, models; also slots, whose view needs no model, the cache admin
+# routes, which read and change only the store, and the cache page's files).
 _AWAKE_NOT_NEEDED = ("/health", "/v1/health", "/metrics", "/props", "/models", "/v1/models",
-                     "/slots", "/openapi.json")
+                     "/slots", "/openapi.json", "/", "/page.js")
 
 
 def wakes(method: str, path: str) -> bool:

@@ -13,6 +13,7 @@ import uuid
 
 from aiohttp import web
 
+from ckptd.daemon.cachefields import prompt_details
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http import logprobs
 from ckptd.daemon.http.common import json_response, service
@@ -32,16 +33,17 @@ from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_id
 def usage(fins: list[Finished], jobs: list[tuple[list[int], SamplingParams]],
           prefill_only: bool) -> dict:
     """Prompt tokens once per distinct prompt (n copies share one), completions summed."""
-    seen, prompt_n, cached = set(), 0, 0
+    seen, prompt_n, cached, firsts = set(), 0, 0, []
     for (tokens, _), fin in zip(jobs, fins):
         key = tuple(tokens)
         if key not in seen:
             seen.add(key)
             prompt_n += len(tokens)
             cached += fin.stats.cache_n
+            firsts.append(fin.stats)
     done = 0 if prefill_only else sum(f.stats.predicted_n for f in fins)
     return {"prompt_tokens": prompt_n, "completion_tokens": done, "total_tokens": prompt_n + done,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached, **prompt_details(firsts)}}
 
 
 class _Base:
@@ -240,4 +242,9 @@ async def models(request: web.Request) -> web.Response:
         entry["meta"] = {"arch": cfg.arch, "n_vocab": cfg.vocab_size, "n_ctx": svc.max_context,
                          "n_ctx_train": cfg.max_position_embeddings,
                          "n_layers": len(cfg.layer_types), "fingerprint": svc.rt.fingerprint}
-    return json_response({"object": "list", "data": [entry]})
+    # llama-server's list beside OpenAI's: what the model takes ("multimodal": images)
+    caps = ["completion"] + (["multimodal"] if svc.vision else [])
+    entry["capabilities"] = caps
+    listed = {"name": svc.model_id, "model": svc.model_id, "type": "model",
+              "tags": svc.cfg.tag_list, "capabilities": caps}
+    return json_response({"object": "list", "data": [entry], "models": [listed]})

@@ -15,7 +15,13 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properti
 
 _STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                         "maxItems": 16}]}
-_PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]}
+# llama-server's multimodal prompt: `<__media__>` in the text where each image goes
+_MEDIA_PROMPT = {"type": "object", "required": ["prompt_string"], "properties": {
+    "prompt_string": {"type": "string"}, "multimodal_data": {
+        "type": "array", "minItems": 1, "items": {"type": "string",
+                                                  "description": "base64 image data"}}}}
+_PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}},
+                     _MEDIA_PROMPT]}
 _SAMPLING = {
     "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
     "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number"},
@@ -53,7 +59,9 @@ _MESSAGES = {"type": "array", "minItems": 1, "items": {"type": "object", "requir
              "properties": {"role": {"type": "string"}, "content": {
                  "oneOf": [{"type": "string"}, {"type": "array"}]}}}}
 _TIMINGS = {"type": "object", "description": "prompt_n, cache_n, cache_tier, restore_ms, "
-            "prompt_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_second"}
+            "prompt_ms, prompt_per_second, predicted_n, predicted_ms, predicted_per_second; "
+            "cache: restored tokens by tier, the runs of blocks in prompt order, and miss: why "
+            "the first token not restored was not (reason, tier, when, detail)"}
 
 
 def _body(props: dict, required: tuple[str, ...] = ()) -> dict:
@@ -90,6 +98,12 @@ def _admin(op: dict) -> dict:
     op["responses"]["403"] = {"description": "the admin API is turned off (--no-admin)",
                               "content": {"application/json": {"schema": _ERROR}}}
     return op
+
+
+def _static(summary: str, content_type: str) -> dict:
+    """A file of the cache page: open to all (it holds no data)."""
+    return {"summary": summary, "security": [], "responses": {"200": {
+        "description": "OK", "content": {content_type: {"schema": {"type": "string"}}}}}}
 
 
 def _path_param(name: str) -> dict:
@@ -220,6 +234,19 @@ def document(model_id: str) -> dict:
         "/cache/pin": {"post": _admin(_op("Pin an entry and its ancestors", key,
                                           errors=("400", "404")))},
         "/cache/unpin": {"post": _admin(_op("Unpin an entry", key, errors=("400", "404")))},
+        "/": {"get": _static("The cache page (HTML; its data comes from /cache/*)",
+                             "text/html")},
+        "/page.js": {"get": _static("The cache page's script", "text/javascript")},
+        "/cache/tiers": {"get": _admin(_op("What each tier holds now, and samples of the "
+                                           "last hour", errors=()))},
+        "/cache/tree": {"get": _admin(_op("The prefix tree's largest branches, with the "
+                                          "tiers holding them", params=[_query("limit")]))},
+        "/cache/requests": {"get": _admin(_op("Running requests: prefill progress, rate, "
+                                              "ETA", errors=()))},
+        "/cache/misses": {"get": _admin(_op("Misses counted by reason, and the latest",
+                                            errors=()))},
+        "/cache/pinned": {"get": _admin(_op("Named contexts and pinned prefixes",
+                                            errors=()))},
         "/cache/clear": {"post": _admin(_op("Delete every unpinned entry (or all)", {
             "required": False, "content": {"application/json": {"schema": {
                 "type": "object", "properties": {"include_pinned": {"type": "boolean"}}}}}}))},
@@ -231,7 +258,8 @@ def document(model_id: str) -> dict:
         "openapi": "3.1.0",
         "info": {"title": "ckptd", "version": "0.1.0",
                  "description": "A persistent prompt-cache daemon for hybrid LLMs. Completions "
-                                "report usage.prompt_tokens_details.cached_tokens and timings."},
+                                "report usage.prompt_tokens_details (cached_tokens, "
+                                "cached_tokens_by_tier, cache_miss) and timings (cache)."},
         "components": {"schemas": {"Error": _ERROR, "Timings": _TIMINGS},
                        "securitySchemes": {
                            "bearer": {"type": "http", "scheme": "bearer",

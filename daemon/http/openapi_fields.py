@@ -45,22 +45,33 @@ CHAT = {
                                                     "deepseek-legacy"]},
     "reasoning_effort": _STR, "best_of": _INT, "echo": _BOOL,
 }
+# an image: a data URL (data:image/png;base64,...) or file://NAME under --media-path
+# (daemon/http/media.py); remote URLs are refused
+_IMAGE_URL = {"type": "string", "description": "data:image/...;base64,... or file://NAME "
+              "under --media-path"}
+_CHAT_PART = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["text", "image_url"]}, "text": _STR,
+    "image_url": {"oneOf": [_IMAGE_URL, {"type": "object", "required": ["url"], "properties": {
+        "url": _IMAGE_URL, "detail": _STR}}]}}}
 MESSAGES = {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
     "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-    "content": {"oneOf": [_STR, {"type": "array", "items": {
-        "type": "object", "required": ["type"], "properties": {
-            "type": _STR, "text": _STR}}}]},
+    "content": {"oneOf": [_STR, {"type": "array", "items": _CHAT_PART}]},
     "tool_calls": {"type": "array", "items": _TOOL_CALL}, "tool_call_id": _STR,
     "name": _STR, "reasoning_content": _STR}}}
 
 _TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "properties": {
     "type": {"type": "string", "enum": ["text"]}, "text": _STR}}
+_SOURCE = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["base64", "url"]}, "media_type": _STR,
+    "data": {"type": "string", "description": "base64 image data"}, "url": _IMAGE_URL}}
+_IMAGE_BLOCK = {"type": "object", "required": ["type", "source"], "properties": {
+    "type": {"type": "string", "enum": ["image"]}, "source": _SOURCE}}
 _BLOCK = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["text", "image", "tool_use", "tool_result",
                                         "thinking", "redacted_thinking"]},
-    "text": _STR, "thinking": _STR, "id": _STR, "name": _STR, "input": _OBJ,
-    "tool_use_id": _STR, "content": {"oneOf": [_STR, {"type": "array",
-                                                      "items": _TEXT_BLOCK}]},
+    "text": _STR, "source": _SOURCE, "thinking": _STR, "id": _STR, "name": _STR,
+    "input": _OBJ, "tool_use_id": _STR, "content": {"oneOf": [_STR, {"type": "array",
+        "items": {"oneOf": [_TEXT_BLOCK, _IMAGE_BLOCK]}}]},
     "is_error": _BOOL}}
 # Anthropic's Messages API (daemon/http/anthropic_request.py: NAMES and its own fields)
 ANTHROPIC = {
@@ -87,7 +98,7 @@ ANTHROPIC = {
 
 _PART = {"type": "object", "required": ["type"], "properties": {
     "type": {"type": "string", "enum": ["input_text", "output_text", "input_image"]},
-    "text": _STR, "image_url": _STR}}
+    "text": _STR, "image_url": _IMAGE_URL, "detail": _STR}}
 _ITEM = {"type": "object", "properties": {
     "type": {"type": "string", "enum": ["message", "function_call", "function_call_output",
                                         "reasoning"]},

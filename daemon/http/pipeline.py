@@ -44,7 +44,7 @@ MakeFormat = Callable[[Service, Prepared, Jobs], ReplyFormat]
 def _tokens(svc: Service, req: ApiRequest) -> tuple[list[list[int]], list[str], str | None]:
     """Every prompt's tokens and text, and the cache salt (blocking: tokenizing)."""
     if req.chat is not None:
-        tokens, salt = svc.chat_tokens(req.chat, req.gen.cache)
+        tokens, salt = svc.chat_tokens(req.chat, req.gen.cache, req.prompt_param)
         return [tokens], [""], salt
     if req.fill is not None:
         gap = req.prompts[0]

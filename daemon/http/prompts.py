@@ -2,15 +2,15 @@
 messages: messages.py).
 
 A prompt is a string, a list of token ids, a mixed list of ids and strings (one
-sequence, strings tokenized in place), or {"prompt_string": ...}. A list of those
-is a batch: one generation each. Multimodal data is refused with a 501.
+sequence, strings tokenized in place), or {"prompt_string": ..., "multimodal_data":
+[base64 images]}. A list of those is a batch: one generation each.
 """
 
 from __future__ import annotations
 
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import check_tokens
-from ckptd.daemon.http.messages import no_media
+from ckptd.daemon.http.media import MEDIA_MARKER, Media
 
 Prompt = str | list          # text, or ids with text pieces in between
 MAX_BATCH = 64
@@ -30,12 +30,12 @@ def prompts(v: object, vocab_size: int, name: str = "prompt") -> list[Prompt]:
 
 def _one(v: object, vocab_size: int, name: str) -> Prompt:
     if isinstance(v, dict):
-        if v.get("multimodal_data"):
-            raise no_media("multimodal_data", name)
         text = v.get("prompt_string")
         if not isinstance(text, str):
             raise bad_request(f"{name}.prompt_string must be a string", f"{name}.prompt_string",
                               "invalid_type")
+        if "multimodal_data" in v:
+            return _multimodal(text, v["multimodal_data"], name)
         v = text
     if isinstance(v, str):
         if not v:
@@ -52,3 +52,26 @@ def _one(v: object, vocab_size: int, name: str) -> Prompt:
         return v
     raise bad_request(f"{name} must be a string, a list of token ids or a list of prompts",
                       name, "invalid_type")
+
+
+class MediaText(str):
+    """llama-server's {prompt_string, multimodal_data}: the text with `<__media__>` where
+    each image goes, and the images (`media`: daemon/http/media.py)."""
+    media = None
+
+
+def _multimodal(text: str, data: object, name: str) -> MediaText:
+    where = f"{name}.multimodal_data"
+    if not isinstance(data, list) or not data:
+        raise bad_request(f"{where} must be a non-empty list of base64 images", where,
+                          "invalid_type")
+    if text.count(MEDIA_MARKER) != len(data):
+        raise bad_request(f"{name}.prompt_string has {text.count(MEDIA_MARKER)} "
+                          f"{MEDIA_MARKER} markers for {len(data)} images", where)
+    media = Media(marker=MEDIA_MARKER, raw=True)
+    for i, d in enumerate(data):
+        media.add(f"{where}[{i}]", d)
+    out = MediaText(text)
+    out.media = media
+    return out
+

@@ -52,7 +52,7 @@ async def run(request: web.Request, svc: Service, prompts: list[list[int]], salt
     params = await blocking(svc.constrain, g.params, g)     # compiled once, cached
     jobs = []
     for tokens in prompts:
-        p = svc.settle(tokens, g.max_tokens, params, prompt_param)
+        p = svc.fit_to_context(tokens, g.max_tokens, params, prompt_param)
         # copies of a prompt draw differently: choice j seeds with seed + j
         jobs += [(tokens, replace(p, seed=(p.seed + j) % 2**32) if j else p)
                  for j in range(g.n)]

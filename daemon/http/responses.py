@@ -15,6 +15,7 @@ import uuid
 
 from aiohttp import web
 
+from ckptd.daemon.cachefields import prompt_details
 from ckptd.daemon.generation import Result
 from ckptd.daemon.http import logprobs, responses_request
 from ckptd.daemon.http.common import json_response
@@ -83,7 +84,8 @@ class ResponsesFormat:
                    [self._call(cid, c) for cid, c in self.calls] + self._reasoning(),
                    usage={"input_tokens": st.prompt_n, "output_tokens": st.predicted_n,
                           "total_tokens": st.prompt_n + st.predicted_n,
-                          "input_tokens_details": {"cached_tokens": st.cache_n},
+                          "input_tokens_details": {"cached_tokens": st.cache_n,
+                                                   **prompt_details([st])},
                           "output_tokens_details": {"reasoning_tokens": 0}})
         if not cut:
             out["completed_at"] = int(time.time())

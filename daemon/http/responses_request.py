@@ -22,6 +22,7 @@ from ckptd.daemon.http.chat import (
 )
 from ckptd.daemon.http.errors import bad_request
 from ckptd.daemon.http.fields import Fields, Names, type_error
+from ckptd.daemon.http.media import Media
 from ckptd.daemon.http.messages import Turn
 from ckptd.daemon.http.sampling import schema_field
 from ckptd.daemon.http.schemas import ApiRequest, generate
@@ -52,7 +53,8 @@ def parse(body: object, svc: Service) -> ApiRequest:
         raise bad_request("input is required", "input", "missing_field")
     turns = [Turn({"role": "system", "content": f.str("instructions")}, "instructions")] \
         if d.get("instructions") is not None else []
-    msgs = messages.conversation(turns + _items(d["input"]), "input")
+    media = Media()
+    msgs = messages.conversation(turns + _items(d["input"], media), "input")
     tools = [_tool(t, where) for where, t in tool_list(d.get("tools"), "tools")]
     choice, name = _tool_choice(d.get("tool_choice"), tools)
     kwargs, thinking = template_kwargs(f)
@@ -66,11 +68,12 @@ def parse(body: object, svc: Service) -> ApiRequest:
                    (top or 0) if top or LOGPROBS in _include(d) else None, False,
                    _text_format(d.get("text")))
     chat = ChatPrompt.of(msgs, tools, choice, name, f.bool("parallel_tool_calls", True),
-                         True, kwargs, thinking)
+                         True, kwargs, thinking, media=media)
     return ApiRequest(f.str("model"), gen, chat, prompt_param="input", options=d)
 
 
-def _items(v: object) -> list[Turn]:
+def _items(v: object, media: Media) -> list[Turn]:
+    """Input items as turns (input_image parts into `media`)."""
     if isinstance(v, str):
         return [Turn({"role": "user", "content": v}, "input")]
     if not isinstance(v, list):
@@ -87,7 +90,8 @@ def _items(v: object) -> list[Turn]:
             if role not in ROLES:
                 raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got "
                                   f"{role!r}", f"{where}.role")
-            text = messages.content(item.get("content"), f"{where}.content", "responses")
+            text = messages.content(item.get("content"), f"{where}.content", "responses",
+                                    media=media)
             if role == "assistant" and last is not None and not last.msg["content"]:
                 last.msg["content"] = text          # one turn: its calls, then its text
             else:
@@ -105,7 +109,8 @@ def _items(v: object) -> list[Turn]:
         elif kind == "function_call_output":
             cid = messages.string(item, "call_id", where)
             out.append(Turn({"role": "tool", "tool_call_id": cid,
-                             "content": _output(item.get("output"), f"{where}.output")}, where))
+                             "content": _output(item.get("output"), f"{where}.output",
+                                                    media)}, where))
         elif kind == "reasoning":
             text = _reasoning(item.get("content"), f"{where}.content")
             if last is None:
@@ -137,10 +142,10 @@ def _reasoning(c: object, where: str) -> str:
     return "".join(out)
 
 
-def _output(c: object, where: str) -> str:
+def _output(c: object, where: str, media: Media) -> str:
     if c is None:
         raise bad_request(f"{where} is required", where, "missing_field")
-    return messages.content(c, where, "responses")
+    return messages.content(c, where, "responses", media=media)
 
 
 def _tool(t: dict, where: str) -> dict:

@@ -74,7 +74,7 @@ async def action(request: web.Request) -> web.Response:
             raise ApiError(409, f"slot {slot} holds no sequence to save", "id_slot",
                            "slot_empty")
         try:
-            n = await blocking(slotfile.save, svc.rt.store, last[0], last[1], path)
+            n = await blocking(slotfile.save, svc.rt.store, last[0], last[1], path, last[2])
         except slotfile.SlotStateError as e:
             raise ApiError(409, str(e), "id_slot", "state_not_cached") from None
         return json_response({"id_slot": slot, "filename": path.name, "n_saved": n,
@@ -83,10 +83,11 @@ async def action(request: web.Request) -> web.Response:
     if not path.is_file():
         raise ApiError(404, f"no saved slot file {path.name!r}", "filename", "file_not_found")
     try:
-        tokens, salt = await blocking(slotfile.restore, svc.rt.store, path)
+        tokens, salt, images = await blocking(slotfile.restore, svc.rt.store, path,
+                                              svc.vision)
     except slotfile.SlotStateError as e:
         raise bad_request(str(e), "filename", "invalid_slot_file") from None
-    engine.slots.remember(slot, tokens, salt)
+    engine.slots.remember(slot, tokens, salt, images)
     return json_response({"id_slot": slot, "filename": path.name, "n_restored": len(tokens),
                           "n_read": path.stat().st_size,
                           "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}})

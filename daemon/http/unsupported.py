@@ -11,7 +11,7 @@ UNSUPPORTED = {
     ("POST", "/audio/transcriptions"): "audio input (multimodal)",
     ("POST", "/models/load"): "router mode (loading models)",
     ("POST", "/models/unload"): "router mode (unloading models)",
-    ("GET", "/"): "the web UI", ("GET", "/cors-proxy"): "tool/MCP proxying",
+    ("GET", "/cors-proxy"): "tool/MCP proxying",
     ("POST", "/cors-proxy"): "tool/MCP proxying", ("GET", "/tools"): "tool/MCP proxying",
     ("POST", "/tools"): "tool/MCP proxying",
 }

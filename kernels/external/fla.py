@@ -19,7 +19,7 @@ def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, stat
     """q, k [N, H, K] (L2-normalized); v [N, H, V]; g, beta [N, H]; cu_seqlens int
     [n + 1] or a Varlen; state_pool [S, H, K, V] fp32 updated at state_indices [n].
     Returns o [N, H, V] in v's dtype. chunk_size is fla's own (64)."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # optional (extra gpu)
 
     cu = host_cu(cu_seqlens)
     idx = torch.as_tensor(state_indices, device=q.device).to(torch.int64)

@@ -24,7 +24,7 @@ def usable(kv_pool: torch.Tensor) -> bool:
 
 def step_attention(q, kv_pool, layer: int, varlen: Varlen, scale: float) -> torch.Tensor:
     """q [N, Hq, D]: each sequence's new tokens (their K/V written). Returns [N, Hq, D]."""
-    from flash_attn import flash_attn_varlen_func
+    from flash_attn import flash_attn_varlen_func  # optional (extra gpu)
 
     lens = [c + b - a for c, a, b in zip(varlen.ctx, varlen.cu, varlen.cu[1:])]
     seq_lens = varlen.ctx_lens + (varlen.cu_seqlens[1:] - varlen.cu_seqlens[:-1])

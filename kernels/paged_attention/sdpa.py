@@ -28,7 +28,7 @@ def _attend_all(q, k, v, scale):
     A few rows over many keys are cut into key halves, attended as a batch of two: the
     fused kernel hands out (batch, kv head, 32-row block) items to the threads, and 3 kv
     heads x 2 row blocks of 14 tokens land unevenly on 2 threads, while 12 items do not
-    (14 tokens over 4K keys, 30 layers: 36 -> 32 ms)."""
+    (docs/BENCHMARKS.md, Measurements behind the code)."""
     Hq, R, D = q.shape
     Hkv, S = k.shape[0], k.shape[1]
     rows = Hq // Hkv * R                  # query rows per kv head

@@ -1,6 +1,6 @@
 """Weight tiles for the Triton matmuls: `weight_tile` reads element (row n, column k) of
 a weight, either a plain torch tensor (DENSE) or a kept GGUF tensor, with the formulas of
-naive.py (ggml's dequantize_row_*): the block b = k // BS at byte n * row_bytes +
+formats.py (ggml's dequantize_row_*): the block b = k // BS at byte n * row_bytes +
 b * TS, then the format's scale, min and bits for position k % BS. On a GPU the
 compiler may contract d * q + m into an fma, so values can differ from the reference
 in the last bit; under the interpreter they do not.

@@ -4,7 +4,7 @@ hybrids, dense or with a mixture of experts.
 Reads top to bottom: DecoderLayer -> Model -> CausalLM. A layer's mixer is
 paged attention (`full_attention`) or Gated DeltaNet (`linear_attention`); its MLP
 is dense or a sparse mixture of experts (`moe`, arch/moe.py). Qwen3-Next's own
-projection layout is turned into Qwen3.5's by the loader (model/hf_names.py), so
+projection layout is turned into Qwen3.5's by the loader (model/checkpoint.py), so
 one module serves both.
 """
 
@@ -64,11 +64,15 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Model(cfg)
+        self.model = self.body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.fingerprint = ""  # set by the loader
         self.head: Matmul | None = None
         self.lora = None       # model/lora/apply.py: Lora, once adapters are attached
+
+    def body(self, cfg: ModelConfig) -> nn.Module:
+        """The decoder stack: embed_tokens, layers, norm (arch/ssm_lm.py has another)."""
+        return Model(cfg)
 
     def fuse(self) -> None:
         """Fuse the projections that share an input into one matmul each; on an fp32 CPU
@@ -105,6 +109,8 @@ class CausalLM(nn.Module):
         if self.lora is not None:
             self.lora.rows = batch.lora
         x = self.model.embed_tokens(batch.input_ids)
+        if batch.images is not None:      # image placeholders: the vision encoder's rows
+            x = x.index_copy(0, batch.images.index, batch.images.values.to(x.dtype))
         for layer in self.model.layers:
             x = layer(x, ctx)
         x = self.model.norm(x[batch.logits_index])

@@ -1,7 +1,7 @@
-"""Gated DeltaNet mixer (Qwen3.5 `linear_attn`) over per-sequence state slots.
+"""Gated DeltaNet mixer (Qwen3.5 `linear_attn`) over per-sequence state cells.
 
-A sequence's recurrent state is state.conv[slot, r] [conv_dim, K-1] and
-state.ssm[slot, r] [v_heads, k_dim, v_dim] (fp32) for recurrent layer r; a step
+A sequence's recurrent state is state.conv[cell, r] [conv_dim, K-1] and
+state.ssm[cell, r] [v_heads, k_dim, v_dim] (fp32) for recurrent layer r; a step
 reads it as the initial state and writes the final state back in place.
 """
 
@@ -72,7 +72,7 @@ class GatedDeltaNet(nn.Module):
         r = self.rec_index
         varlen = ctx.batch.varlen
         # one call per layer for the whole step: every sequence's conv and delta-rule
-        # state is read from its slot and written back there, in place
+        # state is read from its cell and written back there, in place
         y = ops.step_conv1d(qkv, weight, ctx.state.conv[:, r], varlen)
         q, k, v = self._split(y)
         out = ops.step_gated_delta(q, k, v, g, beta, ctx.state.ssm[:, r], varlen,

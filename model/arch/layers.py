@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ckptd.kernels import ops
+from ckptd.kernels.quant.formats import QuantTensor, cat_rows
 from ckptd.model.batch import StepBatch
 from ckptd.model.config import ModelConfig
-from ckptd.model.quant import KeptLinear, fuse_kept
+from ckptd.model.quant import KeptLinear, KeptMatmul
 from ckptd.model.state import DeviceState
 
 
@@ -30,7 +31,11 @@ class StepContext:
 
     @classmethod
     def build(cls, batch: StepBatch, state: DeviceState, cfg: ModelConfig) -> StepContext:
-        cos, sin = ops.rotary_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
+        if batch.mrope is not None:     # image tokens: three positions each
+            cos, sin = ops.mrope_cos_sin(batch.mrope, cfg.rotary_dim, cfg.rope_theta,
+                                         cfg.mrope_section)
+        else:
+            cos, sin = ops.rotary_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta)
         return cls(batch, state, cos, sin)
 
 
@@ -46,19 +51,17 @@ class RMSNorm(nn.Module):
 
 
 _FEW_ROWS = 256        # steps of up to this many tokens multiply by the packed weight
-_PACK_MIN = 1 << 18    # weights of fewer elements stay plain (oneDNN costs ~25 us a call)
+_PACK_MIN = 1 << 18    # weights of fewer elements stay plain (a oneDNN call's own cost)
 
 
 class Matmul:
     """x @ weight.T (+ bias) for a weight [out, in].
 
     On an fp32 CPU it also keeps oneDNN's packed (blocked) copy of a large weight for
-    steps of a few tokens, where MKL on the plain weight is slow: SmolLM2's 30 layers at
-    14 tokens 59 -> 37 ms, at one token 30 -> 20 ms, its lm_head's one row 10.5 -> 6.7
-    ms (AMD EPYC, 2 threads). From ~512 tokens MKL is as fast or faster (a 1K prefill
-    was 8% slower on the packed weight alone), so long steps keep it; and a small
-    weight stays plain, since each oneDNN call costs ~25 us where MKL takes 3-30 (64 x
-    64 to 512 x 512, one row). The copy costs the weight's memory once more."""
+    steps of a few tokens, where MKL on the plain weight is slow. From a few hundred
+    tokens MKL is as fast or faster, so long steps keep it; and a small weight stays
+    plain, since a oneDNN call costs more than MKL takes on it (docs/BENCHMARKS.md,
+    Measurements behind the code). The copy costs the weight's memory once more."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
@@ -109,6 +112,45 @@ def matmul_of(linear: nn.Linear) -> Matmul:
         return fuse_kept([linear])
     bias = None if linear.bias is None else linear.bias.detach()
     return Matmul(linear.weight.detach(), bias)
+
+
+def fuse_kept(linears: list[nn.Module]) -> KeptMatmul:
+    """One KeptMatmul for linears (some kept) that read the same input."""
+    parts: list = []
+    run: list[KeptLinear] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        if len(run) == 1:
+            parts.append(run[0].qweight)
+            run.clear()
+            return
+        fused = cat_rows([m.qweight for m in run])
+        row = 0
+        for m in run:     # views of the fused rows: no second copy stays
+            n = m.out_features
+            m.qweight = QuantTensor(fused.data[row:row + n], fused.fmt, (n, fused.shape[1]))
+            row += n
+        parts.append(fused)
+        run.clear()
+
+    for m in linears:
+        if isinstance(m, KeptLinear) and m.in_index is None and \
+                (not run or run[0].qweight.fmt == m.qweight.fmt):
+            run.append(m)
+            continue
+        flush()
+        if isinstance(m, KeptLinear) and m.in_index is None:
+            run.append(m)
+        elif isinstance(m, KeptLinear):
+            parts.append(m.matmul)          # permutes its own input
+        else:
+            parts.append(Matmul(m.weight.detach()))
+    flush()
+    biases = [m.bias for m in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return KeptMatmul(parts, bias)
 
 
 class MLP(nn.Module):
@@ -180,7 +222,7 @@ class Attention(nn.Module):
         q = ops.apply_rotary(q, ctx.cos, ctx.sin)
         k = ops.apply_rotary(k, ctx.cos, ctx.sin)
         kv = ctx.state.kv
-        ops.write_kv(kv, self.attn_index, ctx.batch.kv_slots, k, v)
+        ops.write_kv(kv, self.attn_index, ctx.batch.kv_index, k, v)
         out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale)
         out = out.reshape(N, self.h * self.d)
         if gate is not None:

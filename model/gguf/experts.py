@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from ckptd.model.checkpoint import Recipe, plain
-from ckptd.model.gguf.load import GGUFTensors, field
+from ckptd.model.gguf.reader import GGUFTensors, field
+from ckptd.model.quant import KeptGateUp
 
 MOE_PARTS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
              "ffn_down_exps.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
@@ -74,7 +75,6 @@ def expert_recipes(tensors: GGUFTensors, i: int, part: str) -> list[tuple[str, R
         def gate_up(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
             kept = tensors.kept(gate), tensors.kept(up)     # --weights keep: as stored
             if kept[0] is not None and kept[1] is not None:
-                from ckptd.model.quant import KeptGateUp
                 return KeptGateUp(*kept)
             g = tensors.get(gate)
             dst = torch.empty(g.shape[0], 2 * g.shape[1], g.shape[2], dtype=dtype,

@@ -20,24 +20,22 @@ from __future__ import annotations
 
 import logging
 
+import gguf
 import torch
 
-from ckptd.kernels.quant.formats import FORMATS, QuantTensor
+from ckptd.kernels.quant.formats import QuantTensor
 from ckptd.model.checkpoint import Recipe
+from ckptd.model.gguf.reader import KEPT, GGUFTensors
+from ckptd.model.quant import KeptColumns, KeptGateUp
 
 log = logging.getLogger("ckptd.model")
 
-KEPT = tuple(FORMATS)          # F16, BF16 and the block formats; F32 is a plain view
 PLAIN = ("F32",)
 
 
-def check_types(tensors, keep: bool) -> None:
+def check_types(tensors: GGUFTensors, keep: bool) -> None:
     """Before any weight is read: ValueError naming the first tensor whose type this
     mode cannot serve (one line)."""
-    import gguf
-
-    from ckptd.model.gguf.load import GGUFTensors
-    assert isinstance(tensors, GGUFTensors)
     for name, t in tensors.by_name.items():
         kind = t.tensor_type.name
         if kind in PLAIN or kind in ("F16", "BF16") or (keep and kind in KEPT):
@@ -53,12 +51,12 @@ def check_types(tensors, keep: bool) -> None:
                          "cannot dequantize")
 
 
-def kept_recipes(tensors, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
+def kept_recipes(tensors: GGUFTensors, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
     """The recipes, each returning a QuantTensor where its tensor can stay kept."""
     return {name: _kept(tensors, name, r) for name, r in recipes.items()}
 
 
-def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
+def _kept(tensors: GGUFTensors, name: str, recipe: Recipe) -> Recipe:
     def probe(dtype: torch.dtype, device: torch.device, grid: str = ""):
         """(the recipe's result with kept tensors as row numbers [rows, 1], or with
         `grid` "rows" / "cols" every element's row / column number; the kept tensors
@@ -76,7 +74,7 @@ def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
         out, reads = probe(dtype, device)
         if not reads:                   # nothing kept read: the plain result
             return out if out is not None else recipe(dtype, device)
-        if isinstance(out, QuantTensor) or type(out).__name__ == "KeptGateUp":
+        if isinstance(out, (QuantTensor, KeptGateUp)):
             return out                  # experts.py built it from the kept tensors
         if dtype not in (torch.float32, torch.float64):
             out, reads = probe(torch.float64, torch.device("cpu"))   # exact row numbers
@@ -86,7 +84,6 @@ def _kept(tensors, name: str, recipe: Recipe) -> Recipe:
             columns = _column_permutation(probe(torch.float64, cpu, "rows")[0],
                                           probe(torch.float64, cpu, "cols")[0], reads[0])
             if columns is not None:
-                from ckptd.model.quant import KeptColumns
                 return KeptColumns(reads[0], columns)
         if rows is None:
             log.info("%s: expanded to %s (its conversion is not a row selection)", name, dtype)
@@ -131,17 +128,3 @@ def _column_permutation(row_of, col_of, qt: QuantTensor) -> torch.Tensor | None:
         return None                     # not every column once, or not whole numbers
     return columns.long()
 
-
-def kept_view(tensors, name: str) -> QuantTensor | None:
-    """The tensor as stored, when its type is kept: uint8 [*lead, rows, row_bytes] over
-    the mapped file."""
-    from ckptd.model.weights import view
-    t = tensors.by_name[name]
-    kind = t.tensor_type.name
-    if kind not in KEPT or tensors._mm is None:
-        return None
-    shape = tensors.shape(name)
-    _, bs, ts = FORMATS[kind]
-    row_bytes = shape[-1] // bs * ts
-    data = view(tensors._mm, torch.uint8, int(t.data_offset), (*shape[:-1], row_bytes))
-    return QuantTensor(data, kind, shape)

@@ -5,14 +5,14 @@ and the tokenizer.
     config, tensors = load_gguf("model.gguf")      # dict, {HF name: fp32 tensor}
     tokenizer = gguf_tokenizer("model.gguf")
 
-Architectures: `llama` (model_type "llama"), and llama.cpp's Qwen hybrids (qwen35.py):
-`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`. The file is
-memory-mapped; a tensor is read when the loader assigns it: F32 / F16 / BF16 data as
-a view of the mapping, block-quantized types dequantized to fp32 with the `gguf`
-package then. GGUF lists dimensions fastest first; the reader's numpy arrays are
-already in torch order, so only the transforms llama.cpp's converter
-(convert_hf_to_gguf.py) applied are undone: for llama, the row permutation of q/k
-that turns rotate-half rotary into llama.cpp's interleaved pairs.
+Architectures: `llama` (model_type "llama"), llama.cpp's Qwen hybrids (qwen35.py):
+`qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`, and its state
+space hybrids (mamba.py): `mamba2`, `nemotron_h`, `granitehybrid`, `falcon-h1`, `jamba`.
+The file is memory-mapped (reader.py); a tensor is read when the loader assigns it: F32
+/ F16 / BF16 data as a view of the mapping, block-quantized types dequantized to fp32
+with the `gguf` package then. Only the transforms llama.cpp's converter
+(convert_hf_to_gguf.py) applied are undone: for llama, the row permutation of q/k that
+turns rotate-half rotary into llama.cpp's interleaved pairs.
 """
 
 from __future__ import annotations
@@ -20,14 +20,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ckptd.model.checkpoint import Recipe, plain
 from ckptd.model.gguf.header import read_architecture
-from ckptd.model.weights import drop_pages, view
+from ckptd.model.gguf.kept import check_types, kept_recipes
+from ckptd.model.gguf.mamba import load_ssm_hybrid
+from ckptd.model.gguf.qwen35 import load_qwen_hybrid
+from ckptd.model.gguf.reader import (
+    GGUFTensors,
+    convert_tensors,
+    field,
+    open_gguf,
+    require,
+    scalar,
+    unpermute,
+)
+from ckptd.model.text.tokenizer import Tokenizer
 
-SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next")
+SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next",
+             # the state space hybrids: gguf/mamba.py
+             "mamba2", "nemotron_h", "nemotron_h_moe", "granitehybrid", "falcon-h1", "jamba")
 
 # GGUF tensor names (blk.N.<part>.weight) -> HF names (model.layers.N.<module>.weight)
 _LLAMA_TOP = {
@@ -43,34 +56,8 @@ _LLAMA_BLOCK = {
 }
 
 
-def open_gguf(path: str | Path):
-    """A gguf.GGUFReader; FileNotFoundError, or ValueError for a file that is not a
-    readable GGUF (bad magic, truncated)."""
-    import gguf
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such GGUF file: {path}")
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (bad magic)")
-    try:
-        # copy-on-write: tensors view the mapping writable, and nothing writes them
-        return gguf.GGUFReader(str(path), "c")
-    except Exception as e:  # truncation surfaces as ValueError, IndexError, struct.error, ...
-        raise ValueError(f"cannot read GGUF {path} (truncated or corrupt?): "
-                         f"{type(e).__name__}: {e}") from None
-
-
-def field(reader, name: str, default=None):
-    """A metadata value (scalar, str or list), or default when absent."""
-    f = reader.fields.get(name)
-    return default if f is None else f.contents()
-
-
-def gguf_tokenizer(reader_or_path):
+def gguf_tokenizer(reader_or_path) -> Tokenizer:
     """The Tokenizer described by a GGUF's metadata (a path or an open GGUFReader)."""
-    from ckptd.model.text.tokenizer import Tokenizer
     return Tokenizer.from_gguf(reader_or_path)
 
 
@@ -94,16 +81,16 @@ def gguf_recipes(path: str | Path, reader=None, keep: bool = False
     tokenizer is wanted too. Tied embeddings: no lm_head.weight, tie_word_embeddings.
     keep: recipes return the tensors of kept types as stored (gguf/kept.py); a type
     the mode cannot serve is refused here, before any weight is read."""
-    from ckptd.model.gguf.kept import check_types, kept_recipes
     reader = reader or open_gguf(path)
     arch = field(reader, "general.architecture")
     tensors = GGUFTensors(reader, path)
     check_types(tensors, keep)
     if arch == "llama":
         cfg, recipes = _load_llama(reader, tensors)
-    elif arch in SUPPORTED:
-        from ckptd.model.gguf.qwen35 import load_qwen_hybrid
+    elif arch in SUPPORTED and arch.startswith("qwen"):
         cfg, recipes = load_qwen_hybrid(reader, tensors, arch)
+    elif arch in SUPPORTED:
+        cfg, recipes = load_ssm_hybrid(reader, tensors, arch)
     else:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path} "
                          f"(supported: {', '.join(SUPPORTED)})")
@@ -118,121 +105,6 @@ def load_gguf(path: str | Path, reader=None) -> tuple[dict, dict[str, torch.Tens
     cfg, recipes, _ = gguf_recipes(path, reader)
     cpu = torch.device("cpu")
     return cfg, {name: r(torch.float32, cpu) for name, r in recipes.items()}
-
-
-class GGUFTensors:
-    """A GGUF's tensors by name: views of the mapped file, or dequantized to fp32."""
-
-    def __init__(self, reader, path: str | Path | None = None) -> None:
-        self.by_name = {t.name: t for t in reader.tensors}
-        self.path = path
-        self._mm = getattr(reader.data, "_mmap", None)    # np.memmap's mapping
-        self._read = False
-        # gguf/kept.py: while a list, kept tensors read are appended here and get()
-        # hands out their row numbers instead of their values ([rows, 1]; with probe
-        # "rows" or "cols", every element's row or column number, [rows, cols])
-        self.row_ids: list | None = None
-        self.probe = ""
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.by_name
-
-    def names(self) -> list[str]:
-        return list(self.by_name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """torch order (GGUF lists dimensions fastest first)."""
-        return tuple(int(n) for n in reversed(self.by_name[name].shape.tolist()))
-
-    def get(self, name: str) -> torch.Tensor:
-        import gguf
-
-        t = self.by_name.get(name)
-        if t is None:
-            raise ValueError(f"GGUF {self.path or ''} is missing tensor {name!r}")
-        want = self.shape(name)
-        self._read = True
-        if self.row_ids is not None:
-            from ckptd.model.gguf.kept import kept_view
-            qt = kept_view(self, name)
-            if qt is not None:
-                self.row_ids.append(qt)
-                if len(want) != 2:      # experts: experts.py asks kept() for those
-                    raise ValueError(f"{name}: a kept {len(want)}-D tensor is not a row set")
-                rows = torch.arange(want[0], dtype=torch.float64).view(want[0], 1)
-                if self.probe == "rows":
-                    return rows.expand(want)         # a view: no memory
-                if self.probe == "cols":
-                    return torch.arange(want[1], dtype=torch.float64).expand(want)
-                return rows
-        kind = gguf.GGMLQuantizationType
-        dtypes = {kind.F32: torch.float32, kind.F16: torch.float16, kind.BF16: torch.bfloat16}
-        if t.tensor_type in dtypes and self._mm is not None:
-            return view(self._mm, dtypes[t.tensor_type], int(t.data_offset), want)
-        try:
-            a = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise ValueError(f"GGUF tensor {name!r} has type {t.tensor_type.name}, which the "
-                             "gguf package cannot dequantize") from None
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(want))
-
-    def kept(self, name: str):
-        """The tensor as stored (a QuantTensor) when kept mode is reading and its type is
-        kept, else None."""
-        if self.row_ids is None:
-            return None
-        from ckptd.model.gguf.kept import kept_view
-        qt = kept_view(self, name)
-        if qt is not None:
-            self.row_ids.append(qt)
-        return qt
-
-    def release(self, everything: bool = False) -> None:
-        """Drop the file's mapped pages (after a read, or always with everything): the
-        whole file, as model/weights.py does and for the same reason."""
-        if self._mm is not None and (everything or self._read):
-            drop_pages(self._mm, [(0, len(self._mm))])
-        self._read = False
-
-
-def scalar(v) -> float:
-    """A float read from fp32 metadata, as its shortest decimal (1e-06, not 9.99999997e-07)."""
-    return float(str(np.float32(v)))
-
-
-def convert_tensors(tensors: GGUFTensors, n_layers: int, top: dict[str, str],
-                    block: Callable[[int, str], list[tuple[str, Recipe]] | None],
-                    skip: Callable[[str], bool] = lambda name: False) -> dict[str, Recipe]:
-    """A recipe per HF name. `top` maps non-block names; `block(layer, part)` converts
-    blk.<layer>.<part> (part includes the .weight/.bias suffix) into (HF name, recipe)
-    pairs (none where another part's recipe reads this one too), or None for parts it
-    does not know; `skip(name)` drops tensors that are not needed."""
-    out: dict[str, Recipe] = {}
-    for name in tensors.names():
-        if skip(name):
-            continue
-        stem, _, suffix = name.rpartition(".")
-        if stem in top:
-            out[f"{top[stem]}.{suffix}"] = plain(lambda name=name: tensors.get(name))
-            continue
-        parts = name.split(".", 2)
-        res = None
-        if parts[0] == "blk" and len(parts) == 3 and parts[1].isdigit():
-            layer = int(parts[1])
-            if layer >= n_layers:
-                raise ValueError(f"GGUF tensor {name!r} is past the model's {n_layers} layers")
-            res = block(layer, parts[2])
-        if res is None:
-            raise ValueError(f"unexpected tensor {name!r} in GGUF {tensors.path or ''}")
-        out.update(res)
-    return out
-
-
-def require(tensors: GGUFTensors, names: list[str]) -> None:
-    """ValueError naming the first absent tensor."""
-    for name in names:
-        if name not in tensors:
-            raise ValueError(f"GGUF {tensors.path or ''} is missing tensor {name!r}")
 
 
 def _load_llama(reader, tensors: GGUFTensors) -> tuple[dict, dict[str, Recipe]]:
@@ -253,7 +125,7 @@ def _load_llama(reader, tensors: GGUFTensors) -> tuple[dict, dict[str, Recipe]]:
         if stem not in _LLAMA_BLOCK:
             return None
         name = f"blk.{i}.{part}"
-        get = (lambda: _unpermute(tensors.get(name), heads[stem])) if stem in heads \
+        get = (lambda: unpermute(tensors.get(name), heads[stem])) if stem in heads \
             else (lambda: tensors.get(name))
         return [(f"model.layers.{i}.{_LLAMA_BLOCK[stem]}.{suffix}", plain(get))]
 
@@ -300,13 +172,3 @@ def _vocab_size(reader, tensors: GGUFTensors) -> int:
     if t is None:
         raise ValueError(f"GGUF {tensors.path or ''} is missing tensor 'token_embd.weight'")
     return int(t.shape[1])  # GGUF dims: [hidden, vocab]
-
-
-def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation. Per head of d rows the converter stores
-    row (half h, index i) of the rotate-half layout at position 2i + h; rows [n_heads*d, ...]
-    (a bias too)."""
-    rows = w.shape[0]
-    d = rows // n_heads
-    rest = w.shape[1:]
-    return w.reshape(n_heads, d // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)

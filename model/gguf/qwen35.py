@@ -26,7 +26,7 @@ import torch
 
 from ckptd.model.checkpoint import Recipe, plain
 from ckptd.model.gguf.experts import MOE_PARTS, expert_recipes, moe_config
-from ckptd.model.gguf.load import GGUFTensors, convert_tensors, field, require, scalar
+from ckptd.model.gguf.reader import GGUFTensors, convert_tensors, field, require, scalar
 
 MODEL_TYPES = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text",
                "qwen3next": "qwen3_next"}

@@ -17,6 +17,8 @@ from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Tok
 from tokenizers.models import BPE
 
+from ckptd.model.gguf.reader import field
+
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -70,7 +72,6 @@ class GGUFVocab:
 
 def build_vocab(reader) -> GGUFVocab:
     """Byte-level BPE from a GGUFReader's metadata; ValueError for what it cannot build."""
-    from ckptd.model.gguf.load import field
 
     kind = field(reader, "tokenizer.ggml.model")
     if kind is None:
@@ -119,7 +120,6 @@ def build_vocab(reader) -> GGUFVocab:
 
 
 def _token_id(reader, key: str, n_tokens: int) -> int | None:
-    from ckptd.model.gguf.load import field
 
     v = field(reader, key)
     if v is None:

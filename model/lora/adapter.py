@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+
+from ckptd.model.gguf.reader import GGUFTensors, field, open_gguf, unpermute
+from ckptd.model.lora.targets import adaptable
 
 # model_type -> the architecture a GGUF adapter for it names
 GGUF_ARCH = {"llama": "llama", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
@@ -62,6 +66,9 @@ def read_adapter(path: str | Path, model) -> Adapter:
     p = Path(path)
     if not p.exists():
         raise ValueError(f"LoRA adapter {path}: no such file or folder")
+    if model.config.arch not in GGUF_ARCH:    # the state space hybrids: not wired for LoRA
+        raise ValueError(f"LoRA adapter {path}: adapters are not supported on "
+                         f"{model.config.arch} models")
     if p.is_dir():
         pairs, digest = _read_peft(p)
     else:
@@ -77,7 +84,6 @@ def read_adapter(path: str | Path, model) -> Adapter:
 
 
 def _check_target(model, path, name: str, pair: LoraPair) -> None:
-    from ckptd.model.lora.apply import adaptable
     if name not in adaptable(model):
         raise ValueError(f"LoRA adapter {path}: {name} is not a linear layer ckptd adapts "
                          "(attention, Gated DeltaNet and dense MLP projections, lm_head)")
@@ -99,7 +105,6 @@ def _digest(*blobs: bytes) -> str:
 
 
 def _read_gguf(path: Path, cfg) -> tuple[dict[str, LoraPair], str]:
-    from ckptd.model.gguf.load import GGUFTensors, field, open_gguf
     reader = open_gguf(path)
     kind, atype = field(reader, "general.type"), field(reader, "adapter.type")
     if kind != "adapter" or atype != "lora":
@@ -157,10 +162,9 @@ def _same(a, b):
 def _undo(part: str, cfg):
     """The converter's transform of the base tensor, undone on the pair: a row
     permutation applies to B's rows, a column permutation to A's columns."""
-    from ckptd.model.gguf.load import _unpermute
     if cfg.arch == "llama" and part in ("attn_q", "attn_k"):
         heads = cfg.num_heads if part == "attn_q" else cfg.num_kv_heads
-        return lambda a, b: (a, _unpermute(b, heads))
+        return lambda a, b: (a, unpermute(b, heads))
     hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     if cfg.arch == "qwen3_next" or not hk or hk == hv or part not in (
             "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out"):
@@ -183,7 +187,6 @@ def _undo(part: str, cfg):
 
 
 def _read_peft(folder: Path) -> tuple[dict[str, LoraPair], str]:
-    from safetensors.torch import load_file
     cfg_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not cfg_file.is_file() or not weights.is_file():
         raise ValueError(f"LoRA adapter {folder}: a PEFT folder needs adapter_config.json and "

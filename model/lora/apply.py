@@ -19,14 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ckptd.model.lora.adapter import Adapter
-
-# module class name -> [(fused matmul attribute, the linears it computes side by side)]
-_FUSED = {
-    "Attention": [("qkv", ("q_proj", "k_proj", "v_proj")), ("out", ("o_proj",))],
-    "MLP": [("gate_up", ("gate_proj", "up_proj")), ("down", ("down_proj",))],
-    "GatedDeltaNet": [("in_proj", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
-                      ("out", ("out_proj",))],
-}
+from ckptd.model.lora.targets import FUSED
 
 
 @dataclass(frozen=True)
@@ -52,15 +45,6 @@ class Rows:
         return Rows(self.scales.index_select(0, index))
 
 
-def adaptable(model) -> set[str]:
-    """Names of the linears a LoRA may adapt in this model."""
-    out = {"lm_head"}
-    for name, mod in model.named_modules():
-        for _, linears in _FUSED.get(type(mod).__name__, ()):
-            out.update(f"{name}.{lin}" for lin in linears)
-    return out
-
-
 class Lora:
     """The loaded adapters, in id order, and the current step's scales."""
 
@@ -75,7 +59,7 @@ class Lora:
     def wrap(self, model) -> None:
         """Wrap the fused matmuls of adapted modules (after every model.fuse())."""
         for name, mod in model.named_modules():
-            for attr, linears in _FUSED.get(type(mod).__name__, ()):
+            for attr, linears in FUSED.get(type(mod).__name__, ()):
                 self._wrap(mod, attr, [f"{name}.{lin}" for lin in linears],
                            [getattr(mod, lin).out_features for lin in linears])
         self._wrap(model, "head", ["lm_head"], [model.lm_head.out_features])

@@ -45,7 +45,7 @@ class Matcher:
     """One sequence's position in its grammar."""
 
     def __init__(self, compiled, vocab_size: int) -> None:
-        import xgrammar as xgr
+        import xgrammar as xgr  # imported on first use (see _get_compiler)
         self._xgr = xgr
         self.m = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
@@ -89,6 +89,8 @@ class Grammars:
         self._cache: OrderedDict[Constraint, Compiled] = OrderedDict()
 
     def _get_compiler(self):
+        # imported on first use: loading xgrammar takes seconds, and most requests and
+        # processes (tools, tests) have no grammar
         import xgrammar as xgr
         if self._compiler is None:
             tok = self.tokenizer.tok

@@ -36,7 +36,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None    # None: off; n: the chosen token's logprob and the top n
-    presence_penalty: float = 0.0  # model/penalties.py: what they count and how
+    presence_penalty: float = 0.0  # model/sampling/penalties.py: what they count
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0     # 1: off
     penalty_last_n: int | None = None   # None: OpenAI's convention; n: llama.cpp's window

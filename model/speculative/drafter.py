@@ -2,9 +2,9 @@
 few tokens greedily, for the target to verify in one step (llama.cpp's draft-simple).
 
 The drafter keeps one sequence of its own per target sequence (its own runner, pages
-and recurrent slots; nothing of it is cached) and follows the target's tokens: each
+and recurrent cells; nothing of it is cached) and follows the target's tokens: each
 `propose` first computes what the target accepted since the last one, then drafts.
-`settle` takes back what the target did not accept."""
+`keep` takes back what the target did not accept."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ckptd.model.runner import Mark, Runner
 from ckptd.model.sequence import Sequence
+from ckptd.model.spec import OutOfCells
 from ckptd.model.speculative.params import DraftLimits
-from ckptd.model.state import OutOfSlots
 
 TOP_K = 10      # the draft's probability of a token is over its top 10 (llama.cpp's)
 VOCAB_SLACK = 128   # vocabularies may differ in size by this much (llama.cpp's limit)
@@ -27,9 +27,9 @@ class _Track:
 
 
 class Drafter:
-    def __init__(self, model, num_pages: int, num_slots: int, block_size: int = 16,
+    def __init__(self, model, num_pages: int, num_cells: int, block_size: int = 16,
                  step_tokens: int = 256, max_seq_pages: int | None = None) -> None:
-        self.runner = Runner(model, num_pages, num_slots, block_size,
+        self.runner = Runner(model, num_pages, num_cells, block_size,
                              max_batch_tokens=step_tokens, max_seq_pages=max_seq_pages)
         self.B, self.step_tokens = block_size, step_tokens
         self.free = list(range(num_pages - 1, -1, -1))
@@ -84,7 +84,7 @@ class Drafter:
         for i, (key, _, limits) in enumerate(asks):
             if len(out[i]) < max(limits.n_min, 1):
                 out[i] = []
-                self.settle(key, 0)           # what it computed of a dropped draft
+                self.keep(key, 0)             # what it computed of a dropped draft
         return out
 
     def _follow(self, key: int, tokens: list[int]) -> _Track | None:
@@ -95,12 +95,12 @@ class Drafter:
             seq = Sequence([])
             try:
                 self.runner.attach(seq)
-            except OutOfSlots:
+            except OutOfCells:
                 return None
             t = self.tracks[key] = _Track(seq)
         seq = t.seq
         new = tokens[seq.num_computed:]
-        # none left to compute never happens (settle keeps one); an id only the model
+        # none left to compute never happens (keep leaves one); an id only the model
         # has (the draft's vocabulary may be shorter): either way, start anew
         if not new or max(new) >= self.runner.vocab_size:
             self.release(key)
@@ -109,7 +109,7 @@ class Drafter:
         seq.tokens += new
         return t
 
-    def settle(self, key: int, kept: int) -> None:
+    def keep(self, key: int, kept: int) -> None:
         """The target kept `kept` of the last draft's tokens: the draft's state goes back
         to the last of them it computed (a hybrid's to where the draft started: the
         next propose computes the kept ones with the target's next token)."""
@@ -124,7 +124,7 @@ class Drafter:
         t.mark, t.drafted = None, 0
 
     def release(self, key: int) -> None:
-        """The target sequence ended: its draft's pages and slot go back."""
+        """The target sequence ended: its draft's pages and cell go back."""
         t = self.tracks.pop(key, None)
         if t is not None:
             self.free += t.seq.pages

@@ -1,9 +1,8 @@
 """Encode a long text that shares its start with a recent one by re-encoding only its end.
 
 A memory-store question sends the same 4K-64K-token document before every question,
-and a chat sends its whole history every turn; tokenizing that again costs ~2.5 ms
-per 1K tokens (HF tokenizers on a 2-core EPYC: 35 ms for 13.7K), more than
-restoring its state from RAM.
+and a chat sends its whole history every turn; tokenizing that again costs more than
+restoring its state from RAM (docs/BENCHMARKS.md, Measurements behind the code).
 
 The splice: take the recent text with the longest common prefix, keep its tokens up
 to a clean token boundary `MARGIN` characters before the texts part, back off

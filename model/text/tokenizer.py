@@ -4,7 +4,7 @@ Built on the `tokenizers` library. Special tokens written in the text (the chat
 template's `<|im_start|>`, ...) always encode to their ids, as in llama.cpp's
 server and transformers. `encode(add_special_tokens=True)` adds what the model's
 own post-processor adds (a BOS for llama-3, nothing for ChatML models). A long text
-that starts like a recent one re-encodes only its end (`model/prefix_encode.py`).
+that starts like a recent one re-encodes only its end (`model/text/prefix_encode.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _Tok
 
+from ckptd.model.gguf.reader import open_gguf
+from ckptd.model.gguf.vocab import build_vocab
+from ckptd.model.text.chat import render_chat
 from ckptd.model.text.prefix_encode import PrefixEncoder
 
 # Fill-in-the-middle tokens (prefix, suffix, middle), as code models spell them, and the
@@ -71,9 +74,6 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, reader_or_path) -> Tokenizer:
         """From a GGUF's tokenizer.ggml.* metadata: a GGUFReader or a path."""
-        from ckptd.model.gguf.load import open_gguf
-        from ckptd.model.gguf.vocab import build_vocab
-
         reader = open_gguf(reader_or_path) if isinstance(reader_or_path, (str, Path)) \
             else reader_or_path
         v = build_vocab(reader)
@@ -128,8 +128,6 @@ class Tokenizer:
                             **variables) -> str:
         """The prompt text for `messages`; the template sees bos_token, eos_token and
         `variables` (tools, enable_thinking, ...). Raises ChatTemplateError (a ValueError)."""
-        from ckptd.model.text.chat import render_chat
-
         specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
         return render_chat(self.chat_template, messages, add_generation_prompt,
                            **{**specials, **variables})

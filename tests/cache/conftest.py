@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zlib
 
+import lmdb
 import pytest
 import torch
 
@@ -27,6 +28,11 @@ def attention_spec(dtype=torch.float16) -> StateSpec:
     return StateSpec(B, AttentionSpec(3, 2, 8, dtype), None)
 
 
+def recurrent_spec(dtype=torch.bfloat16) -> StateSpec:
+    """No attention at all (the pure Mamba2): blocks hold no KV, only the prefix chain."""
+    return StateSpec(B, None, RecurrentSpec.ssm(2, 20, 4, 4, 8, 6, conv_dtype=dtype))
+
+
 def _gen(tokens, salt: str = "") -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(encode_tokens(tokens) + salt.encode()))
 
@@ -46,6 +52,8 @@ def _token_kv(spec: StateSpec, tokens, start: int, stop: int) -> torch.Tensor:
 def fake_pages(spec: StateSpec, tokens, first: int, n: int) -> torch.Tensor:
     """KV for blocks first .. first+n-1 of tokens: [n, *kv_shape()]."""
     B = spec.block_size
+    if spec.attention is None:
+        return torch.empty((n, *spec.kv_shape()), dtype=spec.kv_dtype)
     return torch.stack([_token_kv(spec, tokens, i * B, (i + 1) * B)
                         for i in range(first, first + n)])
 
@@ -106,3 +114,14 @@ def open_store(tmp_path):
     yield make
     for s in opened:
         s.close()
+
+
+def flip_value(path, sub_db: bytes, key: bytes) -> None:
+    """Flip one bit in the middle of a stored value (its checksum then fails)."""
+    env = lmdb.open(str(path), max_dbs=8)
+    db = env.open_db(sub_db)
+    with env.begin(write=True, db=db) as txn:
+        bad = bytearray(txn.get(key))
+        bad[len(bad) // 2] ^= 0x10
+        txn.put(key, bytes(bad))
+    env.close()

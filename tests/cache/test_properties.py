@@ -9,7 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptd.cache.store.store import CacheStore
-from tests.cache.conftest import FP, B, attention_spec, check_restored, fill, hybrid_spec
+from tests.cache.conftest import (
+    FP,
+    B,
+    attention_spec,
+    check_restored,
+    fill,
+    hybrid_spec,
+    recurrent_spec,
+)
 
 prompts = st.lists(st.integers(0, 2), min_size=1, max_size=22)    # small alphabet: shared prefixes
 salted = st.tuples(prompts, st.sampled_from(["", "a"]))
@@ -35,10 +43,12 @@ def restorable(stored: list[tuple[list[int], str]], query: list[int], salt: str,
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(hybrid=st.booleans(), via_disk=st.booleans(), stored=st.lists(salted, min_size=1,
-       max_size=6), queries=st.lists(st.tuples(salted, st.integers(0, 4)), max_size=6))
-def test_lookup_is_the_longest_restorable_prefix(hybrid, via_disk, stored, queries):
-    spec = hybrid_spec() if hybrid else attention_spec()
+@given(kind=st.sampled_from(["hybrid", "attention", "recurrent"]), via_disk=st.booleans(),
+       stored=st.lists(salted, min_size=1, max_size=6),
+       queries=st.lists(st.tuples(salted, st.integers(0, 4)), max_size=6))
+def test_lookup_is_the_longest_restorable_prefix(kind, via_disk, stored, queries):
+    spec = {"hybrid": hybrid_spec, "attention": attention_spec, "recurrent": recurrent_spec}[kind]()
+    hybrid = kind != "attention"
     with tempfile.TemporaryDirectory() as d:
         s = CacheStore(d, spec, FP, host_budget=0 if via_disk else 1 << 20)
         for toks, salt in stored:

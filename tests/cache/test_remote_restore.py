@@ -53,9 +53,9 @@ def _prefill(runner, cache, tokens: list[int]):
     n = len(tokens) - seq.num_computed
     if n:
         cache.prepare([(seq, n)])
-        out = runner.step([(seq, n)])
-        cache.after_step([Work(seq, n, n=n)], out)
-    logits = out[0] if n else info.logits
+        out = runner.run([(seq, n)])
+        cache.after_step([Work(seq, n)], out)
+    logits = out.last(seq) if n else info.logits
     cache.finish(seq)
     return info, logits
 

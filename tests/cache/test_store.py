@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import lmdb
 import pytest
 import torch
 
@@ -15,6 +14,7 @@ from tests.cache.conftest import (
     fake_pages,
     fake_snapshot,
     fill,
+    flip_value,
     hybrid_spec,
 )
 
@@ -133,16 +133,6 @@ def test_exact_repeat_can_restore_logits(open_store):
     assert torch.equal(s.load(plan).snapshot.logits, torch.arange(5.0))
 
 
-def _flip_value(path, sub_db: bytes, key: bytes) -> None:
-    env = lmdb.open(str(path), max_dbs=8)
-    db = env.open_db(sub_db)
-    with env.begin(write=True, db=db) as txn:
-        bad = bytearray(txn.get(key))
-        bad[len(bad) // 2] ^= 0x10
-        txn.put(key, bytes(bad))
-    env.close()
-
-
 def test_corrupt_value_is_dropped_and_the_good_prefix_served(open_store, spec, tmp_path):
     tokens = list(range(30))
     s = open_store(spec)
@@ -150,7 +140,7 @@ def test_corrupt_value_is_dropped_and_the_good_prefix_served(open_store, spec, t
         fill(s, spec, tokens[:t])
     bad_key = s.lookup(tokens).blocks[4].key
     s.close()
-    _flip_value(tmp_path / "store", b"blocks", bad_key)
+    flip_value(tmp_path / "store", b"blocks", bad_key)
     s = open_store(spec)
     plan = s.lookup(tokens)
     assert plan.position == 30
@@ -174,7 +164,7 @@ def test_corrupt_snapshot_never_served(open_store, tmp_path):
     fill(s, spec, tokens)
     key = s.lookup(tokens).snapshot.key
     s.close()
-    _flip_value(tmp_path / "store", b"snapshots", key)
+    flip_value(tmp_path / "store", b"snapshots", key)
     s = open_store(spec)
     restored = s.load(s.lookup(tokens))
     assert (restored.ok, restored.snapshot) == (False, None)

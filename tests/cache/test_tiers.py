@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import root_key
+from ckptd.cache.remote.tier import RemoteTier
+from ckptd.cache.tier import Tier
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, tensors_nbytes
 from tests.cache.test_codec import DTYPES
@@ -94,3 +98,17 @@ def test_full_map_is_reported_and_nothing_half_written(tmp_path):
 def test_readonly_refuses_missing_store(tmp_path):
     with pytest.raises(FileNotFoundError):
         DiskTier(tmp_path / "nothing", 0, readonly=True)
+
+
+@pytest.mark.parametrize("tier", [HostTier, DiskTier, RemoteTier], ids=lambda t: t.name)
+def test_every_tier_offers_the_one_interface(tier):
+    """DESIGN's one tier interface (cache/tier.py: Tier): each tier has a name and every
+    method of it, taking its parameters in the same order (more only with defaults)."""
+    assert isinstance(tier.name, str)
+    methods = [n for n, f in vars(Tier).items() if not n.startswith("_") and callable(f)]
+    assert {"get", "put", "contains", "delete", "scan"} <= set(methods)
+    for name in methods:
+        want = list(inspect.signature(getattr(Tier, name)).parameters)
+        got = list(inspect.signature(getattr(tier, name)).parameters.values())
+        assert [p.name for p in got[:len(want)]] == want, f"{tier.__name__}.{name}"
+        assert all(p.default is not p.empty for p in got[len(want):]), f"{tier.__name__}.{name}"

@@ -48,7 +48,7 @@ def test_decode_steps_do_not_sync_in_the_layers(tiny_dir):
 
     model = load_model(tiny_dir, torch.bfloat16, device="cuda")
     for graphs in (False, True):
-        r = Runner(model, num_pages=32, num_slots=4, block_size=16, graphs=graphs)
+        r = Runner(model, num_pages=32, num_cells=4, block_size=16, graphs=graphs)
         seqs = [Sequence(list(range(5, 5 + n))) for n in (30, 9, 17)]
         for i, s in enumerate(seqs):
             r.attach(s)

@@ -123,8 +123,8 @@ def test_long_prefix_is_held_once_while_requests_run(tiny_dir, tiny_model, tmp_p
 def _compute(eng, seq, n):
     """A step of n tokens for seq, as the engine runs it."""
     eng.cache.prepare([(seq, n)])
-    out = eng.runner.step([(seq, n)])
-    eng.cache.after_step([Work(seq, n, n=n)], out)
+    out = eng.runner.run([(seq, n)])
+    eng.cache.after_step([Work(seq, n)], out)
 
 
 def test_published_keys_are_the_stores(tiny_dir, tiny_model, tmp_path):
@@ -136,7 +136,7 @@ def test_published_keys_are_the_stores(tiny_dir, tiny_model, tmp_path):
     seq.tokens += _prompt(2 * B, 5)                       # generated tokens, computed later
     _compute(eng, seq, 2 * B)
     cache.finish(seq)
-    cache.settle()
+    cache.store_pending()
     want = block_keys(cache.store.root("s"), seq.tokens, B)
     assert cache.device.find(cache.chain(seq.tokens, "s")) == seq_pages(cache, want)
     assert [cache.store.has(k) for k in want] == [True] * len(want)

@@ -53,10 +53,11 @@ def test_lora_scales_never_share_cache_entries(tiny_hybrid_dir, adapter, tmp_pat
         assert ref[0.0] != ref[1.0] and ref[0.5] not in (ref[0.0], ref[1.0])
         first = _complete(d, 1.0)
         assert first[0] == ref[1.0] and first[1]["cache_n"] == 0
-        # the base model's and scale 0.5's prefixes are not scale 1's
+        # the base model's and scale 0.5's prefixes are not scale 1's, and each says so
         for s in (0.0, 0.5):
             toks, timings = _complete(d, s)
             assert toks == ref[s] and timings["cache_n"] == 0, s
+            assert timings["cache"]["miss"]["reason"] == "other_adapters", timings["cache"]
         # and now each restores its own
         for s in (1.0, 0.0, 0.5):
             toks, timings = _complete(d, s)

@@ -2,7 +2,7 @@
 
 TRITON_INTERPRET must be set before the first `triton.jit` runs, so it is set
 here, at import, when there is no GPU. Kernel test modules use the `triton_env`
-fixture: CKPTD_KERNELS=triton (kernels.dispatch takes the Triton path on CPU
+fixture: dispatch.MODE = "triton" (kernels.dispatch takes the Triton path on CPU
 tensors too) and torch.empty / torch.empty_like filled with NaN, so an output
 element a kernel forgets to write fails the comparison instead of passing by luck.
 """
@@ -16,6 +16,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+from ckptd.kernels import dispatch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -31,7 +33,7 @@ def _nan_filled(make):
 
 @pytest.fixture
 def triton_env(monkeypatch):
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))
     monkeypatch.setattr(torch, "empty_like", _nan_filled(torch.empty_like))
 

@@ -57,6 +57,6 @@ def test_flash_attn_step_equals_reference(close):
 def test_external_kernels_are_off_on_the_cpu_and_when_turned_off(monkeypatch):
     x = torch.zeros(2, device="cpu")
     assert not dispatch.use_external("fla", x) and not dispatch.use_external("flash", x)
-    monkeypatch.setenv("CKPTD_EXTERNAL_KERNELS", "off")
+    monkeypatch.setattr(dispatch, "EXTERNAL", False)
     if CUDA:
         assert not dispatch.use_external("fla", x.cuda())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ckptd.kernels import dispatch
 from ckptd.kernels.paged_attention import naive, sdpa
 
 
@@ -51,10 +52,8 @@ def test_decode_batch_of_unequal_lengths_equals_reference():
 
 
 def test_dispatch_takes_sdpa_on_cpu_and_the_reference_when_asked(monkeypatch):
-    from ckptd.kernels import dispatch
-
     q = torch.zeros(1, 2, 4)
-    monkeypatch.setenv("CKPTD_KERNELS", "auto")
+    monkeypatch.setattr(dispatch, "MODE", "auto")
     assert dispatch._attention_impl(q) is sdpa
-    monkeypatch.setenv("CKPTD_KERNELS", "torch")
+    monkeypatch.setattr(dispatch, "MODE", "torch")
     assert dispatch._attention_impl(q) is naive

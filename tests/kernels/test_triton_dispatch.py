@@ -13,21 +13,21 @@ from ckptd.tools.bench import kernels as bench_kernels
 
 def test_modes(monkeypatch):
     x = torch.zeros(2)
-    monkeypatch.setenv("CKPTD_KERNELS", "torch")
+    monkeypatch.setattr(dispatch, "MODE", "torch")
     assert not dispatch.use_triton(x)
-    monkeypatch.setenv("CKPTD_KERNELS", "auto")
+    monkeypatch.setattr(dispatch, "MODE", "auto")
     assert dispatch.use_triton(x) == x.is_cuda
-    monkeypatch.delenv("CKPTD_KERNELS")
+    monkeypatch.setattr(dispatch, "MODE", "auto")
     assert dispatch.use_triton(x) == x.is_cuda
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     assert dispatch.use_triton(x)
-    monkeypatch.setenv("CKPTD_KERNELS", "cuda")
+    monkeypatch.setattr(dispatch, "MODE", "cuda")
     with pytest.raises(ValueError, match="CKPTD_KERNELS"):
         dispatch.use_triton(x)
 
 
 def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         dispatch.use_triton(torch.zeros(2))
@@ -36,9 +36,9 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
 def test_torch_mode_runs_the_reference(monkeypatch):
     # the Triton launcher wants weight [D]; the reference broadcasts a [1] weight
     x, w = torch.randn(5, 8), torch.tensor([2.0])
-    monkeypatch.setenv("CKPTD_KERNELS", "torch")
+    monkeypatch.setattr(dispatch, "MODE", "torch")
     assert dispatch.rms_norm(x, w, 1e-6).shape == (5, 8)
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     with pytest.raises(ValueError, match="weight"):
         dispatch.rms_norm(x, w, 1e-6)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ckptd.tools.make_tiny import _tokenizer
+from ckptd.tools.tiny_ssm import randomize
 
 _TEXT = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
@@ -60,33 +61,17 @@ def _class(kind: str):
             "next": Qwen3NextForCausalLM, "next-dense": Qwen3NextForCausalLM}[kind]
 
 
-def _randomize(model, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            shape = p.shape
-            if name.endswith("A_log"):
-                t = torch.log(torch.empty(shape).uniform_(0.05, 1.0, generator=g))
-            elif name.endswith("dt_bias"):
-                t = torch.empty(shape).uniform_(-1.0, 1.0, generator=g)
-            elif name.endswith("linear_attn.norm.weight") or "visual" in name and "norm" in name:
-                t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-            elif "norm" in name:            # zero-centred: weight + 1 is applied
-                t = 0.1 * torch.randn(shape, generator=g)
-            elif name.endswith("embed_tokens.weight"):
-                t = 0.2 * torch.randn(shape, generator=g)
-            elif name == "lm_head.weight":
-                t = 0.1 * torch.randn(shape, generator=g)
-            else:
-                t = 0.5 * torch.randn(shape, generator=g) / (shape[-1] ** 0.5)
-            p.copy_(t)
+def _zero_centred(name: str) -> bool:
+    """Qwen3.5's norms keep weight - 1; its gated DeltaNet norm and the vision tower's
+    keep the weight."""
+    return not name.endswith("linear_attn.norm.weight") and "visual" not in name
 
 
 def build(kind: str, out: Path, seed: int = 0) -> Path:
     """Write the `kind` checkpoint to out/ (config, safetensors, tokenizer)."""
     torch.manual_seed(seed)
     model = _class(kind)(_config(kind)).eval()
-    _randomize(model, seed)
+    randomize(model, seed, _zero_centred)
     model.save_pretrained(out)
     _tokenizer(out)
     return out

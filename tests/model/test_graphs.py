@@ -15,6 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.runner import Runner  # noqa: E402
 from ckptd.model.sequence import Sequence  # noqa: E402
@@ -42,7 +43,7 @@ def _run(runner: Runner):
         out.append(runner.step([(seqs[i], 1) for i in group]))
     states = [runner.read_pages(s.pages) for s in seqs]
     if runner.state.conv is not None:
-        states += [torch.cat([x.flatten() for x in runner.read_recurrent(s.slot)])
+        states += [torch.cat([x.flatten() for x in runner.read_recurrent(s.cell)])
                    for s in seqs]
     return out, states
 
@@ -53,12 +54,12 @@ def test_graph_decode_equals_eager(which, tiny_hybrid_dir, tiny_llama_dir, tiny_
     """hybrid-triton: the kernels a graph records on CUDA, which read the step's device
     tensors (context lengths, page tables, slots) from the refilled buffers."""
     if which.endswith("-triton"):
-        monkeypatch.setenv("CKPTD_KERNELS", "triton")
+        monkeypatch.setattr(dispatch, "MODE", "triton")
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir,
             "moe": tiny_moe_dir}[which.removesuffix("-triton")]
     model = load_model(path, device=DEVICE)
-    eager = Runner(model, num_pages=40, num_slots=5, block_size=8, graphs=False)
-    graphs = Runner(model, num_pages=40, num_slots=5, block_size=8, graphs=True,
+    eager = Runner(model, num_pages=40, num_cells=5, block_size=8, graphs=False)
+    graphs = Runner(model, num_pages=40, num_cells=5, block_size=8, graphs=True,
                     max_seq_pages=8)
     want, want_state = _run(eager)
     got, got_state = _run(graphs)
@@ -74,7 +75,7 @@ def test_graph_decode_equals_eager(which, tiny_hybrid_dir, tiny_llama_dir, tiny_
 
 def test_too_wide_or_too_many_run_eagerly(tiny_hybrid_dir):
     model = load_model(tiny_hybrid_dir, device=DEVICE)
-    r = Runner(model, num_pages=40, num_slots=2, block_size=8, graphs=True, max_seq_pages=2)
+    r = Runner(model, num_pages=40, num_cells=2, block_size=8, graphs=True, max_seq_pages=2)
     s = Sequence(_tokens(20, 0))                  # 3 pages: wider than the graphs' tables
     r.attach(s)
     s.pages = [0, 1, 2]

@@ -27,8 +27,8 @@ def _close(a, b):
 class Pages:
     """A runner with the cache manager that hands out its pages (no store)."""
 
-    def __init__(self, model, num_pages: int, num_slots: int, **kw) -> None:
-        self.runner = Runner(model, num_pages, num_slots, B, **kw)
+    def __init__(self, model, num_pages: int, num_cells: int, **kw) -> None:
+        self.runner = Runner(model, num_pages, num_cells, B, **kw)
         self.cache = CacheManager(self.runner, self.runner.spec, num_pages, model.fingerprint)
 
     def add(self, tokens):
@@ -42,7 +42,7 @@ class Pages:
 def test_random_chunks_and_token_by_token_equal_one_shot(tiny_model):
     tokens = _prompt(70, 7)
     want = prompt_logits(tiny_model, tokens)
-    r = Pages(tiny_model, num_pages=12, num_slots=2)
+    r = Pages(tiny_model, num_pages=12, num_cells=2)
     chunked, stepped = r.add(tokens), r.add(tokens)
     g = torch.Generator().manual_seed(1)
     while chunked.num_computed < len(tokens):
@@ -56,7 +56,7 @@ def test_random_chunks_and_token_by_token_equal_one_shot(tiny_model):
 
 def test_mixed_step_prefill_chunk_beside_decodes(tiny_model):
     a, b, c = _prompt(37, 1), _prompt(20, 2), _prompt(5, 3)
-    r = Pages(tiny_model, num_pages=12, num_slots=3)
+    r = Pages(tiny_model, num_pages=12, num_cells=3)
     sa, sb, sc = r.add(a), r.add(b), r.add(c)
     first = r.step([(sb, 20), (sc, 5), (sa, 10)])
     sb.tokens.append(7)
@@ -75,7 +75,7 @@ def test_mixed_step_prefill_chunk_beside_decodes(tiny_model):
 
 def test_state_io_round_trips_a_state(tiny_model):
     tokens = _prompt(37, 10) + [42]
-    r = Pages(tiny_model, num_pages=10, num_slots=3)
+    r = Pages(tiny_model, num_pages=10, num_cells=3)
     runner = r.runner
     src = r.add(tokens)
     r.step([(src, 37)])
@@ -87,9 +87,9 @@ def test_state_io_round_trips_a_state(tiny_model):
     runner.load_pages(dst.pages[:2], full)
     runner.load_partial(dst.pages[2], partial)
     if runner.spec.is_hybrid:
-        conv, ssm = runner.read_recurrent(src.slot)
+        conv, ssm = runner.read_recurrent(src.cell)
         assert ssm.dtype == torch.float32
-        runner.load_recurrent(dst.slot, conv, ssm)
+        runner.load_recurrent(dst.cell, conv, ssm)
     dst.num_computed = 37
     got = r.step([(src, 1), (dst, 1)])
     assert torch.equal(got[0], got[1])
@@ -102,7 +102,7 @@ def test_state_io_round_trips_a_state(tiny_model):
 
 
 def test_step_rejects_bad_work(tiny_model):
-    r = Pages(tiny_model, num_pages=4, num_slots=2, max_batch_tokens=32)
+    r = Pages(tiny_model, num_pages=4, num_cells=2, max_batch_tokens=32)
     seq = r.add(_prompt(40, 11))
     r.cache.prepare([(seq, 32)])
     for work in ([], [(seq, 0)], [(seq, 41)], [(seq, 33)], [(seq, 2), (seq, 2)]):
@@ -112,13 +112,13 @@ def test_step_rejects_bad_work(tiny_model):
         r.runner.step([(r.add(_prompt(40, 12)), 20)])
     r.cache.release(seq)
     r.cache.release(seq)                                 # twice is harmless
-    with pytest.raises(ValueError, match="slot"):
+    with pytest.raises(ValueError, match="cell"):
         r.runner.step([(seq, 1)])
     with pytest.raises(ValueError):
-        Runner(tiny_model, num_pages=4, num_slots=1, max_batch_tokens=0)
+        Runner(tiny_model, num_pages=4, num_cells=1, max_batch_tokens=0)
     with pytest.raises(ValueError, match="vocabulary"):
         r.add([1, 2, tiny_model.config.vocab_size])
-    assert r.runner.slots.num_free == 1                  # the second sequence holds one
+    assert r.runner.cells.num_free == 1                  # the second sequence holds one
 
 
 def test_fused_projections_equal_separate_ones(tiny_model):

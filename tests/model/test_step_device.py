@@ -23,10 +23,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.runner import Runner  # noqa: E402
 from ckptd.model.sequence import Sequence  # noqa: E402
 from ckptd.model.testing import Scratch  # noqa: E402
+from tests.conftest import SSM_ARCHES  # noqa: E402
 
 
 def _tokens(n, seed):
@@ -59,14 +61,23 @@ def test_meta_default_device_catches_a_tensor_made_without_a_device():
             (cpu + forgot).sum()
 
 
-@pytest.mark.parametrize("which", ["hybrid", "llama", "moe"])
-def test_a_batch_of_requests_under_a_meta_default_device(which, tiny_hybrid_dir,
-                                                          tiny_llama_dir, tiny_moe_dir):
-    path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
-    model = load_model(path)
-    want = _steps(Runner(model, num_pages=32, num_slots=3, block_size=16))
+MODELS = ["hybrid", "llama", "moe", *SSM_ARCHES]
+# on the Triton path (interpreted: ~20 s a model): the Mamba2 and the Mamba (v1) kernels
+TRITON_MODELS = ["hybrid", "llama", "moe", "nemotron_h", "jamba"]
+
+
+def _path(which: str, request):
+    if which in SSM_ARCHES:
+        return request.getfixturevalue("ssm_dirs")[which]
+    return request.getfixturevalue(f"tiny_{which}_dir")
+
+
+@pytest.mark.parametrize("which", MODELS)
+def test_a_batch_of_requests_under_a_meta_default_device(which, request):
+    model = load_model(_path(which, request))
+    want = _steps(Runner(model, num_pages=32, num_cells=3, block_size=16))
     with torch.device("meta"):
-        got = _steps(Runner(model, num_pages=32, num_slots=3, block_size=16))
+        got = _steps(Runner(model, num_pages=32, num_cells=3, block_size=16))
     for g, w in zip(got, want):
         assert g.device.type == "cpu"
         torch.testing.assert_close(g, w, rtol=0, atol=0)
@@ -95,12 +106,11 @@ class _SyncCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("which", ["hybrid", "llama", "moe"])
-def test_the_layers_do_not_sync_with_the_host(which, tiny_hybrid_dir, tiny_llama_dir,
-                                              tiny_moe_dir, monkeypatch):
-    path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir, "moe": tiny_moe_dir}[which]
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
-    model = load_model(path, device="cuda" if torch.cuda.is_available() else "cpu")
+@pytest.mark.parametrize("which", TRITON_MODELS)
+def test_the_layers_do_not_sync_with_the_host(which, request, monkeypatch):
+    monkeypatch.setattr(dispatch, "MODE", "triton")
+    model = load_model(_path(which, request),
+                       device="cuda" if torch.cuda.is_available() else "cpu")
     s = Scratch(model, block_size=16, max_tokens=48, n_seqs=2)
     tolist = torch.Tensor.tolist
     calls = []

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
 
+from ckptd.kernels import dispatch  # noqa: E402
 from ckptd.model.loader import load_model  # noqa: E402
 from ckptd.model.testing import Scratch  # noqa: E402
 
@@ -51,13 +53,21 @@ def test_moe_model_on_triton_kernels_equals_references(tiny_moe_dir, monkeypatch
     _compare(tiny_moe_dir, monkeypatch)
 
 
+@pytest.mark.parametrize("arch", ["nemotron_h", "falcon_h1", "mamba2", "jamba"])
+def test_state_space_model_on_triton_kernels_equals_references(ssm_dirs, arch, monkeypatch):
+    """Mamba2's chunked and step-by-step scans (attention without rotary, beside it,
+    none), Mamba's selective scan, the conv with its bias. (Granite-4.0-H adds only the
+    MoE kernel, which the Qwen MoE model runs above.)"""
+    _compare(ssm_dirs[arch], monkeypatch)
+
+
 def _compare(model_dir, monkeypatch):
     model = load_model(model_dir, device=DEVICE)
     monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))
     monkeypatch.setattr(torch, "empty_like", _nan_filled(torch.empty_like))
-    monkeypatch.setenv("CKPTD_KERNELS", "torch")
+    monkeypatch.setattr(dispatch, "MODE", "torch")
     want = _run(model)
-    monkeypatch.setenv("CKPTD_KERNELS", "triton")
+    monkeypatch.setattr(dispatch, "MODE", "triton")
     got = _run(model)
     assert got.shape == want.shape == (40 + 13 + 2 + 1, model.config.vocab_size)
     assert torch.isfinite(got).all()

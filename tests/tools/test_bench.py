@@ -169,3 +169,17 @@ def test_bad_arguments_name_the_flag(argv, message, tmp_path):
 def test_missing_model_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         bench.run(_args("--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path)))
+
+
+def test_admission_bench_measures_the_miss_accounting_side_by_side(tmp_path):
+    from ckptd.tools.bench import admission
+
+    out = tmp_path / "rows.json"
+    assert admission.main(["--lengths", "2048", "--snapshots", "8", "--repeat", "2",
+                           "--why-cost", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    for phase in ("device", "host", "disk"):
+        r = row[phase]
+        assert r["admit_ms_without_why"] > 0 and r["admit_ms"] > 0
+        assert 0 < r["why_us"] < 1000 * r["admit_ms"] and r["explain_us"] > 0
+        assert r["restored"] == [2048]              # a snapshot at the context's end

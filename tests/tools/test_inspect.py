@@ -270,3 +270,39 @@ def test_bad_input_is_one_line_and_exit_2(store_dir, tmp_path, capsys):
         main(["inspect", *d, "ls", "--sort", "bogus"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "--sort" in err
+
+
+def test_why_says_what_a_prompt_would_restore_and_why_not_more(store_dir, tmp_path, capsys):
+    d = ("--cache-dir", store_dir)
+    prompt = tmp_path / "prompt.json"
+
+    def why(tokens, *more):
+        prompt.write_text(json.dumps(tokens))
+        return inspect_json(capsys, *d, "why", str(prompt), *more)
+    shared = list(range(12))
+    # past the end of a cached prompt: its snapshot at 18 restores, the rest is new
+    out = why(shared + [50, 51, 52, 53, 54, 55, 70, 71])
+    assert (out["restored"], out["miss"]["reason"], out["block_size"]) == (18, "unseen", 4)
+    assert out["runs"] == [{"tier": "disk", "start": 0, "end": 18}] and out["hybrid"]
+    # between snapshots (a hybrid's state can't be cut): from the one at 12? none: at 0
+    out = why(shared + [50, 51, 99])
+    assert out["restored"] == 0 and out["miss"]["reason"] == "no_snapshot"
+    assert out["miss"]["recomputed"] == 14
+    assert why(shared + [60, 61, 62, 63, 64])["miss"] is None            # cached whole
+    assert why([1, 2, 3, 4, 5], "--salt", "x")["miss"]["reason"] == "unseen"
+    # a departure the store recorded: the snapshot at 17 thinned away
+    spec = hybrid_spec()
+    with CacheStore(store_dir, spec, FP) as s:
+        tokens = shared + [60, 61, 62, 63, 64]
+        s.forget([s.lookup(tokens).snapshot.key])
+    out = why(shared + [60, 61, 62, 63, 64, 80])
+    assert out["restored"] == 0 and out["miss"]["reason"] == "thinned"
+    assert out["miss"]["recomputed"] == 17 and out["departures_recorded"] == 1
+    code, text, _ = inspect(capsys, *d, "why", str(prompt))
+    assert code == 0 and "would restore: nothing" in text and "thinned" in text
+    # text needs a tokenizer; bad files are one line
+    prompt.write_text("plain text")
+    code, _, err = inspect(capsys, *d, "why", str(prompt))
+    assert code == 2 and "give --model" in err and len(err.strip().splitlines()) == 1
+    code, _, err = inspect(capsys, *d, "why", str(tmp_path / "nope.txt"))
+    assert code == 2 and "no prompt file" in err

@@ -73,3 +73,28 @@ def test_suite_subset_passes(tiny_llama_dir):
     code = llama_suite.run([*SUBSET, "-p", "no:randomly"], str(tiny_llama_dir),
                            llama_suite.ROOT / "third_party")
     assert code == 0
+
+
+def test_adapter_maps_the_vision_flags():
+    """The suite's media folder and no-mmproj switch reach ckptd; its own vision tower
+    (for its own model) is replaced by CKPTD_SUITE_MMPROJ, or by none."""
+    args = translate(["--media-path", "../../../tools", "--mmproj-url", "https://x"],
+                     {"CKPTD_SUITE_MMPROJ": "/m.gguf"})
+    assert args[args.index("--media-path") + 1] == "../../../tools"
+    assert args[args.index("--mmproj") + 1] == "/m.gguf" and "https://x" not in args
+    args = translate(["--no-mmproj"], {"CKPTD_SUITE_MMPROJ": "/m.gguf"})
+    assert "--no-mmproj" in args and "--mmproj" not in args
+
+
+@pytest.mark.slow
+def test_suite_vision_subset_passes(tiny_vision):
+    """llama.cpp's vision tests that hold on any multimodal model (its /models
+    capabilities, images it refuses), on the tiny multimodal Qwen3.5."""
+    try:
+        llama_suite.fetch(llama_suite.ROOT / "third_party")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    code = llama_suite.run(["unit/test_vision_api.py", "-k",
+                            "v1_models_supports or malformed or ggml", "-p", "no:randomly"],
+                           str(tiny_vision()[0]), llama_suite.ROOT / "third_party")
+    assert code == 0

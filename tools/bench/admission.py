@@ -2,14 +2,15 @@
 off the queue and its first model step.
 
     python -m ckptd.tools.bench.admission [--lengths 16384,65536,262144] [--snapshots 250]
-                                          [--repeat 5] [--json FILE]
+                                          [--repeat 5] [--why-cost] [--json FILE]
 
 For each length L, a store is filled as a long prefill leaves it, without running
 the model: the tiny hybrid's state shapes, every block of an L-token context (random
 KV) and `--snapshots` snapshots spread over it plus one at its end. Then questions
 of 20 new tokens after the context are admitted the way the engine does it (the
-scheduler hashes the prompt's block keys once, `cache.admit` restores and gives the
-pages for the first step), each phase with new questions:
+scheduler hashes the prompt's block keys once, restores the sequence (cache.restore)
+and decides its first chunk; `cache.admit` gives the pages for it), each phase with
+new questions:
 
     device  the context's pages are still on the device: nothing is read but the
             snapshot, from RAM. This is the bookkeeping alone.
@@ -18,11 +19,22 @@ pages for the first step), each phase with new questions:
             are read from LMDB (the OS page cache is not dropped).
 
 Reported per phase: the median time of keys + admit (ms), and of the keys alone.
+
+--why-cost: the cost of explaining each restore (cache/why/: the miss reason, its
+counts, the report), side by side in the same run: every question is paired with
+one admitted with the explanation skipped (the ledger's report not made), in
+alternating order, and the time inside the report calls is measured too (why_us:
+what admission pays; explain_us: explaining a filed report, which a reader does
+later, off the engine's thread). Before each
+admission the heap is collected and frozen, as the daemon does between requests
+(daemon/gc_pacer.py), so that a collector pass does not land in one of the two.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -32,12 +44,20 @@ from pathlib import Path
 
 import torch
 
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.model.sequence import Sequence
+from ckptd.tools.make_tiny import make_tiny
+
 QUESTION = 20
 B = 16
 
 
 def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
-    from ckptd.cache.snapshot import Snapshot
 
     n_blocks = len(context) // B
     chain = store.chain(context)
@@ -59,24 +79,49 @@ def _fill(store, spec, context: list[int], n_snapshots: int) -> None:
 
 def _admit(cache, tokens: list[int]) -> tuple[float, float, int]:
     """(ms for keys + admit, ms for the keys, tokens restored) of one new request."""
-    from ckptd.cache.work import Work
-    from ckptd.model.sequence import Sequence
 
     t0 = time.perf_counter()
     chain = cache.chain(tokens, None)
     t1 = time.perf_counter()
-    work = Work(Sequence(tokens), 256, new=True, chain=chain)
-    cache.admit([work])
+    seq = Sequence(tokens)
+    info = cache.restore(seq, chain)
+    cache.admit([Work(seq, cache.chunk(seq, 256), new=True, restored=info)])
     t2 = time.perf_counter()
-    cache.finish(work.seq, checkpoint=False)
-    return (t2 - t0) * 1000, (t1 - t0) * 1000, work.restored.cached_tokens
+    cache.finish(seq, checkpoint=False)
+    return (t2 - t0) * 1000, (t1 - t0) * 1000, info.cached_tokens
 
 
-def bench(length: int, n_snapshots: int, repeat: int, root: Path, model) -> dict:
-    from ckptd.cache.manager import CacheManager
-    from ckptd.cache.store import CacheStore
-    from ckptd.model.runner import Runner
+@contextlib.contextmanager
+def _without_why(ledger):
+    """Restores not explained: the ledger's report is skipped (an instance attribute
+    over the method)."""
+    ledger.report = lambda *args: None
+    try:
+        yield
+    finally:
+        del ledger.report
 
+
+@contextlib.contextmanager
+def _timed_why(ledger, seconds: list[float]):
+    """The time inside each report call, appended to `seconds`."""
+    report = ledger.report
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        try:
+            return report(*args)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+    ledger.report = timed
+    try:
+        yield
+    finally:
+        del ledger.report
+
+
+def bench(length: int, n_snapshots: int, repeat: int, root: Path, model,
+          why_cost: bool = False) -> dict:
     gen = torch.Generator().manual_seed(length)
     vocab = model.config.vocab_size
     context = torch.randint(3, vocab, (length,), generator=gen).tolist()
@@ -104,15 +149,35 @@ def bench(length: int, n_snapshots: int, repeat: int, root: Path, model) -> dict
         if phase == "disk":
             cache.close()
             cache = manager(host_budget=0)
-        runs = []
-        for _ in range(repeat):
-            if phase != "device":
-                cache.device.evict_cached()
-            runs.append(_admit(cache, questions()))
+        # the prompts outlive the phase: freeing one (a list of L ints, ~1 ms at 64K) is
+        # not the accounting's cost, and a filed report would otherwise be the last to hold it
+        runs, bare, why_s, prompts = [], [], [], []
+        for i in range(repeat):
+            order = ((True, False) if i % 2 == 0 else (False, True)) if why_cost else (True,)
+            for explained in order:
+                if phase != "device":
+                    cache.device.evict_cached()
+                if why_cost:
+                    gc.collect()
+                    gc.freeze()
+                ledger = cache.store.why
+                prompts.append(questions())
+                with _timed_why(ledger, why_s) if explained else _without_why(ledger):
+                    (runs if explained else bare).append(_admit(cache, prompts[-1]))
         restored = {r[2] for r in runs}
-        row[phase] = {"admit_ms": round(statistics.median(r[0] for r in runs), 2),
-                      "keys_ms": round(statistics.median(r[1] for r in runs), 2),
+        ledger = cache.store.why                 # what a reader later does, off the loop
+        filed, t0 = max(1, len(ledger.pending)), time.perf_counter()
+        ledger.resolve_all()
+        row[phase] = {"admit_ms": round(statistics.median(r[0] for r in runs), 3),
+                      "keys_ms": round(statistics.median(r[1] for r in runs), 3),
+                      "why_us": round(statistics.median(why_s) * 1e6, 1),
+                      "explain_us": round((time.perf_counter() - t0) / filed * 1e6, 1),
                       "restored": sorted(restored)}
+        if why_cost:          # the least too: on a busy machine a median moves with the load
+            row[phase].update(
+                admit_ms_without_why=round(statistics.median(r[0] for r in bare), 3),
+                admit_min_ms=round(min(r[0] for r in runs), 3),
+                admit_min_ms_without_why=round(min(r[0] for r in bare), 3))
     cache.close()
     return row
 
@@ -123,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="16384,65536,262144")
     p.add_argument("--snapshots", type=int, default=250)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--why-cost", action="store_true",
+                   help="also admit every question with the miss explanation skipped")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     try:
@@ -134,18 +201,19 @@ def main(argv: list[str] | None = None) -> int:
         print("admission: each length needs at least 16 tokens per snapshot, --repeat >= 1",
               file=sys.stderr)
         return 2
-    from ckptd.model.loader import load_model
-    from ckptd.tools.make_tiny import make_tiny
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = load_model(make_tiny("qwen3_5_text", root / "model"))
         for n in lengths:
-            row = bench(n, args.snapshots, args.repeat, root, model)
+            row = bench(n, args.snapshots, args.repeat, root, model, args.why_cost)
             rows.append(row)
             print(f"{n:>7} tokens, {args.snapshots} snapshots: " + ", ".join(
-                f"{ph} {row[ph]['admit_ms']:.1f} ms (keys {row[ph]['keys_ms']:.1f})"
+                f"{ph} {row[ph]['admit_ms']:.2f} ms (keys {row[ph]['keys_ms']:.1f}, "
+                f"why {row[ph]['why_us']:.0f} us"
+                + (f", without {row[ph]['admit_ms_without_why']:.2f} ms"
+                   if args.why_cost else "") + ")"
                 for ph in ("device", "host", "disk")), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -33,8 +33,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 
+from ckptd.model.default import default_model_path
 from ckptd.tools.bench.shapes import a3b_config
 
 # bytes per block / values per block (ggml-common.h)
@@ -158,7 +160,6 @@ def _plain(spec: Spec, rng: np.random.Generator) -> np.ndarray:
 
 def _tokenizer_fields(writer, source: Path) -> int:
     """Copy the tokenizer.* metadata of `source` (a GGUF); returns its vocabulary size."""
-    import gguf
 
     reader = gguf.GGUFReader(source)
     vocab = 0
@@ -220,9 +221,7 @@ def write(out: Path, cfg: dict, mix: str = "Q4_K_M", seed: int = 0,
           tokenizer: Path | None = None) -> list[Spec]:
     """Write the GGUF; returns its tensors. `tokenizer`: the GGUF whose tokenizer.* is
     copied (default: the embedded SmolLM2)."""
-    import gguf
 
-    from ckptd.model.default import default_model_path
 
     if mix not in FILE_TYPE:
         raise ValueError(f"--mix must be one of {', '.join(FILE_TYPE)}, got {mix!r}")

@@ -22,6 +22,12 @@ import threading
 import time
 from pathlib import Path
 
+import gguf
+
+from ckptd.daemon.config import parse_size
+from ckptd.tools.bench.client import Client
+from ckptd.tools.bench.managed import ManagedDaemon
+
 _FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
 
 
@@ -73,14 +79,10 @@ class Sampler:
 
 def expanded_bytes(path: Path) -> int:
     """What --weights expand would hold: every tensor as fp32."""
-    import gguf
     return sum(int(t.n_elements) * 4 for t in gguf.GGUFReader(path).tensors)
 
 
 def run(args) -> dict:
-    from ckptd.daemon.config import parse_size
-    from ckptd.tools.bench.client import Client
-    from ckptd.tools.bench.managed import ManagedDaemon
 
     model = Path(args.model)
     if not model.is_file():

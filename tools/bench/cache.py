@@ -36,6 +36,18 @@ from pathlib import Path
 
 import torch
 
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
+from ckptd.model.default import default_model_path
+from ckptd.model.loader import load
+from ckptd.model.placement import resolve
+from ckptd.model.runner import Runner
+from ckptd.model.sequence import Sequence
+from ckptd.tools.bench.shapes import a3b_config, random_model
+from ckptd.tools.bench.store import drop_caches, english_text
+from ckptd.tools.make_tiny import make_tiny
+
 MODELS = ("tiny-hybrid", "smollm2", "a3b")     # a3b: random weights (bench/shapes.py)
 LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 PHASES = ("cold", "device", "host", "disk")
@@ -95,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--interval must be a positive multiple of --block-size")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from ckptd.model.placement import resolve
     where = resolve(args.device, args.dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,15 +137,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(name: str, root: Path, where, layers: int):
     """(model, tokenizer); a random-weight model has no tokenizer (random ids)."""
-    from ckptd.model.loader import load
 
     if name == "a3b":
-        from ckptd.tools.bench.shapes import a3b_config, random_model
         return random_model(a3b_config(layers), where.dtype, where.device), None
     if name == "smollm2":
-        from ckptd.model.default import default_model_path
         return load(default_model_path(), where.dtype, where.device)
-    from ckptd.tools.make_tiny import make_tiny
     return load(make_tiny("qwen3_5_text", root / "tiny-hybrid-model"), where.dtype,
                 where.device)
 
@@ -143,12 +150,10 @@ def _warm_up(model, n: int, args) -> None:
     """Run the chunk shapes the cold phase will (prefill chunks, then a question) once:
     the first call of a shape pays one-time costs (allocator, oneDNN plans) that
     would otherwise land in the first cold figure."""
-    from ckptd.cache.manager import CacheManager
-    from ckptd.model.runner import Runner
 
     B = args.block_size
     pages = -(-(n + args.question) // B) + 1
-    runner = Runner(model, num_pages=pages, num_slots=1, block_size=B,
+    runner = Runner(model, num_pages=pages, num_cells=1, block_size=B,
                     max_batch_tokens=args.step_tokens)
     cache = CacheManager(runner, runner.spec, pages, model.fingerprint)   # pages only
     ids = torch.randint(3, model.config.vocab_size, (n + args.question,),
@@ -165,7 +170,6 @@ def _warm_up(model, n: int, args) -> None:
 def _tokens(tok, n: int) -> list[int]:
     """n tokens of English text (repeated when the text runs out); random ids where the
     model has no tokenizer."""
-    from ckptd.tools.bench.store import english_text
 
     if tok is None:
         return torch.randint(3, 100_000, (n,), generator=torch.Generator().manual_seed(n),
@@ -175,10 +179,6 @@ def _tokens(tok, n: int) -> list[int]:
 
 
 def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
-    from ckptd.cache.manager import CacheManager
-    from ckptd.cache.store import CacheStore
-    from ckptd.model.runner import Runner
-    from ckptd.tools.bench.store import drop_caches
 
     B, q = args.block_size, args.question
     context = _tokens(tok, n)
@@ -186,7 +186,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     gen = torch.Generator().manual_seed(n)
     row = Row(name, n, n + q)
     pages = -(-(n + q) // B) * 2 + 4
-    runner = Runner(model, num_pages=pages, num_slots=2, block_size=B,
+    runner = Runner(model, num_pages=pages, num_cells=2, block_size=B,
                     max_batch_tokens=args.step_tokens)
 
     def manager(**options) -> CacheManager:
@@ -210,7 +210,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
                 row.cached[phase], row.tier[phase] = info.cached_tokens, info.tier
         if phase == "cold":
             eng.rates.update_prefill(n + q, row.ttft_ms["cold"] / 1000)   # plan by cost
-            eng.settle()
+            eng.store_pending()
             eng.store.flush()
             disk = eng.store.stats()["disk"]
             row.stored_per_token = disk["stored_bytes"] / (n + q)
@@ -222,27 +222,25 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
 def first_token(cache, runner, tokens: list[int], step: int):
     """(seconds from admission to the first sampled token, RestoreInfo), through the
     cache manager and the runner as the engine's loop drives them."""
-    from ckptd.cache.work import Work
-    from ckptd.model.sequence import Sequence
 
     t0 = time.perf_counter()
     seq = Sequence(list(tokens))
-    work = Work(seq, step, new=True)
+    info = cache.restore(seq)
+    work = Work(seq, cache.chunk(seq, step), new=True, restored=info)
     cache.admit([work])
-    info = work.restored
     logits = info.logits
     while logits is None:
-        out = runner.step([(seq, work.n)])
+        out = runner.run([(seq, work.n)])
         cache.after_step([work], out)
         if seq.num_computed == len(tokens):
-            logits = out[0]
+            logits = out.last(seq)
         else:
-            work = Work(seq, step)
+            work = Work(seq, cache.chunk(seq, step))
             cache.admit([work])
     int(logits.argmax())                  # the first token (greedy; logits are on the host)
     seconds = time.perf_counter() - t0
     cache.finish(seq, checkpoint=False)
-    cache.settle()              # the prompt's checkpoint, stored outside the timing
+    cache.store_pending()       # the prompt's checkpoint, stored outside the timing
     return seconds, info
 
 
@@ -283,10 +281,10 @@ def markdown(rows: list[Row]) -> str:
 
 
 def plot(rows: list[Row], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # optional (extra bench)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after choosing the backend
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for name in dict.fromkeys(r.model for r in rows):

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +27,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ckptd.tools.bench.store import english_text
+
 
 def _free_port() -> int:
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -76,7 +78,6 @@ class _Daemon:
 
 
 def run(args) -> int:
-    from ckptd.tools.bench.store import english_text
 
     # a time limit's SIGTERM unwinds through the finally blocks: no daemon outlives us
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -97,7 +98,7 @@ def run(args) -> int:
             rows["cold"] = d.ask(context + q1, True, args.max_tokens)
             rows["warm"] = d.ask(context + q1, True, args.max_tokens)
             rows["branch"] = d.ask(context + q2, True, args.max_tokens)
-            time.sleep(args.settle)          # let the writer put the checkpoints on disk
+            time.sleep(args.write_wait)      # let the writer put the checkpoints on disk
         finally:
             d.kill()
         d = _Daemon(args.model, Path(tmp) / "cache", log, extra)
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--settle", type=float, default=3.0, help="seconds before the SIGKILL")
+    p.add_argument("--write-wait", type=float, default=3.0,
+                   help="seconds before the SIGKILL (for the writer)")
     p.add_argument("--serve-arg", action="append", default=[])
     p.add_argument("--json")
     p.add_argument("--log")

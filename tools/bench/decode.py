@@ -20,6 +20,11 @@ from pathlib import Path
 
 import torch
 
+from ckptd.model.placement import resolve
+from ckptd.model.runner import Runner
+from ckptd.model.sequence import Sequence
+from ckptd.tools.bench.cache import _load
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="a3b", help="a3b (random weights), tiny-hybrid, smollm2")
@@ -33,17 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _model(args, where):
-    from ckptd.tools.bench.cache import _load
     return _load(args.model, Path("/tmp/ckptd-bench-decode"), where, args.layers)[0]
 
 
 def bench(model, batch: int, context: int, steps: int, graphs: bool) -> dict:
-    from ckptd.model.runner import Runner
-    from ckptd.model.sequence import Sequence
 
     B = 16
     per_seq = -(-(context + steps + 4) // B)
-    runner = Runner(model, num_pages=batch * per_seq, num_slots=batch, block_size=B,
+    runner = Runner(model, num_pages=batch * per_seq, num_cells=batch, block_size=B,
                     max_batch_tokens=max(context, batch), graphs=graphs,
                     max_seq_pages=per_seq)
     gen = torch.Generator().manual_seed(batch)
@@ -68,7 +70,6 @@ def bench(model, batch: int, context: int, steps: int, graphs: bool) -> dict:
 
 
 def run(args) -> int:
-    from ckptd.model.placement import resolve
 
     where = resolve(args.device, args.dtype)
     batches = [int(b) for b in args.batches.split(",") if b.strip()]

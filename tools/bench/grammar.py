@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ckptd.model.default import default_model_path
+from ckptd.model.text.tokenizer import load_tokenizer
+
 CASES = {
     "gbnf a{5}": ("gbnf", 'root ::= "a"{5}'),
     "gbnf list": ("gbnf", 'root ::= "[" item ("," item)* "]"\n'
@@ -57,7 +60,7 @@ def _walk(fill, accept, allowed_ids, ended, steps: int) -> list[float]:
 
 
 def bench_xgrammar(tok, vocab_size: int, steps: int) -> list[Result]:
-    import xgrammar as xgr
+    import xgrammar as xgr  # each library is timed from its import on
     t0 = time.perf_counter()
     vocab = [tok.id_to_piece(i) or "" for i in range(vocab_size)]
     info = xgr.TokenizerInfo(vocab, xgr.VocabType.BYTE_LEVEL, vocab_size=vocab_size,
@@ -89,6 +92,7 @@ def bench_xgrammar(tok, vocab_size: int, steps: int) -> list[Result]:
 
 
 def bench_llguidance(tok, vocab_size: int, steps: int) -> list[Result]:
+    # optional, the peer measured where it is installed
     import llguidance
     import llguidance.torch as lt
     t0 = time.perf_counter()
@@ -128,8 +132,6 @@ def _result(engine: str, case: str, compile_ms: float, times: list[float]) -> Re
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ckptd.model.default import default_model_path
-    from ckptd.model.text.tokenizer import load_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="a .gguf or HF folder (default: SmolLM2)")

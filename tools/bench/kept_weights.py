@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ckptd.model.default import default_model_path
 from ckptd.tools.bench.managed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,6 @@ def measure(name: str, cmd: list[str], port: int, args) -> dict:
 
 
 def main(argv=None) -> int:
-    from ckptd.model.default import default_model_path
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(default_model_path()))

@@ -54,7 +54,7 @@ class Case:
 
 def _timeit(fn: Callable[[], object], cuda: bool, iters: int) -> float:
     """Median seconds per call."""
-    import torch
+    import torch  # here and below: run() sets TRITON_INTERPRET before triton loads
 
     if cuda:
         fn()                                               # compile, warm caches
@@ -82,7 +82,7 @@ def _optional(module: str, name: str):
 
 
 def _gdn_cases(s: Sizes, dev, dt) -> Iterator[Case]:
-    import torch
+    import torch  # (imported here: see _timeit)
 
     from ckptd.kernels.gated_delta import chunk, fused_recurrent, naive
 
@@ -133,7 +133,7 @@ def _gdn_cases(s: Sizes, dev, dt) -> Iterator[Case]:
 
 
 def _conv_cases(s: Sizes, dev, dt) -> Iterator[Case]:
-    import torch
+    import torch  # (imported here: see _timeit)
 
     from ckptd.kernels.conv1d import naive, triton_conv
 
@@ -155,7 +155,7 @@ def _conv_cases(s: Sizes, dev, dt) -> Iterator[Case]:
 
 
 def _attention_cases(s: Sizes, dev, dt) -> Iterator[Case]:
-    import torch
+    import torch  # (imported here: see _timeit)
     import torch.nn.functional as F
 
     from ckptd.kernels.paged_attention import naive, triton_attention, triton_pages
@@ -207,7 +207,7 @@ def _attention_cases(s: Sizes, dev, dt) -> Iterator[Case]:
 
 
 def _pointwise_cases(s: Sizes, dev, dt) -> Iterator[Case]:
-    import torch
+    import torch  # (imported here: see _timeit)
 
     from ckptd.kernels.norm import naive as norm_ref
     from ckptd.kernels.norm import triton_norm
@@ -246,7 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # (imported here: see _timeit)
 
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":

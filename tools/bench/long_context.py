@@ -28,13 +28,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ckptd.model.gguf.load import field, open_gguf
 from ckptd.tools.bench.client import Client, Measured
 from ckptd.tools.bench.managed import ManagedDaemon, ManagedPeer
 
 
 def _vocab(model: str) -> int:
     """Token ids every server accepts: the GGUF's vocabulary."""
-    from ckptd.model.gguf.load import field, open_gguf
 
     tokens = field(open_gguf(model), "tokenizer.ggml.tokens")
     if not tokens:

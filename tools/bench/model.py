@@ -20,6 +20,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ckptd.cache.manager import CacheManager
+from ckptd.model.default import default_model_path
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.tools.make_tiny import make_tiny
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -70,10 +76,8 @@ def run(args) -> int:
 
 
 def _load_smollm2():
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # the peer: extra test
 
-    from ckptd.model.default import default_model_path
-    from ckptd.model.loader import load_model
 
     path = default_model_path()
     t = time.perf_counter()
@@ -87,10 +91,8 @@ def _load_smollm2():
 
 
 def _load_tiny_hybrid():
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # the peer: extra test
 
-    from ckptd.model.loader import load_model
-    from ckptd.tools.make_tiny import make_tiny
 
     folder = make_tiny("qwen3_5_text", tempfile.mkdtemp(prefix="ckptd-bench-"))
     return load_model(folder), AutoModelForCausalLM.from_pretrained(
@@ -121,12 +123,10 @@ def _bench_pair(case: str, ours, peer, args) -> list[Figure]:
 
 def _ours(model, ids: list[int], n_decode: int) -> tuple[float, float, torch.Tensor]:
     """(prefill seconds, decode seconds, last prompt logits) through the runner."""
-    from ckptd.cache.manager import CacheManager
-    from ckptd.model.runner import Runner
 
     B = 16
     pages = -(-(len(ids) + n_decode) // B) + 1
-    runner = Runner(model, num_pages=pages, num_slots=1, block_size=B,
+    runner = Runner(model, num_pages=pages, num_cells=1, block_size=B,
                     max_batch_tokens=len(ids))
     cache = CacheManager(runner, runner.spec, pages, model.fingerprint)   # pages only
     seq, _ = cache.start(ids)

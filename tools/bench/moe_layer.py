@@ -24,6 +24,10 @@ from pathlib import Path
 
 import torch
 
+from ckptd.kernels.moe import naive
+from ckptd.model.arch.moe import SparseMoE
+from ckptd.model.config import ModelConfig
+
 # hidden, experts, top-k, expert dim, shared expert dim
 SHAPES = {"qwen3.5-35b-a3b": (2048, 256, 8, 512, 512),
           "qwen3-next-80b-a3b": (2048, 512, 10, 512, 512),
@@ -41,8 +45,6 @@ class Figure:
 
 
 def build(shape: str):
-    from ckptd.model.arch.moe import SparseMoE
-    from ckptd.model.config import ModelConfig
 
     hidden, experts, top_k, inter, shared = SHAPES[shape]
     cfg = ModelConfig.from_hf({
@@ -61,7 +63,7 @@ def build(shape: str):
 
 def _reference_block(cfg, moe):
     """transformers' Qwen3_5MoeSparseMoeBlock holding the same tensors, or None."""
-    try:
+    try:                                # the peer, where transformers has it (extra test)
         from transformers import Qwen3_5MoeTextConfig
         from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
             Qwen3_5MoeSparseMoeBlock,
@@ -89,7 +91,6 @@ def _time(fn, repeat: int) -> float:
 
 
 def run_cases(shape: str, prefill: int, repeat: int, loop_cap: int) -> list[Figure]:
-    from ckptd.kernels.moe import naive
 
     cfg, moe = build(shape)
     ref = _reference_block(cfg, moe)

@@ -22,6 +22,13 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+
+from ckptd.model.arch.decoder import CausalLM
+from ckptd.model.arch.layers import Matmul
+from ckptd.model.config import ModelConfig
+from ckptd.model.loader import load_model
+from ckptd.tools.make_tiny import _to_hub_layout, _tokenizer, make_tiny, to_gguf
 
 # (hidden, layers, experts, top-k, expert dim, vocab): "medium" is a scaled-down
 # Qwen3.5-35B-A3B (hidden 2048, 40 layers, 256 experts of 512, top-8, vocab 248K)
@@ -50,11 +57,7 @@ def moe_config(size: str) -> dict:
 
 def write_checkpoint(out: Path, cfg: dict, shard_bytes: int = 256 << 20) -> Path:
     """Random bf16 weights in the Hub's layout, in shards of about shard_bytes."""
-    from safetensors.torch import save_file
 
-    from ckptd.model.arch.decoder import CausalLM
-    from ckptd.model.config import ModelConfig
-    from ckptd.tools.make_tiny import _to_hub_layout
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -87,7 +90,6 @@ def write_checkpoint(out: Path, cfg: dict, shard_bytes: int = 256 << 20) -> Path
 def model_bytes(model) -> int:
     """Bytes the loaded model holds: parameters, buffers and the fused / packed
     matmul weights (layers.py: Matmul), each storage once."""
-    from ckptd.model.arch.layers import Matmul
 
     seen, total = set(), 0
     tensors = []
@@ -121,10 +123,8 @@ def child(path: str, dtype: str, warm: bool = False) -> dict:
     """Run in a fresh process: load, measure, print JSON. `warm`: load a make-tiny model
     first and reset the peak, so what once-per-process set-up costs (oneDNN, lazy
     imports) is not counted against a small checkpoint."""
-    from ckptd.model.loader import load_model
 
     if warm:
-        from ckptd.tools.make_tiny import make_tiny
         with tempfile.TemporaryDirectory() as d:
             load_model(make_tiny("qwen3_5_moe_text", d), getattr(torch, dtype))
         Path("/proc/self/clear_refs").write_text("5")      # VmHWM := VmRSS
@@ -173,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.gguf:
         gguf = folder.with_name(f"{args.size}-{args.gguf}.gguf")
         if not gguf.exists():
-            from ckptd.tools.make_tiny import _tokenizer, to_gguf
             _tokenizer(folder)
             t0 = time.perf_counter()
             to_gguf(folder, gguf, args.gguf)

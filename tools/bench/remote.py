@@ -37,6 +37,7 @@ from pathlib import Path
 from ckptd.tools.bench.managed import ManagedDaemon
 from ckptd.tools.bench.seaweed import BUCKET, SeaweedS3
 from ckptd.tools.bench.slow_proxy import SlowProxy
+from ckptd.tools.make_tiny import make_tiny
 
 VOCAB = {"tiny-hybrid": 512, "smollm2": 49152}
 
@@ -224,7 +225,6 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models.split(","):
             path = None
             if model == "tiny-hybrid":
-                from ckptd.tools.make_tiny import make_tiny
 
                 path = str(make_tiny("qwen3_5_text", Path(tempfile.mkdtemp(prefix="tiny-"))))
             for length in (int(v) for v in args.lengths.split(",")):

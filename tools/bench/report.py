@@ -148,10 +148,10 @@ def consistency_lines(rows: list[dict]) -> list[str]:
 
 
 def plots(results: dict, out: Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # optional (extra bench)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after choosing the backend
 
     rows, written = results["rows"], []
     summary = context_summary(rows)
@@ -207,7 +207,7 @@ def plots(results: dict, out: Path) -> list[Path]:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional (extra bench): plots() chose the backend
 
     plt.close(fig)
     return path

@@ -83,6 +83,7 @@ class SeaweedS3:
                 "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1"}
 
     def client(self, key: str = KEY, secret: str = SECRET):
+        # optional (extra s3)
         import boto3
         from botocore.config import Config
 
@@ -92,7 +93,7 @@ class SeaweedS3:
                                           retries={"max_attempts": 1}))
 
     def wait_ready(self, timeout: float = 60.0) -> SeaweedS3:
-        """Until the gateway creates the test bucket (~10-15 s from start)."""
+        """Until the gateway creates the test bucket (it takes a while after the start)."""
         c = self.client()
         deadline = time.monotonic() + timeout
         while True:

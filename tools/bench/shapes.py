@@ -17,7 +17,9 @@ import math
 
 import torch
 
+from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.config import ModelConfig
+from ckptd.model.loader import build
 
 
 def a3b_config(layers: int = 8) -> dict:
@@ -43,8 +45,6 @@ def a3b_config(layers: int = 8) -> dict:
 def random_model(hf_config: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):
     """A CausalLM of hf_config's shapes with random weights made on the device, through
     the loader's own assembly (fused projections, checks)."""
-    from ckptd.model.arch.decoder import CausalLM
-    from ckptd.model.loader import build
 
     cfg = ModelConfig.from_hf(hf_config)
     with torch.device("meta"):

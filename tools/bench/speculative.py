@@ -22,6 +22,17 @@ from dataclasses import replace
 
 import torch
 
+from ckptd.cache.manager import CacheManager
+from ckptd.daemon.engine import Engine
+from ckptd.daemon.request import Finished, Request
+from ckptd.daemon.speculation import SpecConfig, Speculation
+from ckptd.model.default import default_model_path
+from ckptd.model.loader import load
+from ckptd.model.runner import Runner
+from ckptd.model.sampling.sampler import SamplingParams
+from ckptd.model.speculative.drafter import Drafter
+from ckptd.model.speculative.params import DraftLimits
+
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
            "Explain what a hash function is in two sentences.",
            "List three prime numbers and say why they are prime."]
@@ -52,14 +63,6 @@ def first_layers(model, n: int):
 
 
 def run_one(model, tok, draft, n_max: int, max_tokens: int) -> dict:
-    from ckptd.cache.manager import CacheManager
-    from ckptd.daemon.engine import Engine
-    from ckptd.daemon.request import Finished, Request
-    from ckptd.daemon.speculation import SpecConfig, Speculation
-    from ckptd.model.runner import Runner
-    from ckptd.model.sampling.sampler import SamplingParams
-    from ckptd.model.speculative.drafter import Drafter
-    from ckptd.model.speculative.params import DraftLimits
 
     B, pages = 16, 256
     runner = Runner(model, pages, 1, B, max_batch_tokens=256 + n_max)
@@ -89,8 +92,6 @@ def run_one(model, tok, draft, n_max: int, max_tokens: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ckptd.model.default import default_model_path
-    from ckptd.model.loader import load
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -30,6 +30,7 @@ import torch
 
 from ckptd.cache import codec
 from ckptd.cache.store.store import CacheStore
+from ckptd.model.default import FILENAME, default_model_path
 from ckptd.model.spec import AttentionSpec, StateSpec
 
 
@@ -50,9 +51,8 @@ def smollm2_pages(n_tokens: int, B: int,
                   dtype: torch.dtype = torch.bfloat16) -> tuple[StateSpec, torch.Tensor]:
     """[n_pages, n_layers, 2, B, kv_heads, head_dim] KV of SmolLM2 over real text."""
     os.environ.setdefault("TQDM_DISABLE", "1")          # the GGUF loader's progress bars
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # the peer: extra test
 
-    from ckptd.model.default import FILENAME, default_model_path
     folder = default_model_path().parent
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=FILENAME)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=FILENAME,

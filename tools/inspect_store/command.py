@@ -2,6 +2,7 @@
 
     ckptd inspect [--cache-dir DIR | --url URL [--api-key KEY]] [--model PATH] [--json] ACTION
     ckptd inspect --remote s3://BUCKET/PREFIX [--fingerprint FP] stats|ls|verify|gc
+    ckptd inspect [--cache-dir DIR] [--model PATH] why PROMPT_FILE [--salt S] [--fingerprint FP]
 
 Reads go to the LMDB store directly, read-only, so they work beside a running daemon
 (LMDB readers never block its writer), or to the daemon's /cache/* endpoints with
@@ -18,10 +19,20 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from ckptd.cache.tree import build
+from ckptd.daemon.config import default_cache_dir, parse_size
 from ckptd.tools.inspect_store import render
-from ckptd.tools.inspect_store.source import HttpSource, LocalSource, decoder, resolve_key
+from ckptd.tools.inspect_store import tree as inspect_tree
+from ckptd.tools.inspect_store.source import (
+    HttpSource,
+    LocalSource,
+    decoder,
+    is_hybrid,
+    resolve_key,
+)
 
 SORTS = ("last_used", "size", "hits", "created", "position")
 KINDS = ("block", "snapshot")
@@ -44,7 +55,7 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
                    help="a shared remote tier (endpoint and keys: the standard AWS_* "
                         "variables); stats, ls, verify and gc only")
     p.add_argument("--fingerprint", default=d(None),
-                   help="with --remote: the model whose objects to read or change "
+                   help="with --remote or why: the model whose entries to read or change "
                         "(default: the only one there)")
     p.add_argument("--api-key", default=d(os.environ.get("CKPTD_API_KEY")),
                    help="the daemon's --api-key (default $CKPTD_API_KEY)")
@@ -89,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --remote: delete objects older than this (e.g. 12h, 7d)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --remote: say what would be deleted, delete nothing")
+    p = add("why", "which cached prefix a prompt would restore, from where, and why not more")
+    p.add_argument("prompt_file", metavar="PROMPT_FILE", help="the prompt: text (tokenized "
+                   "with --model) or a JSON list of token ids; - reads stdin")
+    p.add_argument("--salt", help="the requests' cache_salt")
     add("export", "copy the store (compacted) to an empty folder").add_argument("dir")
     add("import", "add the entries of an exported store (same model) to this one"
         ).add_argument("dir")
@@ -96,11 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.remote:
+        # imported here: the remote side imports torch (codec), which a local look never needs
         from ckptd.tools.inspect_store import remote
 
         return remote.run(args)
-    if args.fingerprint:
-        raise ValueError("--fingerprint goes with --remote")
+    if args.fingerprint and args.action != "why":
+        raise ValueError("--fingerprint goes with --remote or why")
     source = _source(args)
     out, code = ACTIONS[args.action](args, source)
     if args.json or getattr(args, "format", None) == "json":
@@ -115,8 +131,6 @@ def _source(args) -> LocalSource | HttpSource:
         if args.cache_dir:
             raise ValueError("give --cache-dir or --url, not both")
         return HttpSource(args.url, args.api_key)
-    from ckptd.daemon.config import default_cache_dir
-
     return LocalSource(args.cache_dir or os.environ.get("CKPTD_CACHE_DIR")
                        or default_cache_dir())
 
@@ -127,8 +141,6 @@ def _local(source, what: str) -> LocalSource:
                          "(stop the daemon first to change it)")
     return source
 
-
-# ---- actions: each returns (the JSON-able result, exit code) -----------------------
 
 def _stats(args, source):
     st = source.stats()
@@ -163,9 +175,7 @@ def _ls(args, source):
 
 
 def _tree(args, source):
-    from ckptd.tools.inspect_store import tree as inspect_tree
-
-    tree = inspect_tree.build(source.entries("position"))
+    tree = build(source.entries("position"))
     if args.json or args.format == "json":
         return inspect_tree.to_json(tree), 0
     decode = decoder(args.model, source)
@@ -191,6 +201,7 @@ def _show(args, source):
         "children": [{k: c[k] for k in ("key", "kind", "position")}
                      for c in rows if c["parent"] == key], "value": None}
     if isinstance(source, LocalSource):
+        # imported here: codec imports torch, which the other actions never load
         from ckptd.cache import codec
 
         blob = source.value(key)
@@ -201,8 +212,6 @@ def _show(args, source):
 
 
 def _verify(args, source):
-    from dataclasses import asdict
-
     with _local(source, "verify").open(write=args.drop) as s:
         report = asdict(s.verify(drop=args.drop))
     damaged = report["bad"] or report["orphans"]
@@ -231,9 +240,6 @@ def _clear(args, source):
 
 
 def _gc(args, source):
-    from ckptd.daemon.config import parse_size
-    from ckptd.tools.inspect_store.source import is_hybrid
-
     if args.to is None or args.older_than or args.dry_run:
         raise ValueError("gc of a local store takes --to SIZE (--older-than and --dry-run "
                          "go with --remote)")
@@ -271,35 +277,51 @@ def _import(args, source):
             "message": f"imported {n} entries from {src} into {here.path}"}, 0
 
 
+def _why(args, source):
+    # imported here: the restore plan (cache/lookup.py) imports torch, which a look at a
+    # daemon and the other actions never load
+    from ckptd.tools.inspect_store import why
+
+    if not isinstance(source, LocalSource):
+        raise ValueError("why reads the store itself: use --cache-dir (it works beside a "
+                         "running daemon)")
+    tokens = why.prompt_tokens(args.prompt_file, args.model)
+    with source.open() as s:
+        out = why.why(s, tokens, args.salt, args.fingerprint, is_hybrid(s))
+    return {"source": source.where, **out}, 0
+
+
+# each action returns (the JSON-able result, exit code)
 ACTIONS = {"stats": _stats, "ls": _ls, "tree": _tree, "show": _show, "verify": _verify,
            "pin": _pin, "unpin": _pin, "rm": _rm, "clear": _clear, "gc": _gc,
-           "export": _export, "import": _import}
-
-
-def _console():
-    from rich.console import Console
-
-    # Piped, rich would assume 80 columns and squeeze the tables.
-    return Console(width=None if sys.stdout.isatty() else 200, soft_wrap=True)
+           "export": _export, "import": _import, "why": _why}
 
 
 def _message(args, out) -> None:
-    render.message(_console(), out["message"])
+    render.message(render.console(), out["message"])
 
 
 def _print_tree(args, out) -> None:
     if isinstance(out, str):
         sys.stdout.write(out)
         return
-    console = _console()
+    console = render.console()
     if not out:
         console.print("the cache is empty")
     for t in out:
         console.print(t)
 
 
-SHOW = {"stats": lambda a, o: render.stats(_console(), o),
-        "ls": lambda a, o: render.entries(_console(), o),
-        "show": lambda a, o: render.show(_console(), o),
-        "verify": lambda a, o: render.verify(_console(), o),
-        "tree": _print_tree}
+SHOW = {"stats": lambda a, o: render.stats(render.console(), o),
+        "ls": lambda a, o: render.entries(render.console(), o),
+        "show": lambda a, o: render.show(render.console(), o),
+        "verify": lambda a, o: render.verify(render.console(), o),
+        "tree": _print_tree,
+        "why": lambda a, o: _why_render(o)}
+
+
+def _why_render(out) -> None:
+    # imported here, as in _why
+    from ckptd.tools.inspect_store import why
+
+    why.render(render.console(), out)

@@ -24,6 +24,8 @@ from ckptd.cache.entry import BLOCK, SNAPSHOT
 from ckptd.cache.keys import FORMAT_VERSION
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteConfig, RemoteError
 from ckptd.cache.remote.layout import Layout, RemoteURL, formats_root, unpack
+from ckptd.daemon.config import parse_size
+from ckptd.tools.inspect_store import render
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -227,8 +229,6 @@ ACTIONS = ("stats", "ls", "verify", "gc")
 
 def run(args) -> int:
     """The --remote side of `ckptd inspect` (tools/inspect_store/command.py)."""
-    from ckptd.daemon.config import parse_size
-
     if args.url or args.cache_dir:
         raise ValueError("give --remote, or --cache-dir / --url, not both")
     if args.action not in ACTIONS:
@@ -257,10 +257,7 @@ def run(args) -> int:
 
 
 def _show(action: str, out: dict) -> None:
-    from ckptd.tools.inspect_store import render
-    from ckptd.tools.inspect_store.command import _console
-
-    console = _console()
+    console = render.console()
     h = render.human_bytes
     if action == "stats":
         t = render._table(f"remote {out['source']} ({out['endpoint']})", "format",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,11 @@ from rich.table import Table
 Decode = Callable[[list[int]], "str | None"]
 _NUMERIC = {"entries", "stored", "logical", "budget", "bytes", "hits", "position"}  # right
 _UNITS = ((10**12, "TB"), (10**9, "GB"), (10**6, "MB"), (10**3, "kB"))
+
+
+def console() -> Console:
+    """Where the tables go. Piped, rich would assume 80 columns and squeeze them."""
+    return Console(width=None if sys.stdout.isatty() else 200, soft_wrap=True)
 
 
 def human_bytes(n: int | None) -> str:

@@ -65,6 +65,7 @@ class LocalSource:
 
     @contextmanager
     def open(self, write: bool = False, create: bool = False, **config):
+        # imported here: the store imports torch, which `--url` never needs
         import lmdb
 
         from ckptd.cache.store.store import CacheStore
@@ -118,7 +119,7 @@ class LocalSource:
 
 
 class HttpSource:
-    """A running daemon's cache admin endpoints (see daemon/handlers_admin.py)."""
+    """A running daemon's cache admin endpoints (see daemon/http/admin.py)."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -197,7 +198,7 @@ class HttpSource:
 def is_hybrid(store) -> bool:
     """Whether the store's model has recurrent layers, from a snapshot's stored tensors
     (gc ranks leaf blocks by it, as the daemon does); False when there is no snapshot."""
-    from ckptd.cache import codec
+    from ckptd.cache import codec  # imported here: it imports torch (see open)
 
     with store.catalog.lock:
         snaps = [k for k, m in store.catalog.index.rows.items() if m.kind == "snapshot"]
@@ -213,6 +214,7 @@ def is_hybrid(store) -> bool:
 def decoder(model: str | None, source):
     """ids -> text: the --model tokenizer, else a daemon's /detokenize, else None."""
     if model:
+        # imported here: the tokenizer's module imports torch (GGUF), wanted with --model only
         from ckptd.model.text.tokenizer import load_tokenizer
 
         tok = load_tokenizer(model)

@@ -6,7 +6,8 @@ held to the function's JSON schema.
 - a named function: one call of it;
 - "auto", "none": no grammar. (A lazy grammar from a call's first characters on, as
   llama.cpp's, cost a 49K-vocabulary mask on every token of plain text with xgrammar's
-  triggered tags, ~20 ms on the CPU: auto answers are read, not constrained, as vLLM's.)
+  triggered tags, a decode step's time again on the CPU: auto answers are read, not
+  constrained, as vLLM's.)
 
 A template whose answer starts inside a thinking block may finish thinking first."""
 

@@ -1,4 +1,4 @@
-"""The collector's full passes kept out of requests (daemon/heap.py): the idle scheduler
+"""The collector's full passes kept out of requests (daemon/gc_pacer.py): the idle engine
 collects what its work left and freezes the survivors, and cycles are still freed."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import weakref
 
 import pytest
 
-from ckptd.daemon import heap
-from ckptd.daemon.heap import Heap
+from ckptd.daemon import gc_pacer
+from ckptd.daemon.gc_pacer import GcPacer
 from ckptd.model.loader import load_model
 from ckptd.model.text.tokenizer import Tokenizer
 from tests.daemon.engines import Client
@@ -30,14 +30,14 @@ def thawed():
     gc.unfreeze()
 
 
-def test_settle_frees_new_cycles_and_freezes_the_rest(thawed):
-    h = Heap()
+def test_collect_frees_new_cycles_and_freezes_the_rest(thawed):
+    h = GcPacer()
     dead, alive = Node(), Node()
     gone = weakref.ref(dead)
     del dead
     before = gc.get_freeze_count()
     h.worked()
-    h.settle()
+    h.collect()
     assert gone() is None                           # collected, not frozen
     assert gc.get_freeze_count() > before
     assert alive.me is alive                        # frozen objects are alive as ever
@@ -45,32 +45,32 @@ def test_settle_frees_new_cycles_and_freezes_the_rest(thawed):
 
 
 def test_long_idle_frees_cycles_that_died_frozen(thawed, monkeypatch):
-    h = Heap()
+    h = GcPacer()
     node = Node()
     gone = weakref.ref(node)
     h.worked()
-    h.settle()                                      # node is frozen now
+    h.collect()                                     # node is frozen now
     del node
     gc.collect()
     assert gone() is not None                       # the collector no longer looks at it
-    monkeypatch.setattr(heap, "FULL_AFTER_S", 0.0)
+    monkeypatch.setattr(gc_pacer, "FULL_AFTER_S", 0.0)
     assert h.due()
-    h.settle()                                      # idle long enough: a full pass
+    h.collect()                                     # idle long enough: a full pass
     assert gone() is None
     assert not h.due()
 
 
-def test_idle_scheduler_settles_after_work(thawed, tiny_hybrid_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(heap, "SETTLE_AFTER_S", 0.0)
+def test_idle_engine_collects_after_work(thawed, tiny_hybrid_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(gc_pacer, "COLLECT_AFTER_S", 0.0)
     model = load_model(tiny_hybrid_dir)
     client = Client(make_engine(model, Tokenizer.from_dir(tiny_hybrid_dir), tmp_path))
     try:
         client.run([_prompt(40, 1)])
         sched = client.engine
         deadline = time.monotonic() + 10
-        while sched.heap.dirty and time.monotonic() < deadline:
+        while sched.gc_pacer.dirty and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not sched.heap.dirty                  # settled once the queue was empty
+        assert not sched.gc_pacer.dirty              # collected once the queue was empty
         assert gc.get_freeze_count() > 0
         assert client.run([_prompt(40, 2)])[0].tokens   # and it serves on after it
     finally:

@@ -1,0 +1,1 @@
+"""Why a request missed the cache: departed entries, the explanation, the counts."""

@@ -1,0 +1,248 @@
+"""Why a restore stopped where it did: one pure function over what the restore saw,
+the index, and the records of departed entries (cache/why/gone.py).
+
+In order, the first that holds:
+
+1. the restore's own trouble: a planned piece failed verification (corrupt) or could
+   not be read (tier_fault), and the state below it was restored instead;
+2. the planner found more but chose to compute it (cost): reading was estimated
+   slower than computing;
+3. cached entries go on past the restored position (`shared`), but no state to start
+   from lies between: a snapshot there departed (thinned, evicted, refused...), or
+   there never was one (no_snapshot: a recurrent state can't be cut);
+4. nothing cached continues the prompt: the entry that would have departed (evicted,
+   thinned, corrupt, deleted, budget), or, for the first block, the prompt is cached
+   under another root (other_model, other_salt, other_adapters), else unseen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from ckptd.cache.entry import EntryMeta
+from ckptd.cache.keys import KeyChain, block_key
+from ckptd.cache.why.gone import BUDGET, CORRUPT, DELETED, EVICTED, THINNED, Departure, Gone
+from ckptd.cache.why.report import (
+    COST,
+    NO_SNAPSHOT,
+    OTHER_ADAPTERS,
+    OTHER_MODEL,
+    OTHER_SALT,
+    UNSEEN,
+    Miss,
+    ago,
+)
+
+_UNSEEN = ("nothing cached continues the prompt here: not seen before (or gone before its "
+           "departure was recorded)")
+_PATH_DEPTHS = 1 << 14     # block depths searched for a departed snapshot (a 256K prompt's)
+_SHORT_SCAN = 64           # entries after another root compared with a prompt under a block
+_UNKNOWN = object()
+
+
+class View(Protocol):
+    """What explaining reads of the store (cache/store/catalog.py)."""
+
+    def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]: ...
+
+    def children_after(self, parent: bytes) -> list[tuple[bytes, EntryMeta, str]]: ...
+
+    def roots(self) -> list[bytes]:
+        """The root keys (model, block size, salt) some stored entry hangs from."""
+        ...
+
+
+class Declined(NamedTuple):
+    """A plan the planner did not take: reading it was estimated slower than computing."""
+    position: int
+    tier: str
+    nbytes: int
+    read_s: float
+    compute_s: float
+
+
+class Failed(NamedTuple):
+    """The first plan a restore could not load."""
+    position: int
+    reason: str            # CORRUPT or TIER_FAULT
+    tier: str
+
+
+@dataclass(slots=True)
+class Attempt:
+    """What one restore saw."""
+    restored: int                      # tokens restored
+    shared: int = 0                    # prompt tokens that cached entries share
+    declined: Declined | None = None
+    failed: Failed | None = None
+    at: float = 0.0                    # when (unix time; 0: now): later departures, and
+    #                                    entries made later, are not why it missed
+    prompt: int = 0                    # the prompt's tokens (0: all the tokens given)
+
+
+def is_adapter_salt(salt: str | bytes | None) -> bool:
+    """An adapter set's salt: bytes starting 0xFF, which no text salt encodes to
+    (daemon/lora.py)."""
+    return isinstance(salt, bytes) and salt[:1] == b"\xff"
+
+
+def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Gone,
+            salts: Mapping[bytes, str | bytes | None], fingerprint: str) -> Miss | None:
+    """Why tokens[a.restored] was not restored; None when nothing was missed. tokens: the
+    prompt's first (a sequence's list, which its answer may have grown since, as its
+    chain; a.prompt says how many are the prompt); salts: the salt of each root seen
+    (chain.root's included); fingerprint: this model's. Explained as of a.at: what
+    departed or was cached after it does not count."""
+    n, P, B = a.prompt or len(tokens), a.restored, chain.block_size
+    if P >= n - 1:
+        return None
+    now = a.at or time.time()
+    f = a.failed
+    if f is not None and f.position > P:
+        what = ("a stored entry failed verification and was dropped" if f.reason == CORRUPT
+                else f"the {f.tier} tier could not serve a planned piece (read error, gone "
+                     "meanwhile, or late)")
+        return Miss(P, f.reason, f.tier, recomputed=f.position - P,
+                    detail=f"restore failed: {what}; restored {P:,} instead of "
+                           f"{f.position:,} and recomputed the rest")
+    d = a.declined
+    if d is not None and d.position > P:
+        return Miss(P, COST, d.tier, recomputed=d.position - P,
+                    detail=f"reading {_size(d.nbytes)} from {d.tier} (~{d.read_s * 1000:.0f} ms) "
+                           f"was estimated slower than computing {_tokens(d.position - P)} "
+                           f"(~{d.compute_s * 1000:.0f} ms)")
+    S = min(a.shared, n)
+    if S > P:
+        rec = _lost_on_path(tokens, n, chain, P, S, gone, now)
+        if rec is not None:
+            return _departed(P, rec, now, rec.position - P,
+                             f"the snapshot at {rec.position:,} ")
+        return Miss(P, NO_SNAPSHOT, recomputed=S - P,
+                    detail=f"cached entries go on to {S:,}, but no state to resume from "
+                           f"lies between {P:,} and {S:,} (a recurrent state can't be cut)")
+    rec = _lost_here(tokens, n, chain, P, gone, now)
+    if rec is not None:
+        return _departed(P, rec, now, None, "")
+    if P < B:
+        miss = _other_root(P, tokens[:min(n, B)], chain, view, salts, fingerprint, now)
+        if miss is not None:
+            return miss
+    return Miss(P, UNSEEN, detail=_UNSEEN)
+
+
+def _lost_on_path(tokens: list[int], n: int, chain: KeyChain, P: int, S: int, gone: Gone,
+                  now: float) -> Departure | None:
+    """The deepest departed snapshot on the prompt's path past P, at a depth the cached
+    entries reach (its tail may go past S: a departed tail no longer counts in S)."""
+    B = chain.block_size
+    top = min(S // B, n // B)
+    low = max(P // B, top - _PATH_DEPTHS)
+    # the parent of depth d is keys[d - 1] (the root for d = 0)
+    found = gone.snapshots_after_any(([chain.root] if low == 0 else [])
+                                     + chain.keys[max(0, low - 1):top], now)
+    if not found:
+        return None
+    for depth in range(top, low - 1, -1):
+        best = None
+        for rec in found.get(chain.parent(depth), ()):
+            pos = depth * B + len(rec.tail)
+            if P < pos <= n and rec.position == pos and list(rec.tail) == tokens[depth * B:pos] \
+                    and (best is None or pos > best.position):
+                best = rec
+        if best is not None:
+            return best
+    return None
+
+
+def _lost_here(tokens: list[int], n: int, chain: KeyChain, P: int, gone: Gone,
+               now: float) -> Departure | None:
+    """What departed right where the restore stopped: the prompt's next block, else the
+    deepest snapshot inside it that the prompt goes past."""
+    B = chain.block_size
+    depth, full = P // B, n // B       # the chain may hold more: the answer's
+    if depth < full:
+        rec = gone.get(chain.keys[depth], now)
+        if rec is not None:
+            return rec
+    if depth > full:
+        return None
+    best = None
+    for rec in gone.snapshots_after(chain.parent(depth), now):
+        pos = depth * B + len(rec.tail)
+        if P < pos <= n and list(rec.tail) == tokens[depth * B:pos] \
+                and (best is None or pos > best.position):
+            best = rec
+    return best
+
+
+_LEFT = {EVICTED: "was evicted from {tier}", THINNED: "was thinned (at most --max-snapshots "
+         "per prefix)", CORRUPT: "was dropped: it failed verification",
+         DELETED: "was deleted (cache admin)", BUDGET: "was never stored: {detail}"}
+
+
+def _departed(P: int, rec: Departure, now: float, recomputed: int | None, what: str) -> Miss:
+    when = now - rec.at
+    verb = _LEFT.get(rec.reason, "left").format(tier=rec.tier or "the cache",
+                                                detail=rec.detail or "a budget refused it")
+    extra = f" ({rec.detail})" if rec.detail and rec.reason != BUDGET else ""
+    detail = f"{what or f'the {rec.kind} at {rec.position:,} '}{verb}{extra} {ago(when)}"
+    if recomputed:
+        detail += f"; restored from {P:,}, {_tokens(recomputed)} recomputed"
+    return Miss(P, rec.reason, rec.tier, rec.at, when, recomputed, detail)
+
+
+def _other_root(P: int, tokens: list[int], chain: KeyChain, view: View,
+                salts: Mapping[bytes, str | bytes | None], fingerprint: str,
+                now: float) -> Miss | None:
+    """The prompt's first block (or a shorter prompt's state) under another root: the
+    same tokens cached for another model, salt or adapter set."""
+    B, own = chain.block_size, chain.root
+    others = [r for r in view.roots() if r != own]
+    if not others:
+        return None
+    if len(tokens) >= B:
+        head = tokens[:B]
+        found = view.find_many([block_key(r, head, 0, B) for r in others])
+        for root, hit in zip(others, found):
+            if hit is not None and hit[0].tokens == head and hit[0].created <= now:
+                return _classify(P, root, hit[0], own, salts, fingerprint)
+        return None
+    for root in others:
+        for _, meta, _ in view.children_after(root)[:_SHORT_SCAN]:
+            if meta.tokens and meta.tokens == tokens[:len(meta.tokens)] and meta.created <= now:
+                return _classify(P, root, meta, own, salts, fingerprint)
+    return None
+
+
+def _classify(P: int, root: bytes, meta: EntryMeta, own: bytes,
+              salts: Mapping[bytes, str | bytes | None], fingerprint: str) -> Miss:
+    if meta.fingerprint != fingerprint:
+        return Miss(P, OTHER_MODEL, detail=f"cached for another model (weights fingerprint "
+                                          f"{meta.fingerprint[:12]}, this one "
+                                          f"{fingerprint[:12]})")
+    theirs, ours = salts.get(root, _UNKNOWN), salts.get(own)
+    if theirs is _UNKNOWN:
+        return Miss(P, OTHER_SALT, detail="cached under another cache salt or LoRA adapter "
+                                          "set (not used since this daemon started)")
+    if is_adapter_salt(theirs) or is_adapter_salt(ours):
+        have = "another LoRA adapter set" if is_adapter_salt(theirs) else "no LoRA adapters"
+        want = "its own adapter set" if is_adapter_salt(ours) else "no adapters"
+        return Miss(P, OTHER_ADAPTERS, detail=f"cached for {have}; this request runs with "
+                                              f"{want} (prefixes never cross adapter sets)")
+    return Miss(P, OTHER_SALT, detail="cached under another cache salt (tenants never share "
+                                      "entries)")
+
+
+def _tokens(n: int) -> str:
+    return f"{n:,} token{'s' if n != 1 else ''}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

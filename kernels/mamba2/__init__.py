@@ -1,0 +1,1 @@
+"""mamba2 kernels (SSD scan): naive.py is the plain-torch reference."""

@@ -1,0 +1,63 @@
+"""Swapping a built model's modules for the kept-weight ones of model/quant.py
+(`--weights keep`): the loader hands over the parameters whose checkpoint tensors stay
+in their GGUF formats, and each one's module is replaced.
+
+    nn.Linear       -> KeptLinear      (a KeptColumns weight: its input permuted instead)
+    nn.Embedding    -> KeptEmbedding
+    Experts         -> KeptExperts     when its gate_up and down are both kept
+
+The MoE router and the shared expert's gate stay plain: route() reads the router's
+weight as fp32 (a near-tie must pick the expert transformers picks), and both are tiny.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ckptd.kernels.quant.formats import QuantTensor
+from ckptd.model.arch.moe import Experts
+from ckptd.model.quant import (
+    Kept,
+    KeptColumns,
+    KeptEmbedding,
+    KeptExperts,
+    KeptGateUp,
+    KeptLinear,
+)
+
+_PLAIN = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+
+
+def attach_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype
+                ) -> dict[str, torch.Tensor]:
+    """Swap the modules of kept parameters (names as in model.state_dict()) for Kept*
+    ones. Returns the parameters that stay plain, dequantized to `dtype` (the router, a
+    MoE layer with only one of its expert tensors kept, anything not a linear)."""
+    plain: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, Kept]] = {}
+    for name, t in kept.items():
+        path, _, attr = name.rpartition(".")
+        mod = model.get_submodule(path)
+        if isinstance(mod, Experts):
+            experts.setdefault(path, {})[attr] = t
+        elif isinstance(mod, nn.Linear) and attr == "weight" and not name.endswith(_PLAIN) \
+                and isinstance(t, (QuantTensor, KeptColumns)):
+            weight, columns = (t.weight, t.columns) if isinstance(t, KeptColumns) else (t, None)
+            _replace(model, path, KeptLinear(weight, mod.bias, columns))
+        elif isinstance(mod, nn.Embedding) and isinstance(t, QuantTensor):
+            _replace(model, path, KeptEmbedding(t, dtype))
+        else:
+            plain[name] = t.dequantize(dtype)
+    for path, parts in experts.items():
+        gu, down = parts.get("gate_up_proj"), parts.get("down_proj")
+        if isinstance(gu, KeptGateUp) and isinstance(down, QuantTensor):
+            _replace(model, path, KeptExperts(gu.gate, gu.up, down))
+        else:
+            plain.update({f"{path}.{a}": t.dequantize(dtype) for a, t in parts.items()})
+    return plain
+
+
+def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
+    parent, _, child = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
