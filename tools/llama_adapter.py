@@ -119,6 +119,9 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
         out += ["--max-context", str(ctx if unified else ctx // slots)]
     if not metrics:
         out.append("--no-metrics")
+    # llama-server cancels what runs on SIGTERM; the suite's stop() waits 5 s and then
+    # kills, which ckptd's default 10-s drain outlasts whenever a test ends mid-request
+    out += ["--drain-timeout", "0"]
     if not cors:                      # llama-server's default: any origin, credentials on
         out += ["--cors-origins", "*", "--cors-credentials"]
     if env.get("CKPTD_SUITE_MODEL"):
