@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -38,8 +38,7 @@ from ckptd.model.sampling.grammar import GrammarError, Grammars
 from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text import templates
 from ckptd.model.text.tool_calls import generic
-from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.detect import FORMATS, detect, shows_tools
+from ckptd.model.text.tool_calls.detect import ToolSyntax, detect
 from ckptd.model.text.tool_calls.reasoning import uses_thinking
 
 VERSION = "0.1.0"
@@ -47,15 +46,6 @@ VERSION = "0.1.0"
 LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
 # between the other files of an /infill request when the vocabulary has no file separator
 _SNIPPET = "\n\n--- snippet ---\n\n"
-
-
-@dataclass(frozen=True)
-class ToolSyntax:
-    """What the chat template teaches: its call format, whether it writes the tools it
-    is given into the prompt, whether answers may open with a thinking block."""
-    fmt: ToolFormat
-    shows_tools: bool
-    thinking: bool
 
 
 def model_name(path: str | Path) -> str:
@@ -182,12 +172,14 @@ class Service:
     def max_context(self) -> int:
         return self.rt.max_context
 
-    def context(self, name: str, salt: str | None = None, check_salt: bool = True) -> Context:
+    def context(self, name: str, salt: str | None = None, check_salt: bool = True,
+                param: str = "context") -> Context:
         """A named context; one registered under another tenant's salt is answered as
-        unknown, so a request can't use it or learn that it exists."""
+        unknown, so a request can't use it or learn that it exists. `param`: the field
+        that named it."""
         ctx = self.contexts.get(name)
         if ctx is None or (check_salt and not ctx.visible_to(salt)):
-            raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")
+            raise ApiError(404, f"no context named {name!r}", param, "context_not_found")
         return ctx
 
     def render_chat(self, chat: ChatPrompt) -> str:
@@ -198,18 +190,21 @@ class Service:
         messages, add, tail = chat.messages, chat.add_generation_prompt, ""
         if chat.prefill is not None:
             add, tail = True, chat.prefill
-        now = datetime.now()
-        thinking = chat.enable_thinking
-        variables = {"enable_thinking": self.cfg.reasoning != "off" if thinking is None
-                     else thinking,
-                     "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+        variables = self._variables(chat.tools, chat.enable_thinking)
+        if any(m.get("tool_calls") for m in messages) and not self.tool_syntax().shows_tools:
+            messages = _calls_written(messages)
         if chat.tools:
-            variables["tools"] = chat.tools
             syntax = self.tool_syntax()
+            if chat.tool_choice != "none" and syntax.fmt is None:
+                raise bad_request("tools: this model's chat template writes tool calls in a "
+                                  "syntax this server (ckptd) does not read (it writes "
+                                  f"{syntax.sample!r}); send tool_choice none, or serve the "
+                                  "model with a chat template whose calls ckptd reads "
+                                  "(docs/COMPATIBILITY.md)", "tools", "not_supported")
             if not syntax.shows_tools and chat.tool_choice != "none":
                 messages = _with_system(messages, generic.instructions(chat.tools))
-        # what llama.cpp gives templates that list tools as text (FireFunction's)
-        variables["functions"] = json.dumps(chat.tools, indent=2) if chat.tools else ""
+            if syntax.string_arguments:
+                messages = _string_arguments(messages)
         variables.update(chat.kwargs)
         try:
             return self.tokenizer.apply_chat_template(messages, add, **variables) + tail
@@ -217,16 +212,23 @@ class Service:
             raise bad_request(f"the chat template rejected the messages: {e}",
                               "messages") from None
 
+    def _variables(self, tools: list[dict], thinking: bool | None) -> dict:
+        now = datetime.now()
+        out = {"enable_thinking": self.cfg.reasoning != "off" if thinking is None else thinking,
+               "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+               # what llama.cpp gives templates that list tools as text (FireFunction's)
+               "functions": json.dumps(tools, indent=2) if tools else ""}
+        if tools:
+            out["tools"] = tools
+        return out
+
     def tool_syntax(self) -> ToolSyntax:
         """Read from the template once (it is fixed at start-up)."""
         if self._syntax is None:
             src = self.tokenizer.chat_template
-            render = lambda tools: self.tokenizer.apply_chat_template(   # noqa: E731
-                [{"role": "user", "content": "hi"}], True, tools=tools)
-            shown = shows_tools(render)
-            # a template that shows no tools teaches no syntax: the generic one is described
-            self._syntax = ToolSyntax(detect(src) if shown else FORMATS["generic"], shown,
-                                      uses_thinking(src))
+            render = lambda msgs, tools: self.tokenizer.apply_chat_template(   # noqa: E731
+                msgs, True, **self._variables(tools, None))
+            self._syntax = replace(detect(render), thinking=uses_thinking(src))
         return self._syntax
 
     def context_tokens(self, ctx: Context) -> list[int]:
@@ -301,23 +303,27 @@ class Service:
         out.images = tuple(im.moved(im.start + len(head)) for im in body.images)
         return out
 
-    def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions) -> tuple[list[int], str | None]:
-        p = self.chat_prompt(chat, cache, anchors=False)
+    def chat_tokens(self, chat: ChatPrompt, cache: CacheOptions,
+                    param: str = "messages") -> tuple[list[int], str | None]:
+        """(tokens, salt); `param`: the field that holds the messages (images' errors)."""
+        p = self.chat_prompt(chat, cache, anchors=False, param=param)
         return p.tokens, p.salt
 
-    def chat_prompt(self, chat: ChatPrompt, cache: CacheOptions, anchors: bool = True) -> Prompt:
+    def chat_prompt(self, chat: ChatPrompt, cache: CacheOptions, anchors: bool = True,
+                    param: str = "messages") -> Prompt:
         """The chat's tokens, and (anchors) where the next chat request over the same
         start will part from it (daemon/prompt.py). A chat with images has the named
         context's end as its one anchor (its text's offsets are not its tokens'); the
-        cache moves any anchor that falls inside an image to the image's start."""
+        cache moves any anchor that falls inside an image to the image's start. `param`:
+        the field that holds the messages (images' errors)."""
         if chat.media:
             if cache.context is not None:
                 ctx = self.context(cache.context, cache.salt)
                 head = self.context_tokens(ctx)
                 return Prompt(self.media_tokens(head, self.render_chat(chat), chat.media,
-                                                "messages"),
+                                                param),
                               cache.salt or ctx.salt, (len(head),), tails=False)
-            return Prompt(self.media_tokens([], self.render_chat(chat), chat.media, "messages"),
+            return Prompt(self.media_tokens([], self.render_chat(chat), chat.media, param),
                           cache.salt, tails=False)
         if cache.context is None:
             text = self.render_chat(chat)
@@ -424,3 +430,29 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
         first = messages[0]
         return [{**first, "content": f"{first['content']}\n\n{text}"}] + messages[1:]
     return [{"role": "system", "content": text}] + messages
+
+
+def _string_arguments(messages: list[dict]) -> list[dict]:
+    """The calls' arguments as JSON text, for templates that write them as they are."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": json.dumps(
+                    c["function"]["arguments"], ensure_ascii=False)}}
+                for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
+def _calls_written(messages: list[dict]) -> list[dict]:
+    """An assistant's past calls as the generic format's text, in its content, for a
+    template that renders no calls (the model sees what it wrote)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            text = generic.written(m["tool_calls"])
+            m = {k: v for k, v in m.items() if k != "tool_calls"}
+            m["content"] = f"{m['content']}\n{text}" if m.get("content") else text
+        out.append(m)
+    return out

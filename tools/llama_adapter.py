@@ -1,6 +1,8 @@
 """Start ckptd where llama.cpp's server tests start `llama-server`: its flags mapped to
 ckptd's (`LLAMA_SERVER_BIN_PATH` names a wrapper that runs this module).
 
+`--ctx-size N --parallel S` gives each request N/S tokens of context, as llama-server's
+slots have; with `--kv-unified` each may use all N (ckptd's pages are one pool anyway).
 The model is ckptd's (CKPTD_SUITE_MODEL, default the embedded SmolLM2); the suite's
 model flags (--hf-repo, --model, --model-draft) are not followed: it downloads nothing
 (a draft model is ckptd's model too: it drafts for itself). Its LoRA adapters are
@@ -35,7 +37,7 @@ _MAP = {
     "-ctv": (None, True), "-fa": (None, True), "--cache-ram": (None, True),
     "--tags": ("--tags", True), "--reasoning": ("--reasoning", True),
     "--reasoning-format": (None, True),
-    "--offline": (None, False), "--cont-batching": (None, False), "--kv-unified": (None, False),
+    "--offline": (None, False), "--cont-batching": (None, False),
     "--swa-full": (None, False), "--jinja": (None, False), "--no-jinja": (None, False),
     "--no-ui": (None, False), "--verbose": ("--verbose", False),
     "--no-cache-idle-slots": (None, False),
@@ -70,7 +72,7 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
     that preset for tests of other things (CORS), so ckptd serves its model then too."""
     out: list[str] = []
     ctx = slots = None
-    metrics = cors = False
+    metrics = cors = unified = False
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -83,6 +85,9 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
             continue
         if a == "--metrics":
             metrics, i = True, i + 1
+            continue
+        if a == "--kv-unified":
+            unified, i = True, i + 1
             continue
         if a == "--lora":
             if not env.get("CKPTD_SUITE_LORA"):
@@ -109,9 +114,14 @@ def translate(argv: list[str], env: dict[str, str]) -> list[str]:
     out += ["--parallel", str(slots), "--step-tokens", str(max(_value(out, "--step-tokens", 256),
                                                              slots))]
     if ctx:
-        out += ["--max-context", str(ctx // slots)]
+        # llama-server splits its context among the slots, or with --kv-unified lets
+        # each use all of it; ckptd's KV pages are one pool either way
+        out += ["--max-context", str(ctx if unified else ctx // slots)]
     if not metrics:
         out.append("--no-metrics")
+    # llama-server cancels what runs on SIGTERM; the suite's stop() waits 5 s and then
+    # kills, which ckptd's default 10-s drain outlasts whenever a test ends mid-request
+    out += ["--drain-timeout", "0"]
     if not cors:                      # llama-server's default: any origin, credentials on
         out += ["--cors-origins", "*", "--cors-credentials"]
     if env.get("CKPTD_SUITE_MODEL"):

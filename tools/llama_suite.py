@@ -71,6 +71,11 @@ def fetch(dest: Path) -> Path:
     return tests
 
 
+def fetch_templates(dest: Path) -> Path:
+    """llama.cpp's chat templates (models/templates), extracted with the suite."""
+    return fetch(dest).parents[2] / "models" / "templates"
+
+
 def exclusions(path: Path = EXCLUDE) -> dict[str, str]:
     return _exclusions(path)
 

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.config import ModelConfig
+from ckptd.model.text.tokenizer import load_tokenizer
 from ckptd.tools.fetch_llamacpp import Conversion, convert, fetch_converter
 from ckptd.tools.tiny_ssm import build
 
@@ -152,6 +153,18 @@ def _to_hub_layout(cfg, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _vocabulary_of(model: Path, out: Path) -> dict:
+    """Another model's tokenizer files in `out`; the config keys that follow from them."""
+    theirs = load_tokenizer(model)
+    theirs.tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": theirs.bos_token,
+        "eos_token": theirs.eos_token, "chat_template": theirs.chat_template or CHATML,
+        "add_bos_token": theirs.add_bos, "model_max_length": 262144}, indent=1))
+    return {"vocab_size": theirs.tok.get_vocab_size(), "bos_token_id": theirs.bos_id,
+            "eos_token_id": theirs.eos_id}
+
+
 def _tokenizer(out: Path, fim: bool = False, extra: tuple[str, ...] = (),
                template: str = CHATML) -> None:
 
@@ -171,20 +184,31 @@ def _tokenizer(out: Path, fim: bool = False, extra: tuple[str, ...] = (),
 
 
 def make_tiny(arch: str, out_dir: str | Path, seed: int = 0, gguf: str | Path | None = None,
-              sizes: dict | None = None, fim: bool = False) -> Path:
+              sizes: dict | None = None, fim: bool = False,
+              vocab_of: str | Path | None = None) -> Path:
     """Write the folder; with `gguf`, also convert it (F32) with llama.cpp's converter;
-    with `fim`, the vocabulary gets fill-in-the-middle tokens. sizes: config keys to
-    change (tools/quant_fixture.py widens rows to the 256 values of a K-quant block)."""
+    with `fim`, the vocabulary gets fill-in-the-middle tokens; with `vocab_of` (a model
+    folder or GGUF), it takes that model's vocabulary, so it can draft for it. sizes:
+    config keys to change (tools/quant_fixture.py widens rows to a K-quant block's 256)."""
     if arch not in ARCHES:
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}, got {arch!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _tokenizer(out, fim)
-    eos = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
     if arch in HF_ARCHES:
+        if vocab_of is not None:
+            raise ValueError("--vocab-of: only the archs make-tiny writes itself take another "
+                             "model's vocabulary")
+        _tokenizer(out, fim)
+        eos = Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|im_end|>")
         cfg = json.loads((build(arch, out, seed, eos) / "config.json").read_text())
     else:
-        cfg = {**_config(arch), **(sizes or {}), "eos_token_id": eos}
+        cfg = {**_config(arch), **(sizes or {})}
+        if vocab_of is not None:
+            cfg.update(_vocabulary_of(Path(vocab_of), out))
+        else:
+            _tokenizer(out, fim)
+            cfg["eos_token_id"] = Tokenizer.from_file(
+                str(out / "tokenizer.json")).token_to_id("<|im_end|>")
         (out / "config.json").write_text(json.dumps(cfg, indent=1))
         save_file(_weights(arch, cfg, seed), str(out / "model.safetensors"),
                   metadata={"format": "pt"})

@@ -18,6 +18,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gguf", metavar="FILE",
                    help="also write an F32 GGUF of it with llama.cpp's converter")
     p.add_argument("--fim", action="store_true", help="add fill-in-the-middle tokens")
+    p.add_argument("--vocab-of", metavar="MODEL",
+                   help="take this model's vocabulary (a folder or GGUF): a draft for it")
     p.add_argument("--vision", action="store_true",
                    help="a multimodal checkpoint (qwen3_5_text / qwen3_5_moe_text only) "
                         "written by transformers' Qwen3_5(Moe)ForConditionalGeneration; "
@@ -31,6 +33,7 @@ def run(args) -> int:
         print(f"wrote tiny multimodal {args.arch} model to {out}"
               + (f" and {args.gguf}, {mmproj}" if args.gguf else ""))
         return 0
-    out = tiny.make_tiny(args.arch, args.out, args.seed, args.gguf, args.fim)
+    out = tiny.make_tiny(args.arch, args.out, args.seed, args.gguf, fim=args.fim,
+                         vocab_of=args.vocab_of)
     print(f"wrote tiny {args.arch} model to {out}" + (f" and {args.gguf}" if args.gguf else ""))
     return 0

@@ -87,13 +87,14 @@ async def list_all(request: web.Request) -> web.Response:
 
 async def get_one(request: web.Request) -> web.Response:
     svc = service(request)
-    return json_response(svc.context(request.match_info["name"], _salt(request)).public())
+    return json_response(svc.context(request.match_info["name"], _salt(request),
+                                     param="name").public())
 
 
 async def delete(request: web.Request) -> web.Response:
     svc = ready(request)
     name = request.match_info["name"]
-    svc.context(name, _salt(request))              # 404 when unknown to this tenant
+    svc.context(name, _salt(request), param="name")   # 404 when unknown to this tenant
     ctx = await blocking(svc.contexts.delete, name)
     if ctx is None:
         raise ApiError(404, f"no context named {name!r}", "context", "context_not_found")

@@ -15,12 +15,14 @@ from aiohttp import web
 
 from ckptd.daemon.cachefields import prompt_details
 from ckptd.daemon.generation import Result
-from ckptd.daemon.http.common import blocking, json_response, read_json, ready, service
+from ckptd.daemon.http import logprobs
+from ckptd.daemon.http.common import json_response, service
 from ckptd.daemon.http.errors import ApiError
-from ckptd.daemon.http.llama import verbose
-from ckptd.daemon.http.respond import prompt_progress, run
-from ckptd.daemon.http.schemas import ChatRequest, CompletionRequest
-from ckptd.daemon.http.tools import openai_calls, openai_delta, reply_spec, with_tool_grammar
+from ckptd.daemon.http.pipeline import count, generate
+from ckptd.daemon.http.report import verbose
+from ckptd.daemon.http.respond import prompt_progress
+from ckptd.daemon.http.schemas import ApiRequest, openai_chat, openai_completion
+from ckptd.daemon.http.tools import openai_calls, openai_delta
 from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
@@ -107,16 +109,7 @@ class CompletionFormat(_Base):
         self.offsets = [0] * len(jobs)
 
     def _logprobs(self, i: int, evs: list[TokenEvent]) -> dict | None:
-        if not evs or evs[0].sampled.logprob is None:
-            return None
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for ev in evs:
-            s = ev.sampled
-            out["tokens"].append(self.piece(s.token))
-            out["token_logprobs"].append(s.logprob)
-            out["top_logprobs"].append({self.piece(t): lp for t, lp in s.top})
-            out["text_offset"].append(self.offsets[i])
-            self.offsets[i] += len(ev.text)
+        out, self.offsets[i] = logprobs.completion(self.svc.tokenizer, evs, self.offsets[i])
         return out
 
     def opening(self, i: int) -> dict | None:
@@ -157,20 +150,12 @@ class ChatFormat(_Base):
         self.spec = spec if spec is not None and spec.active else None
         self.parsers = [ReplyParser(self.spec) for _ in jobs] if self.spec else None
 
-    def _entry(self, token: int, lp: float) -> dict:
-        text = self.piece(token)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-
     def _logprobs(self, evs: list[TokenEvent]) -> dict | None:
-        if not evs or evs[0].sampled.logprob is None:
-            return None
-        return {"content": [{**self._entry(e.sampled.token, e.sampled.logprob),
-                             "top_logprobs": [self._entry(t, lp) for t, lp in e.sampled.top]}
-                            for e in evs]}
+        return logprobs.chat(self.svc.tokenizer, evs)
 
-    def _chunk(self, i: int, delta: dict, logprobs=None, finish: str | None = None) -> dict:
+    def _chunk(self, i: int, delta: dict, lps=None, finish: str | None = None) -> dict:
         return {**self.head(self.chunk_object), "choices": [
-            {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+            {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}]}
 
     def opening(self, i: int) -> dict:
         return self._chunk(i, {"role": "assistant", "content": None})
@@ -225,34 +210,27 @@ class ChatFormat(_Base):
         return self._whole(results, choices)
 
 
+def _completion(body: object, svc: Service) -> ApiRequest:
+    return openai_completion(body, svc.parse_openai)
+
+
+def _chat(body: object, svc: Service) -> ApiRequest:
+    return openai_chat(body, svc.parse_openai)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
-    svc = ready(request)
-    req = CompletionRequest.parse(await read_json(request), svc.parse_openai)
-    svc.check_model(req.model)
-    g = req.gen
-    prompts = [await blocking(svc.completion_prompt, p, g.cache) for p in req.prompts]
-    return await run(request, svc, prompts, prompts[-1].salt if prompts else None, g,
-                     lambda jobs: CompletionFormat(svc, jobs, g.max_tokens == 0, g.verbose))
+    return await generate(request, _completion, lambda svc, p, jobs: CompletionFormat(
+        svc, jobs, p.req.gen.max_tokens == 0, p.req.gen.verbose))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    svc = ready(request)
-    req = ChatRequest.parse(await read_json(request), svc.parse_openai)
-    svc.check_model(req.model)
-    prompt = await blocking(svc.chat_prompt, req.chat, req.gen.cache)
-    spec = reply_spec(svc, req.chat, prompt.tokens)
-    g = with_tool_grammar(req.chat, spec, req.gen)
-    return await run(request, svc, [prompt], prompt.salt, g,
-                     lambda jobs: ChatFormat(svc, jobs, g.max_tokens == 0, g.verbose, spec),
-                     "messages")
+    return await generate(request, _chat, lambda svc, p, jobs: ChatFormat(
+        svc, jobs, p.req.gen.max_tokens == 0, p.req.gen.verbose, p.spec))
 
 
 async def chat_input_tokens(request: web.Request) -> web.Response:
     """How many tokens a chat request's prompt is, without generating."""
-    svc = ready(request)
-    req = ChatRequest.parse(await read_json(request), svc.parse_openai)
-    tokens, _ = await blocking(svc.chat_tokens, req.chat, req.gen.cache)
-    return json_response({"input_tokens": len(tokens)})
+    return json_response({"input_tokens": await count(request, _chat)})
 
 
 async def models(request: web.Request) -> web.Response:

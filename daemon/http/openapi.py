@@ -6,6 +6,7 @@ with the routes app.py registers catches an endpoint added to one and not the ot
 
 from __future__ import annotations
 
+from ckptd.daemon.http.openapi_fields import ANTHROPIC, CHAT, LLAMA_SAMPLING, MESSAGES, RESPONSES
 from ckptd.daemon.http.unsupported import UNSUPPORTED
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -14,7 +15,13 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properti
 
 _STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                         "maxItems": 16}]}
-_PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]}
+# llama-server's multimodal prompt: `<__media__>` in the text where each image goes
+_MEDIA_PROMPT = {"type": "object", "required": ["prompt_string"], "properties": {
+    "prompt_string": {"type": "string"}, "multimodal_data": {
+        "type": "array", "minItems": 1, "items": {"type": "string",
+                                                  "description": "base64 image data"}}}}
+_PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}},
+                     _MEDIA_PROMPT]}
 _SAMPLING = {
     "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
     "top_k": {"type": "integer", "minimum": 0}, "min_p": {"type": "number"},
@@ -108,38 +115,38 @@ def _query(name: str, kind: str = "integer") -> dict:
 
 
 def document(model_id: str) -> dict:
-    completion = _body({"model": {"type": "string", "enum": [model_id]}, "prompt": _PROMPT,
+    model = {"model": {"type": "string", "enum": [model_id]}}
+    completion = _body({**model, "prompt": _PROMPT,
                         "max_tokens": {"type": "integer", "minimum": 0},
+                        "n_predict": {"type": "integer", "minimum": -1},
                         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
                         **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS,
-                        **_CONSTRAINTS}, ("prompt",))
-    chat = _body({"model": {"type": "string", "enum": [model_id]}, "messages": _MESSAGES,
+                        **_CONSTRAINTS, **LLAMA_SAMPLING, "best_of": {"type": "integer"},
+                        "echo": {"type": "boolean"}}, ("prompt",))
+    chat = _body({**model, "messages": {**MESSAGES, "minItems": 1},
                   "max_tokens": {"type": "integer", "minimum": 0},
                   "max_completion_tokens": {"type": "integer", "minimum": 0},
                   "logprobs": {"type": "boolean"},
                   "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
                   **_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **_STREAM_OPTIONS,
-                  **_CONSTRAINTS, "add_generation_prompt": {"type": "boolean"},
+                  **_CONSTRAINTS, **LLAMA_SAMPLING, **CHAT,
+                  "add_generation_prompt": {"type": "boolean"},
                   "continue_final_message": {"type": "boolean"}}, ("messages",))
-    llama = _body({"prompt": _PROMPT, "n_predict": {"type": "integer", "minimum": -1},
-                   "n_probs": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
-                   "return_tokens": {"type": "boolean"},
-                   "response_fields": {"type": "array", "items": {"type": "string"}},
-                   **_SAMPLING, **_LLAMA_PENALTIES, **_CONSTRAINTS}, ("prompt",))
-    infill = _body({"input_prefix": {"type": "string"}, "input_suffix": {"type": "string"},
+    llama_fields = {**model, "n_predict": {"type": "integer", "minimum": -1},
+                    "max_tokens": {"type": "integer", "minimum": -1},
+                    "n_probs": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
+                    "return_tokens": {"type": "boolean"},
+                    "response_fields": {"type": "array", "items": {"type": "string"}},
+                    **_SAMPLING, **_LLAMA_PENALTIES, **_CONSTRAINTS, **LLAMA_SAMPLING}
+    llama = _body({**llama_fields, "prompt": _PROMPT}, ("prompt",))
+    infill = _body({**llama_fields, "input_prefix": {"type": "string"},
+                    "input_suffix": {"type": "string"},
                     "input_extra": {"type": "array", "items": {"type": "object"}},
-                    "prompt": {"type": "string"}, "n_predict": {"type": "integer"}})
-    responses = _body({"model": {"type": "string"}, "input": {
-                           "oneOf": [{"type": "string"}, {"type": "array",
-                                                           "items": {"type": "object"}}]},
-                       "instructions": {"type": "string"},
-                       "max_output_tokens": {"type": "integer", "minimum": 0},
-                       **_SAMPLING, **_STREAM_OPTIONS}, ("input",))
-    messages = _body({"model": {"type": "string"}, "messages": _MESSAGES,
-                      "system": {"type": "string"},
-                      "max_tokens": {"type": "integer", "minimum": 0},
-                      "stop_sequences": {"type": "array", "items": {"type": "string"}},
-                      **_SAMPLING, **_STREAM_OPTIONS}, ("messages",))
+                    "prompt": {"type": "string"}}, ("input_prefix", "input_suffix"))
+    responses = _body({**_SAMPLING, **_OPENAI_PENALTIES, **_CACHE_FLAG, **LLAMA_SAMPLING,
+                       **{k: v for k, v in _CONSTRAINTS.items()
+                          if k not in ("response_format", "n")}, **RESPONSES}, ("input",))
+    messages = _body(ANTHROPIC, ("messages",))
     slot_file = {"required": False, "content": {"application/json": {"schema": {
         "type": "object", "properties": {"filename": {"type": "string"}}}}}}
     context = _body({"name": {"type": "string"}, "text": {"type": "string"},

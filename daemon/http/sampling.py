@@ -85,7 +85,7 @@ def dry(f: Fields, ctx: ParseContext) -> DryParams | None:
     base = f.float("dry_base", 1.75, 0.0, 1e6)
     allowed = f.int("dry_allowed_length", 2, 0, 1 << 20)
     last_n = f.int("dry_penalty_last_n", -1, -1, 1 << 30)
-    raw = f.data.get("dry_sequence_breakers")
+    raw = f.get("dry_sequence_breakers")
     if raw is None:
         strings = DEFAULT_BREAKERS
     elif isinstance(raw, list) and raw and all(isinstance(s, str) for s in raw):
@@ -107,7 +107,7 @@ def dry(f: Fields, ctx: ParseContext) -> DryParams | None:
 def samplers(f: Fields) -> tuple[str, ...] | None:
     """llama.cpp's `samplers`: the filters to run, in order, as names or one letter each
     ("kypmxt"); None when not given."""
-    v = f.data.get("samplers")
+    v = f.get("samplers")
     if v is None:
         return None
     if isinstance(v, str):
@@ -201,7 +201,7 @@ def logit_bias(f: Fields, ctx: ParseContext, allow_false: bool,
     """(token, bias) pairs from {"id": bias} or, for llama.cpp, [[id, bias], ...]; a key
     that is text (not a token id) biases every token of that text, as llama-server does,
     and a bias of false (llama.cpp) bans the token (-inf)."""
-    v = f.data.get(name)
+    v = f.get(name)
     if v is None:
         return ()
     if isinstance(v, dict):
@@ -241,18 +241,19 @@ def _bias_tokens(key: object, name: str, ctx: ParseContext) -> list[int]:
     raise bad_request(f"{name}: {key!r} is not a token id or a text", name)
 
 
-def constraint(f: Fields) -> tuple[str, Constraint] | None:
-    """(field, Constraint) from `grammar` (GBNF), `json_schema` or OpenAI's
-    `response_format`; at most one of them. Compiled by the handler (a bad grammar is a
-    400 naming its field)."""
-    found = []
+def constraint(f: Fields, extra: tuple[str, Constraint] | None = None
+               ) -> tuple[str, Constraint] | None:
+    """(field, Constraint) from `grammar` (GBNF), `json_schema`, OpenAI's
+    `response_format` or `extra` (an API's own field); at most one of them. Compiled
+    later (a bad grammar is a 400 naming its field)."""
+    found = [extra] if extra is not None else []
     g = f.str("grammar", max_len=MAX_GRAMMAR)
     if g:
         found.append(("grammar", Constraint(GBNF, g)))
-    schema = f.data.get("json_schema")
+    schema = f.get("json_schema")
     if schema is not None:
-        found.append(("json_schema", _schema(schema, "json_schema")))
-    rf = f.data.get("response_format")
+        found.append(("json_schema", schema_field(schema, "json_schema")))
+    rf = f.get("response_format")
     if rf is not None:
         c = _response_format(rf)
         if c is not None:
@@ -263,7 +264,7 @@ def constraint(f: Fields) -> tuple[str, Constraint] | None:
     return found[0] if found else None
 
 
-def _schema(v: object, where: str) -> Constraint:
+def schema_field(v: object, where: str) -> Constraint:
     if not isinstance(v, (dict, bool)) or v is False:
         raise type_error(where, "a JSON schema (an object)", v)
     if len(repr(v)) > MAX_GRAMMAR:
@@ -282,7 +283,7 @@ def _response_format(v: object) -> tuple[str, Constraint] | None:
     if kind == "json_object":
         # JSON mode gives an object (OpenAI's documentation; llama-server's reading too)
         schema = rf.data.get("schema")
-        return ("response_format", _schema({"type": "object"} if schema in (None, {})
+        return ("response_format", schema_field({"type": "object"} if schema in (None, {})
                                            else schema, "response_format.schema"))
     if kind == "json_schema":
         js = Fields(rf.data.get("json_schema"), "response_format.json_schema")
@@ -290,6 +291,6 @@ def _response_format(v: object) -> tuple[str, Constraint] | None:
         if schema is None:
             raise bad_request("response_format.json_schema.schema is required",
                               "response_format.json_schema.schema", "missing_field")
-        return ("response_format", _schema(schema, "response_format.json_schema.schema"))
+        return ("response_format", schema_field(schema, "response_format.json_schema.schema"))
     raise bad_request(f"response_format.type must be text, json_object or json_schema, "
                       f"got {kind!r}", "response_format.type")

@@ -2,9 +2,11 @@
 
 JSON types are checked strictly (true is not an int, 1.5 is not an int), `null`
 means "not given", and unknown fields are ignored as OpenAI-compatible servers do.
-`params.max_tokens` of a generation request is fitted to the context by the handler once the
-prompt length is known (`max_tokens` None: as many as the context allows).
-Sampling fields live in sampling.py, prompts and messages in prompts.py.
+`params.max_tokens` of a generation request is settled once the prompt length is
+known (`max_tokens` None: as many as the context allows). Every generation route's
+adapter reads its body into one `ApiRequest` (OpenAI's and llama.cpp's here,
+anthropic_request.py and responses_request.py for the others); pipeline.py runs it.
+Sampling fields live in sampling.py, prompts in prompts.py, chat messages in messages.py.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 from ckptd.daemon.http import prompts
 from ckptd.daemon.http.chat import ChatPrompt
 from ckptd.daemon.http.errors import bad_request
-from ckptd.daemon.http.fields import Fields
+from ckptd.daemon.http.fields import Fields, Names
 from ckptd.daemon.http.lora import parse_scales
+from ckptd.daemon.http.messages import openai_messages
 from ckptd.daemon.http.sampling import ParseContext, constraint, sampling
 from ckptd.model.sampling.grammar import Constraint
 from ckptd.model.sampling.sampler import SamplingParams
@@ -30,23 +33,23 @@ class CacheOptions:
     context: str | None = None       # a named context (POST /v1/contexts) to put first
 
 
-def _cache_options(f: Fields, use_cache_field: str = "cache") -> CacheOptions:
+def _cache_options(f: Fields) -> CacheOptions:
     # "" is no salt: it keys like none, so it must not pass for a tenant of its own
-    return CacheOptions(f.str("cache_salt", max_len=256) or None, f.bool(use_cache_field, True),
+    return CacheOptions(f.str("cache_salt", max_len=256) or None, f.bool("cache", True),
                         f.str("context", max_len=128))
 
 
 def _n(f: Fields) -> int:
     if f.int("best_of", 1) != 1:
-        raise bad_request("only best_of = 1 is supported", "best_of")
+        raise bad_request("only best_of = 1 is supported", f.key("best_of"))
     if f.bool("echo"):
-        raise bad_request("echo is not supported", "echo")
+        raise bad_request("echo is not supported", f.key("echo"))
     return f.int("n", 1, 1, MAX_N)
 
 
 def _include_usage(f: Fields) -> bool:
-    opts = f.data.get("stream_options")
-    return False if opts is None else Fields(opts, "stream_options").bool("include_usage")
+    opts = f.get("stream_options")
+    return False if opts is None else Fields(opts, f.key("stream_options")).bool("include_usage")
 
 
 @dataclass(frozen=True)
@@ -66,82 +69,85 @@ class Generate:
     lora: dict[int, float] | None = None   # LoRA scales by adapter id; None: the global ones
 
 
-def _generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: int | None,
-              llama: bool, n: int = 1, cache_field: str = "cache") -> Generate:
+def generate(f: Fields, ctx: ParseContext, max_tokens: int | None, logprobs: int | None,
+             llama: bool, extra: tuple[str, Constraint] | None = None) -> Generate:
+    """The generation fields of a request, whatever its API (`f` names them as the API
+    does); `extra`: a constraint the API gives in a shape of its own."""
     slot = f.int("id_slot")
-    return Generate(max_tokens, sampling(f, ctx, logprobs, llama), _cache_options(f, cache_field),
-                    constraint(f), f.bool("stream"), n, _include_usage(f),
+    return Generate(max_tokens, sampling(f, ctx, logprobs, llama), _cache_options(f),
+                    constraint(f, extra), f.bool("stream"), _n(f), _include_usage(f),
                     f.bool("return_progress"), None if slot is None or slot < 0 else slot,
                     f.bool("verbose", ctx.verbose), f.bool("timings_per_token"),
-                    parse_scales(f.data.get("lora"), ctx.n_lora))
+                    parse_scales(f.get("lora"), ctx.n_lora))
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
+class ApiRequest:
+    """A generation request as its route's adapter read it, once, whatever the API: a
+    chat, or prompts (a batch), or the code around an /infill gap; the generation
+    fields; the client's name of the prompt's field (for a prompt's errors); and what
+    only the route's answers use (`options`)."""
+    model: str | None
+    gen: Generate
+    chat: ChatPrompt | None = None
+    prompts: tuple[prompts.Prompt, ...] = ()
+    fill: InfillRequest | None = None
+    prompt_param: str = "prompt"
+    options: object = None
+
+
+def openai_completion(data: object, ctx: ParseContext) -> ApiRequest:
     """POST /v1/completions."""
-
-    model: str | None
-    prompts: list[prompts.Prompt]
-    gen: Generate
-
-    @classmethod
-    def parse(cls, data: object, ctx: ParseContext) -> CompletionRequest:
-        f = Fields(data)
-        n = _n(f)
-        max_tokens = f.int("max_tokens", None, 0)
-        if max_tokens is None:                 # llama-server takes its own name here too
-            max_tokens = f.int("n_predict", 16, -1)
-            max_tokens = None if max_tokens == -1 else max_tokens
-        return cls(f.str("model"), prompts.prompts(f.data.get("prompt"), ctx.vocab_size),
-                   _generate(f, ctx, max_tokens, f.int("logprobs", None, 0, 20), False, n))
+    f = Fields(data)
+    max_tokens = f.int("max_tokens", None, 0)
+    if max_tokens is None:                 # llama-server takes its own name here too
+        max_tokens = f.int("n_predict", 16, -1)
+        max_tokens = None if max_tokens == -1 else max_tokens
+    return ApiRequest(f.str("model"), generate(f, ctx, max_tokens,
+                                               f.int("logprobs", None, 0, 20), False),
+                      prompts=tuple(prompts.prompts(f.get("prompt"), ctx.vocab_size)))
 
 
-@dataclass(frozen=True)
-class ChatRequest:
+def openai_chat(data: object, ctx: ParseContext) -> ApiRequest:
     """POST /v1/chat/completions (and /chat/completions/input_tokens, /apply-template)."""
+    f = Fields(data)
+    max_tokens = f.int("max_completion_tokens", None, 0)
+    if max_tokens is None:
+        max_tokens = f.int("max_tokens", None, 0)
+    top = f.int("top_logprobs", None, 0, 20)
+    logprobs = (top or 0) if f.bool("logprobs") else None
+    gen = generate(f, ctx, max_tokens, logprobs, False)
+    return ApiRequest(f.str("model"), gen, ChatPrompt.parse(f), prompt_param="messages")
 
-    model: str | None
-    chat: ChatPrompt
-    gen: Generate
 
-    @classmethod
-    def parse(cls, data: object, ctx: ParseContext, allow_empty: bool = False) -> ChatRequest:
-        f = Fields(data)
-        n = _n(f)
-        max_tokens = f.int("max_completion_tokens", None, 0)
-        if max_tokens is None:
-            max_tokens = f.int("max_tokens", None, 0)
-        top = f.int("top_logprobs", None, 0, 20)
-        logprobs = (top or 0) if f.bool("logprobs") else None
-        return cls(f.str("model"), ChatPrompt.parse(f, allow_empty),
-                   _generate(f, ctx, max_tokens, logprobs, False, n))
+# /completion's fields by llama-server's names: `cache_prompt` for the cache switch;
+# one completion per prompt (n, best_of and echo are OpenAI's)
+LLAMA_NAMES = Names(renamed={"cache": "cache_prompt"}, dropped=frozenset({"n", "best_of",
+                                                                           "echo"}))
 
 
 @dataclass(frozen=True)
-class LlamaCompletionRequest:
-    """POST /completion, /completions, /infill (llama.cpp's server fields and defaults)."""
-
-    prompts: list[prompts.Prompt]
-    gen: Generate
+class LlamaOptions:
     return_tokens: bool = False
     response_fields: tuple[str, ...] = ()
 
-    @classmethod
-    def parse(cls, data: object, ctx: ParseContext, prompt_required: bool = True
-              ) -> LlamaCompletionRequest:
-        f = Fields(data)
-        n_predict = f.int("n_predict", f.int("max_tokens", -1, -1), -1)
-        n_probs = f.int("n_probs", 0, 0, 20)
-        fields = f.data.get("response_fields")
-        if fields is not None and (not isinstance(fields, list) or
-                                   not all(isinstance(x, str) for x in fields)):
-            raise bad_request("response_fields must be a list of strings", "response_fields",
-                              "invalid_type")
-        raw = f.data.get("prompt")
-        ps = prompts.prompts(raw, ctx.vocab_size) if prompt_required or raw else [""]
-        return cls(ps, _generate(f, ctx, None if n_predict == -1 else n_predict,
-                                 n_probs or None, True, 1, "cache_prompt"),
-                   f.bool("return_tokens"), tuple(fields or ()))
+
+def llama_completion(data: object, ctx: ParseContext, fill: InfillRequest | None = None
+                     ) -> ApiRequest:
+    """POST /completion, /completions, /infill (llama.cpp's server fields and defaults)."""
+    f = Fields(data, names=LLAMA_NAMES)
+    n_predict = f.int("n_predict", f.int("max_tokens", -1, -1), -1)
+    n_probs = f.int("n_probs", 0, 0, 20)
+    fields = f.get("response_fields")
+    if fields is not None and (not isinstance(fields, list) or
+                               not all(isinstance(x, str) for x in fields)):
+        raise bad_request("response_fields must be a list of strings", "response_fields",
+                          "invalid_type")
+    raw = f.get("prompt")
+    ps = prompts.prompts(raw, ctx.vocab_size) if fill is None or raw else [""]
+    gen = generate(f, ctx, None if n_predict == -1 else n_predict, n_probs or None, True)
+    return ApiRequest(f.str("model"), gen, prompts=tuple(ps[:1] if fill else ps), fill=fill,
+                      options=LlamaOptions(f.bool("return_tokens"), tuple(fields or ())))
 
 
 @dataclass(frozen=True)
@@ -212,12 +218,12 @@ class ContextRequest:
         if not name or not all(c.isalnum() or c in "-_." for c in name):
             raise bad_request("name must be letters, digits, '-', '_' or '.'", "name")
         text = f.str("text")
-        messages = f.data.get("messages")
+        messages = f.get("messages")
         if (text is None) == (messages is None):
             raise bad_request("give exactly one of text or messages", "text")
         if text is not None and not text:
             raise bad_request("text must not be empty", "text")
-        return cls(name, text, None if messages is None else prompts.messages(messages),
+        return cls(name, text, None if messages is None else openai_messages(messages),
                    f.bool("pin", True), f.str("cache_salt", max_len=256) or None)
 
 

@@ -20,11 +20,14 @@ def reply_spec(svc, chat: ChatPrompt, tokens: list[int]) -> ReplySpec:
     """How to read the answer to `chat`, whose prompt is `tokens`."""
     syntax = svc.tool_syntax()
     open_thinking = syntax.thinking and opens_thinking(svc.tokenizer.decode(tokens[-8:]))
-    calls = bool(chat.tools) and chat.tool_choice != "none"
+    calls = bool(chat.tools) and chat.tool_choice != "none" and syntax.fmt is not None
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
-               for t in chat.tools}
+               for t in chat.tools} if calls else {}
+    # a format that frames plain answers too reads them without tools (no call then)
+    fmt = syntax.fmt if calls or (syntax.fmt is not None and syntax.fmt.frames_content) \
+        else None
     thinking = syntax.thinking and chat.reasoning_format != "none"
-    return ReplySpec(syntax.fmt if calls else None, schemas, thinking, open_thinking,
+    return ReplySpec(fmt, schemas, thinking, open_thinking,
                      chat.parallel_tool_calls and chat.tool_name is None)
 
 
@@ -34,8 +37,10 @@ def with_tool_grammar(chat: ChatPrompt, spec: ReplySpec, g: Generate) -> Generat
     forces a call it is a 400, as in llama-server."""
     if spec.fmt is None:
         return g
+    # a request that turns thinking off gets calls only (a block still open is closed)
+    thinking = spec.thinking and chat.enable_thinking is not False
     src = structural_tag(spec.fmt, chat.tools, chat.tool_choice, chat.tool_name,
-                         spec.parallel, spec.open_thinking, spec.thinking, modern_schema)
+                         spec.parallel, spec.open_thinking, thinking, modern_schema)
     if src is None:
         return g
     if g.constraint is not None:

@@ -12,7 +12,7 @@ from tests.daemon.daemon_proc import start
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir, tmp_path_factory):
-    d = start(tiny_llama_dir, tmp_path_factory.mktemp("apis") / "cache", "--max-context", "256",
+    d = start(tiny_llama_dir, tmp_path_factory.mktemp("apis") / "cache", "--max-context", "512",
               "--parallel", "2", "--alias", "tiny",
               env={"AIP_MODE": "PREDICTION", "AIP_HEALTH_ROUTE": "/aip-health"})
     yield d

@@ -12,15 +12,28 @@ import pytest
 
 from tests.daemon.daemon_proc import start
 
-# Chat templates that show the tools and the call syntax (as Qwen2.5's / Qwen3-Coder's do)
-_TURNS = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Chat templates that show the tools and the call syntax, and write a past call in it
+# (as Qwen2.5's / Qwen3-Coder's do: the syntax is read from how a past call renders)
+_HERMES_CALL = ("{% for c in m.tool_calls or [] %}<tool_call>\n{\"name\": "
+                "{{ c.function.name | tojson }}, \"arguments\": "
+                "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}")
+_XML_CALL = ("{% for c in m.tool_calls or [] %}<tool_call>\n<function={{ c.function.name }}>\n"
+             "{% for k, v in c.function.arguments.items() %}<parameter={{ k }}>\n{{ v }}\n"
+             "</parameter>\n{% endfor %}</function>\n</tool_call>{% endfor %}")
+
+
+def _turns(call: str) -> str:
+    return ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}" + call +
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% endif %}")
+
+
 HERMES = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function | tojson }}\n"
           "{% endfor %}Call one as <tool_call>{\"name\": .., \"arguments\": ..}</tool_call>"
-          "<|im_end|>\n{% endif %}" + _TURNS)
+          "<|im_end|>\n{% endif %}" + _turns(_HERMES_CALL))
 XML = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }}\n"
        "{% endfor %}Call one as <tool_call>\n<function=NAME>\n<parameter=P>\nV\n</parameter>"
-       "\n</function>\n</tool_call><|im_end|>\n{% endif %}" + _TURNS)
+       "\n</function>\n</tool_call><|im_end|>\n{% endif %}" + _turns(_XML_CALL))
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",

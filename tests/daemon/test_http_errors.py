@@ -98,6 +98,29 @@ CASES = [
     ("image-part", "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0].image_url", "not_supported"),
+    # each API's own image shape, its errors naming the API's own field
+    ("anthropic-image", "POST", "/v1/messages", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, 400,
+     "messages[0].content[1].source", "not_supported"),
+    ("anthropic-image-no-source", "POST", "/v1/messages", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "image"}]}]}, 400, "messages[0].content[0].source",
+     "missing_field"),
+    ("anthropic-result-image", "POST", "/v1/messages", {"max_tokens": 2, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}]}, 400,
+     "messages[1].content[0].content[0].source.url", "not_supported"),
+    ("responses-image", "POST", "/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]}, 400,
+     "input[0].content[0].image_url", "not_supported"),
+    ("responses-image-file-id", "POST", "/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "file_id": "file-1"}]}]}, 400, "input[0].content[0].file_id",
+     "not_supported"),
+    ("multimodal-data", "POST", "/completion", {"prompt": {
+        "prompt_string": "<__media__>", "multimodal_data": ["iVBORw0KGgo="]}}, 400,
+     "prompt.multimodal_data[0]", "not_supported"),
     ("embeddings", "POST", "/v1/embeddings", {"input": "a"}, 501, None, "not_supported"),
     ("slot-bad-id", "POST", "/slots/99?action=erase", None, 400, "id_slot", None),
     ("slot-bad-action", "POST", "/slots/0?action=burn", None, 400, "action", None),
@@ -111,7 +134,7 @@ CASES = [
     ("context-bad-name", "POST", "/v1/contexts", {"name": "a b", "text": "x"}, 400, "name",
      None),
     ("context-no-source", "POST", "/v1/contexts", {"name": "a"}, 400, "text", None),
-    ("context-unknown", "GET", "/v1/contexts/nope", None, 404, "context", "context_not_found"),
+    ("context-unknown", "GET", "/v1/contexts/nope", None, 404, "name", "context_not_found"),
     ("entries-bad-limit", "GET", "/cache/entries?limit=0", None, 400, "limit", None),
     ("entries-bad-sort", "GET", "/cache/entries?sort=random", None, 400, "sort", None),
     ("delete-bad-key", "DELETE", "/cache/entries/xyz", None, 400, "key", None),

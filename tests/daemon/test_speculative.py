@@ -92,6 +92,62 @@ def test_same_answer_with_a_draft_that_disagrees(tiny_dir, tiny_model, other_dir
     assert drafted > 0 and sum(s.draft_n_accepted for s in stats) < drafted
 
 
+def _shifted_head(src, out):
+    """The model with its output rows shifted by one token: the same states, so its
+    greedy choice is always the model's choice minus one, never the model's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, out)
+    w = load_file(str(out / "model.safetensors"))
+    w["lm_head.weight"] = torch.roll(w["lm_head.weight"], -1, dims=0).contiguous()
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def test_a_draft_that_agrees_is_fully_accepted(tiny_dir, tiny_model):
+    """The model drafting for itself at greedy: every drafted token is the model's own
+    choice, so every one is kept (an acceptance that broke after the first token of a
+    draft would keep fewer)."""
+    tok = Tokenizer.from_dir(tiny_dir)
+    want, _ = run(engine(tiny_model, tok), PROMPTS, GREEDY)
+    got, stats = run(engine(tiny_model, tok, tiny_model), PROMPTS, GREEDY)
+    assert got == want
+    for s in stats:
+        assert s.draft_n > 0 and s.draft_n_accepted == s.draft_n, s.timings()
+
+
+def test_a_draft_that_never_agrees_is_fully_rejected(tiny_dir, tiny_model, tmp_path):
+    tok = Tokenizer.from_dir(tiny_dir)
+    draft = load_model(_shifted_head(tiny_dir, tmp_path / "shifted"))
+    want, _ = run(engine(tiny_model, tok), PROMPTS, GREEDY)
+    got, stats = run(engine(tiny_model, tok, draft), PROMPTS, GREEDY)
+    assert got == want
+    for s in stats:
+        assert s.draft_n > 0 and s.draft_n_accepted == 0, s.timings()
+
+
+def test_a_tiny_draft_for_smollm2_gives_its_tokens(tmp_path):
+    """SmolLM2 served with a draft of another model (a tiny random llama with SmolLM2's
+    vocabulary, `ckptd make-tiny --vocab-of`): the greedy tokens of no draft."""
+    from ckptd.model.default import default_model_path
+    draft = make_tiny("llama", tmp_path / "draft", vocab_of=default_model_path())
+    d = start(None, tmp_path / "cache", "--model-draft", str(draft), "--spec-draft-n-max",
+              "4", "--spec-draft-p-min", "0", "--max-context", "512", "--parallel", "1",
+              env={"OMP_NUM_THREADS": "1"})
+    try:
+        body = {"prompt": "The capital of France is", "n_predict": 16, "temperature": 0,
+                "return_tokens": True, "ignore_eos": True, "cache_prompt": False}
+        on = d.post("/completion", body, timeout=300).json
+        off = d.post("/completion", {**body, "speculative.n_max": 0}, timeout=300).json
+        assert on["tokens"] == off["tokens"] and len(on["tokens"]) == 16
+        t = on["timings"]
+        assert t["draft_n"] > 0 and t["draft_n_accepted"] < t["draft_n"], t
+    finally:
+        assert d.stop() == 0, d.output()
+
+
 def test_hybrid_draft_rewinds_its_own_state(tiny_hybrid_dir, tiny_llama_dir):
     """A hybrid drafting for a llama: the draft's recurrent state goes back to where its
     draft started whenever the model does not keep all of it."""

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from ckptd.model.text.tool_calls.detect import FORMATS, detect
+from ckptd.model.text.tool_calls.detect import FORMATS
 from ckptd.model.text.tool_calls.reply import Delta, ReplyParser, ReplySpec
 
 SCHEMAS = {"get_weather": {"type": "object", "properties": {
@@ -48,6 +48,25 @@ CASES = [
      "", [("ping", {}), ("get_weather", {"days": 4})]),
     ("generic", '{"response": "Hello \\"world\\"\\n"}', 'Hello "world"', []),
     ("generic", "Just text {with braces}.", "Just text {with braces}.", []),
+    ("glm", "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+            "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+     "Let me check.", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("glm", "<tool_call>get_weather<arg_key>city</arg_key><arg_value> a <b> c</arg_value>"
+            "</tool_call><tool_call>ping</tool_call>",
+     "", [("get_weather", {"city": " a <b> c"}), ("ping", {})]),
+    ("functionary_v3_1", 'Sure.<function=get_weather>{"city": "Paris", "days": 3}</function>',
+     "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("functionary_v3_1", '<function=ping>{}</function><function=get_weather>{"zip": "x>y"}'
+                         '</function>', "", [("ping", {}), ("get_weather", {"zip": "x>y"})]),
+    ("functionary_v3_2", 'all\nLet me check.>>>get_weather\n{"city": "Paris"}',
+     "Let me check.", [("get_weather", {"city": "Paris"})]),
+    ("functionary_v3_2", 'get_weather\n{"days": 2}>>>ping\n{}', "",
+     [("get_weather", {"days": 2}), ("ping", {})]),
+    ("functionary_v3_2", "all\nJust text, a >> b.", "Just text, a >> b.", []),
+    ("firefunction_v2", 'Checking. functools[{"name": "get_weather", "arguments": {"city": '
+                        '"Oslo"}}, {"name": "ping", "arguments": {}}]',
+     "Checking.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
+    ("firefunction_v2", "No functools here.", "No functools here.", []),
 ]
 
 
@@ -124,18 +143,15 @@ def test_thinking_goes_to_reasoning(open_at_start):
     assert got["reasoning"] == "first, the city." and got["content"] == ""
 
 
-def test_detect_from_template_source(tmp_path):
-    assert detect("{{ '<tool_call>\\n<function=' }}<parameter=").name == "qwen_xml"
-    assert detect("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}").name == "hermes"
-    assert detect("<|start_header_id|>{% if tools %}{% endif %}").name == "llama3"
-    assert detect(None).name == "generic"
-
-
 @pytest.mark.parametrize("fmt,text", [
     ("llama3", '{\n  "type": "function",\n  "name": "test123", "parameters": {"a": 1}}'),
     ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'),
     ("qwen_xml", "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>"),
-    ("generic", '{"tool_call": {"name": "rm_rf", "arguments": {}}}')])
+    ("generic", '{"tool_call": {"name": "rm_rf", "arguments": {}}}'),
+    ("glm", "<tool_call>rm_rf\n</tool_call>"),
+    ("functionary_v3_1", "<function=rm_rf>{}</function>"),
+    ("functionary_v3_2", "rm_rf\n{}"),
+    ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]')])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -153,20 +169,29 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
          for n, s in SCHEMAS.items()]
 
 
-@pytest.mark.parametrize("fmt,call", [
-    ("hermes", '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'),
-    ("qwen_xml", "<tool_call>\n<function=ping>\n\n</function>\n</tool_call>"),
-    ("llama3", '{"name": "ping", "parameters": {}}'),
-    ("generic", '{"tool_call": {"name": "ping", "arguments": {}}}')])
-def test_required_grammar_takes_calls_only(fmt, call):
+PING = '{"name": "ping", "arguments": {}}'
+
+
+@pytest.mark.parametrize("fmt,call,twice", [
+    ("hermes", f"<tool_call>\n{PING}\n</tool_call>", None),
+    ("qwen_xml", "<tool_call>\n<function=ping>\n\n</function>\n</tool_call>", None),
+    ("llama3", '{"name": "ping", "parameters": {}}', None),
+    ("generic", '{"tool_call": {"name": "ping", "arguments": {}}}', None),
+    ("glm", "<tool_call>ping\n</tool_call>", None),
+    ("functionary_v3_1", "<function=ping>{}</function>", None),
+    ("functionary_v3_2", "ping\n{}", None),
+    ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]")])
+def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]
+    twice = twice or call + f.separator + call
     src = structural_tag(f, TOOLS, "required", None, True, False, False)
-    assert _accepts(src, call) and _accepts(src, call + "\n" + call)
+    assert _accepts(src, call) and _accepts(src, twice)
     assert not _accepts(src, "Sure! " + call) and not _accepts(src, "")
     assert ReplySpec(f, SCHEMAS).parse(call).calls[0].name == "ping"
+    assert [c.name for c in ReplySpec(f, SCHEMAS).parse(twice).calls] == ["ping", "ping"]
     one = structural_tag(f, TOOLS, "required", "ping", True, False, False)
-    assert _accepts(one, call) and not _accepts(one, call + "\n" + call)
+    assert _accepts(one, call) and not _accepts(one, twice)
     thinking = structural_tag(f, TOOLS, "required", None, False, True, True)
     assert _accepts(thinking, "let me see</think>\n\n" + call)
     assert structural_tag(f, TOOLS, "auto", None, True, False, False) is None

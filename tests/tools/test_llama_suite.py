@@ -31,6 +31,10 @@ def test_adapter_maps_llama_server_flags():
     args = translate(["--port", "9", "--temp", "0.8", "--seed", "42", "--hf-repo", "x",
                       "--ctx-size", "512", "--parallel", "2", "--no-slots", "--alias", "a"], {})
     assert args[args.index("--max-context") + 1] == "256" and "--no-metrics" in args
+    assert args[args.index("--drain-timeout") + 1] == "0"    # SIGTERM cancels, as llama-server
+    args = translate(["--ctx-size", "256", "--parallel", "4", "--kv-unified"], {})
+    assert args[args.index("--max-context") + 1] == "256"    # a request may use all of it
+    assert args[args.index("--parallel") + 1] == "4"
     assert args[args.index("--cors-origins") + 1] == "*"
     with pytest.raises(ValueError, match="embeddings"):
         translate(["--embedding"], {})

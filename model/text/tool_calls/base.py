@@ -25,10 +25,13 @@ class ToolCall:
 
 class ToolFormat:
     """One family's call syntax. `tag(name, schema)` is the structural tag (xgrammar's
-    `tag` format) a call of that function is; `separator` goes between parallel calls."""
+    `tag` format) a call of that function is; `separator` goes between parallel calls,
+    `wrap` puts what a format writes around all of them. A format that `frames_content`
+    writes plain answers in a frame of its own, so it reads every answer, tools or not."""
 
     name = ""
     separator = "\n"
+    frames_content = False
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
@@ -38,6 +41,9 @@ class ToolFormat:
 
     def tag(self, name: str, schema: dict) -> dict:
         raise NotImplementedError
+
+    def wrap(self, calls: dict) -> dict:
+        return calls
 
 
 def held(text: str, marker: str) -> int:

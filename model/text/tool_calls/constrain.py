@@ -31,8 +31,8 @@ def structural_tag(fmt: ToolFormat, tools: list[dict], choice: str, named: str |
         fns = [f for f in fns if f["name"] == named]
     tags = [fmt.tag(f["name"], schema(f.get("parameters") or {"type": "object"}))
             for f in fns]
-    body = {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
-            "at_least_one": True, "stop_after_first": named is not None or not parallel}
+    body = fmt.wrap({"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
+                     "at_least_one": True, "stop_after_first": named is not None or not parallel})
     think = {"type": "tag", "begin": "" if open_thinking else OPEN,
              "content": {"type": "any_text"}, "end": CLOSE}
     ws = {"type": "regex", "pattern": r"\s*"}

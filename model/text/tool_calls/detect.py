@@ -1,36 +1,87 @@
-"""Which call syntax a chat template teaches, read from its source as llama.cpp's
-chat-template detection does (the markup the template writes for past calls)."""
+"""Which call syntax a chat template teaches, read from what it renders: a conversation
+with one past call of a probe tool is rendered, and the shape the template writes that
+call in names the format (as llama.cpp's template analysis compares renders). A
+template that writes no tools at all gets the generic format, described in the system
+message; one that writes calls in a syntax of none of these formats (Mistral's
+[TOOL_CALLS], Command R's actions, DeepSeek's, GPT-OSS's channels...) has no format
+here: tools are refused with it rather than read wrong.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from ckptd.model.text.tool_calls.base import ToolFormat
+from ckptd.model.text.tool_calls.firefunction import FireFunctionV2
+from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
+from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml
 
-FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Llama3(), Generic())}
+FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
+                               FunctionaryV32(), FireFunctionV2(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
+_ARGS = {"probe_arg": "probe_value"}
+_ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
+_TOOL = {"type": "function", "function": {
+    "name": PROBE, "description": "a probe", "parameters": {
+        "type": "object", "properties": {"probe_arg": {"type": "string"}}}}}
+# How each format writes the probe call, most specific first
+_SHAPES = [
+    ("qwen_xml", r"<tool_call>\s*<function=ckptd_probe_tool>\s*<parameter=probe_arg>"),
+    ("glm", r"<tool_call>\s*ckptd_probe_tool\s*<arg_key>probe_arg</arg_key>"),
+    ("hermes", r'<tool_call>\s*\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("functionary_v3_1", r'<function=ckptd_probe_tool>\s*\{"probe_arg"'),
+    ("functionary_v3_2", r'>>>\s*ckptd_probe_tool\n\{"probe_arg"'),
+    ("firefunction_v2", r'functools\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
+]
+
+# render(messages, tools) -> the prompt; ValueError when the template refuses them
+Render = Callable[[list[dict], list[dict]], str]
 
 
-def detect(template: str | None) -> ToolFormat:
-    src = template or ""
-    if "<tool_call>" in src and "<function=" in src and "<parameter=" in src:
-        return FORMATS["qwen_xml"]
-    if "<tool_call>" in src:
-        return FORMATS["hermes"]
-    if "<|start_header_id|>" in src and "tools" in src:
-        return FORMATS["llama3"]
-    return FORMATS["generic"]
+@dataclass(frozen=True)
+class ToolSyntax:
+    """What a chat template teaches: its call format (None: one not read here), whether
+    it writes the tools it is given into the prompt, whether it takes a call's
+    arguments as JSON text rather than an object, and how it writes a call."""
+    fmt: ToolFormat | None
+    shows_tools: bool
+    string_arguments: bool = False
+    sample: str = ""
+    thinking: bool = False      # answers may open with a thinking block
 
 
-def shows_tools(render) -> bool:
-    """Whether a template writes the tools it is given into the prompt: `render(tools)`
-    renders one user message with those tools (as llama.cpp probes a template's caps)."""
-    tool = {"type": "function", "function": {"name": PROBE, "description": "",
-                                             "parameters": {"type": "object",
-                                                            "properties": {}}}}
+def _conversation(arguments: object) -> list[dict]:
+    return [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": _ID, "type": "function",
+                "function": {"name": PROBE, "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": _ID, "name": PROBE, "content": "probe_result"}]
+
+
+def _try(render: Render, messages: list[dict], tools: list[dict]) -> str | None:
     try:
-        return PROBE in render([tool])
+        return render(messages, tools)
     except ValueError:
-        return False
+        return None
+
+
+def detect(render: Render) -> ToolSyntax:
+    if PROBE not in (_try(render, [{"role": "user", "content": "hi"}], [_TOOL]) or ""):
+        return ToolSyntax(FORMATS["generic"], False)       # it teaches no syntax
+    text, as_string = _try(render, _conversation(_ARGS), [_TOOL]), False
+    if text is None:            # some templates concatenate the arguments as text
+        text, as_string = _try(render, _conversation(json.dumps(_ARGS)), [_TOOL]), True
+    for name, shape in _SHAPES:
+        if text is not None and re.search(shape, text):
+            return ToolSyntax(FORMATS[name], True, as_string)
+    at = (text or "").rfind(PROBE)
+    sample = text[max(0, at - 40):at + 60] if at >= 0 else ""
+    return ToolSyntax(None, True, as_string, sample)

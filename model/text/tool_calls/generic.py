@@ -57,3 +57,12 @@ def instructions(tools: list[dict]) -> str:
     listed = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
     return (f"Tools (JSON schemas of their arguments):\n{listed}\nTo call one, answer "
             'only {"tool_call": {"name": ..., "arguments": {...}}}.')
+
+
+def written(calls: list[dict]) -> str:
+    """Past calls ([{function: {name, arguments}}]) as the answer that made them: what a
+    template that shows no tools renders for them (it renders no calls itself)."""
+    objs = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in calls]
+    out = {"tool_call": objs[0]} if len(objs) == 1 else {"tool_calls": objs}
+    return json.dumps(out, ensure_ascii=False)

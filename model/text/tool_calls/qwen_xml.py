@@ -15,8 +15,6 @@ parameter once it is closed."""
 
 from __future__ import annotations
 
-import json
-
 from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
@@ -25,39 +23,11 @@ from ckptd.model.text.tool_calls.base import (
     schema_type,
 )
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
+from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member, value
 
 START, END = "<tool_call>", "</tool_call>"
 FUNC, FUNC_END = "<function=", "</function>"
 PARAM, PARAM_END = "<parameter=", "</parameter>"
-_WS = (" ", "\t", "\r", "\n")
-
-
-class Incomplete(Exception):
-    """The text ends inside the call."""
-
-
-def _expect(s: str, i: int, lit: str) -> int:
-    """The index after `lit` at s[i] (after whitespace); Incomplete when the text ends
-    on a prefix of it, ValueError when something else is there."""
-    i = skip_ws(s, i)
-    if s.startswith(lit, i):
-        return i + len(lit)
-    if lit.startswith(s[i:]):
-        raise Incomplete
-    raise ValueError(f"expected {lit!r} at {i}")
-
-
-def _value(raw: str, typ: object) -> object:
-    # one whitespace character (a newline, as models write it) around the value is the
-    # format's, not the value's: more would cut a code value's indentation
-    raw = raw[1:] if raw[:1] in _WS else raw
-    raw = raw[:-1] if raw[-1:] in _WS else raw
-    if typ == "string" or (isinstance(typ, list) and "string" in typ):
-        return raw
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
 
 
 class QwenXml(ToolFormat):
@@ -66,7 +36,7 @@ class QwenXml(ToolFormat):
     def _call(self, s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall | None, int]:
         """The call after START at s[i] and the index after it. When the text ends
         inside it: Incomplete carrying (call so far or None,) as its argument."""
-        j = _expect(s, i, FUNC)
+        j = expect(s, i, FUNC)
         close = s.find(">", j)
         if close < 0 or "\n" in s[j:close]:
             if close < 0 and "\n" not in s[j:]:
@@ -96,14 +66,12 @@ class QwenXml(ToolFormat):
                 if end < 0:
                     raise Incomplete
             except Incomplete:
-                raise Incomplete(ToolCall(name, _args(parts, False), False)) from None
-            value = _value(s[gt + 1:end], schema_type(schemas, name, param))
-            parts.append(f"{json.dumps(param, ensure_ascii=False)}: "
-                         f"{json.dumps(value, ensure_ascii=False)}")
+                raise Incomplete(ToolCall(name, args(parts, False), False)) from None
+            parts.append(member(param, value(s[gt + 1:end], schema_type(schemas, name, param))))
             j = end + len(PARAM_END)
-        call = ToolCall(name, _args(parts, True))
+        call = ToolCall(name, args(parts, True))
         try:
-            j = _expect(s, j, END)
+            j = expect(s, j, END)
         except Incomplete:
             raise Incomplete(call) from None
         return call, j
@@ -124,10 +92,3 @@ class QwenXml(ToolFormat):
         return {"type": "tag", "begin": f"{START}\n{FUNC}{name}>\n",
                 "content": schema_content(schema, "qwen_xml"),
                 "end": f"\n{FUNC_END}\n{END}"}
-
-
-def _args(parts: list[str], done: bool) -> str:
-    """The arguments as JSON text: the closed parameters, and the brace once done."""
-    if not parts:
-        return "{}" if done else ""
-    return "{" + ", ".join(parts) + ("}" if done else "")

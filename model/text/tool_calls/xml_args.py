@@ -1,0 +1,54 @@
+"""What the formats that write each argument in tags of its own share (Qwen3-Coder's
+<parameter=k>, GLM's <arg_key>/<arg_value>): reading a tag that may be cut off, a
+value typed by the function's schema, and the arguments as JSON text built one whole
+argument at a time (a stream sends each once it is closed)."""
+
+from __future__ import annotations
+
+import json
+
+from ckptd.model.text.tool_calls.jsonscan import skip_ws
+
+_WS = (" ", "\t", "\r", "\n")
+
+
+class Incomplete(Exception):
+    """The text ends inside the call."""
+
+
+def expect(s: str, i: int, lit: str) -> int:
+    """The index after `lit` at s[i] (after whitespace); Incomplete when the text ends
+    on a prefix of it, ValueError when something else is there."""
+    i = skip_ws(s, i)
+    if s.startswith(lit, i):
+        return i + len(lit)
+    if lit.startswith(s[i:]):
+        raise Incomplete
+    raise ValueError(f"expected {lit!r} at {i}")
+
+
+def value(raw: str, typ: object, padded: bool = True) -> object:
+    """A value written as text: a string when the schema types it so, else the JSON it
+    reads as (text when it reads as none). `padded`: one whitespace character (a
+    newline, as models write it) around the value is the format's, not the value's;
+    more would cut a code value's indentation."""
+    if padded:
+        raw = raw[1:] if raw[:1] in _WS else raw
+        raw = raw[:-1] if raw[-1:] in _WS else raw
+    if typ == "string" or (isinstance(typ, list) and "string" in typ):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def member(key: str, v: object) -> str:
+    return f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
+
+
+def args(parts: list[str], done: bool) -> str:
+    """The arguments as JSON text: the closed members, and the brace once done."""
+    if not parts:
+        return "{}" if done else ""
+    return "{" + ", ".join(parts) + ("}" if done else "")

@@ -1,0 +1,121 @@
+"""Which call syntax ckptd reads from each of llama.cpp's real chat templates
+(models/templates in its source, extracted from the llama-cpp-python sdist at test
+time): the format per family, as llama.cpp's own tests (tests/test-chat.cpp) expect
+it, and None where the template writes calls in a syntax ckptd does not read (tools
+are refused with it, not read wrong)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckptd.model.text.chat import render_chat
+from ckptd.model.text.tool_calls.detect import detect
+from ckptd.tools import llama_suite
+
+# template -> format; None: its calls are in a syntax of none of ckptd's formats
+EXPECTED = {
+    "Apertus-8B-Instruct": None,
+    "Apriel-1.6-15b-Thinker-fixed": None,
+    "Bielik-11B-v3.0-Instruct": "hermes",
+    "ByteDance-Seed-OSS": None,
+    "Cohere2MoE": None,
+    "CohereForAI-c4ai-command-r-plus-tool_use": "generic",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": None,
+    "GLM-4.6": "glm",
+    "GLM-4.7-Flash": "glm",
+    "GigaChat3-10B-A1.8B": None,
+    "GigaChat3.1-10B-A1.8B": None,
+    "HuggingFaceTB-SmolLM3-3B": "generic",
+    "Kimi-K2-Instruct": None,
+    "Kimi-K2-Thinking": None,
+    "Kimi-K3": None,
+    "LFM2-8B-A1B": None,
+    "LFM2.5-8B-A1B": "generic",
+    "LFM2.5-Instruct": None,
+    "MiMo-VL": "hermes",
+    "MiniMax-M1": None,
+    "MiniMax-M2": None,
+    "MiniMax-M3": None,
+    "Mistral-Small-3.2-24B-Instruct-2506": None,
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml",
+    "NVIDIA-Nemotron-Nano-v2": None,
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
+    "Qwen-QwQ-32B": "hermes",
+    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+    "Qwen-Qwen3-0.6B": "hermes",
+    "Qwen3-Coder": "qwen_xml",
+    "Qwen3.5-4B": "qwen_xml",
+    "Reka-Edge": "hermes",
+    "Spark2.5": "glm",
+    "StepFun3.5-Flash": "qwen_xml",
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "generic",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "generic",
+    "deepseek-ai-DeepSeek-V3.1": "generic",
+    "deepseek-ai-DeepSeek-V3.2": None,
+    "deepseek-ai-DeepSeek-V4-Flash-0731": None,
+    "deepseek-ai-DeepSeek-V4": None,
+    "fireworks-ai-llama-3-firefunction-v2": "firefunction_v2",
+    "google-gemma-2-2b-it": "generic",
+    "google-gemma-4-31B-it-interleaved": None,
+    "google-gemma-4-31B-it": None,
+    "ibm-granite-granite-3.3-2B-Instruct": None,
+    "ibm-granite-granite-4.0": "hermes",
+    "ibm-granite-granite-4.1": "hermes",
+    "inclusionai-ling-3.0-flash": "glm",
+    "llama-cpp-deepseek-r1": "generic",
+    "llama-cpp-rwkv-world": "generic",
+    "meetkai-functionary-medium-v3.1": "functionary_v3_1",
+    "meetkai-functionary-medium-v3.2": "functionary_v3_2",
+    "meta-llama-Llama-3.1-8B-Instruct": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct": "llama3",
+    "meta-llama-Llama-3.3-70B-Instruct": "llama3",
+    "microsoft-Phi-3.5-mini-instruct": "generic",
+    "mistralai-Ministral-3-14B-Reasoning-2512": None,
+    "mistralai-Mistral-Nemo-Instruct-2407": None,
+    "moonshotai-Kimi-K2": None,
+    "muse-glimmer": None,
+    "openai-gpt-oss-120b": None,
+    "openbmb-MiniCPM5-1B": None,
+    "poolside-Laguna-S-2.1": "generic",
+    "poolside-Laguna-XS-2.1": "generic",
+    "poolside-Laguna-XS.2": "generic",
+    "tencent-Hy3": None,
+    "unsloth-Apriel-1.5": None,
+    "unsloth-mistral-Devstral-Small-2507": None,
+    "upstage-Solar-Open-100B": None,
+}
+
+
+@pytest.fixture(scope="session")
+def llama_templates() -> Path:
+    """A failure, not a skip, when they can't be had: CI never passes without them."""
+    try:
+        return llama_suite.fetch_templates(llama_suite.ROOT / "third_party")
+    except RuntimeError as e:
+        pytest.fail(f"cannot fetch llama.cpp's chat templates: {e}")
+
+
+def _render(source: str):
+    def render(messages: list[dict], tools: list[dict]) -> str:
+        # what Service.render_chat gives a template
+        return render_chat(source, messages, True, tools=tools, functions=json.dumps(tools),
+                           datetime="Nov 26 2026", date_string="26 Nov 2026",
+                           bos_token="<s>", eos_token="</s>", enable_thinking=True)
+    return render
+
+
+def test_every_template_has_its_expectation(llama_templates):
+    assert {p.stem for p in llama_templates.glob("*.jinja")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_format_per_template_family(llama_templates, name):
+    syntax = detect(_render((llama_templates / f"{name}.jinja").read_text()))
+    got = syntax.fmt.name if syntax.fmt is not None else None
+    assert got == EXPECTED[name]
+    if got is None:                  # refused with what the template writes, as a hint
+        assert syntax.shows_tools
