@@ -66,7 +66,7 @@ def stray_tensors(model, device) -> list[str]:
     """Every tensor the model holds that is not on `device`, by where it is held:
     parameters and buffers, and what modules keep besides (kept GGUF bytes, fused and
     packed weights, index tensors). Empty when the model is all on its device."""
-    import torch
+    import torch  # here: check_names serves the flags without torch
     from torch import nn
 
     device = torch.device(device)

@@ -20,6 +20,10 @@ import torch
 
 from ckptd.kernels.launch import GATE_TARGETS, SHARED_LIMIT, Target
 from ckptd.kernels.quant.formats import FORMATS
+from ckptd.tools.gate.capture import capture
+from ckptd.tools.gate.compile import compile_all
+from ckptd.tools.gate.models import KEPT_MODELS, MODELS
+from ckptd.tools.gate.steps import meta_model, run_all
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -36,7 +40,6 @@ class Plan:
     external: bool = False      # fla's kernels through kernels/external/fla.py too
 
     def __post_init__(self) -> None:
-        from ckptd.tools.gate.models import MODELS
         self.models = self.models or tuple(MODELS)
 
 
@@ -69,7 +72,6 @@ def _group(job) -> tuple:
 
 def _cases(plan: Plan) -> Iterable[tuple[str, str, str | None, torch.dtype]]:
     """(model, dtype label, kept format or None, dtype)."""
-    from ckptd.tools.gate.models import KEPT_MODELS
     for name in plan.models:
         for label in plan.dtypes:
             yield name, label, None, DTYPES[label]
@@ -81,9 +83,6 @@ def _cases(plan: Plan) -> Iterable[tuple[str, str, str | None, torch.dtype]]:
 
 def collect(plan: Plan, gate: Gate | None = None) -> Gate:
     """Capture every launch of the plan (no compile yet)."""
-    from ckptd.tools.gate.capture import capture
-    from ckptd.tools.gate.models import MODELS
-    from ckptd.tools.gate.steps import meta_model, run_all
 
     gate = gate or Gate()
     for name, label, fmt, dtype in _cases(plan):
@@ -95,7 +94,6 @@ def collect(plan: Plan, gate: Gate | None = None) -> Gate:
 
 
 def run(plan: Plan, workers: int = 2, progress=lambda done, total: None) -> Gate:
-    from ckptd.tools.gate.compile import compile_all
 
     gate = collect(plan)
     gate.results = compile_all(list(gate.uses), workers, progress)

@@ -11,13 +11,15 @@ import tempfile
 import time
 
 from ckptd.kernels.launch import GATE_TARGETS
+from ckptd.kernels.quant.formats import FORMATS
 from ckptd.tools import gate as gate_mod
 from ckptd.tools.gate import DTYPES, Plan
+from ckptd.tools.gate.compile import compile_all
+from ckptd.tools.gate.models import MODELS
+from ckptd.tools.gate.report import markdown, rows
 
 
 def _args(argv):
-    from ckptd.kernels.quant.formats import FORMATS
-    from ckptd.tools.gate.models import MODELS
 
     p = argparse.ArgumentParser(prog="python -m ckptd.tools.gate", description=__doc__)
     p.add_argument("--workers", type=int, default=2, help="compiling processes (default 2)")
@@ -56,8 +58,6 @@ def main(argv=None) -> int:
         gate.uses = {j: u for j, u in gate.uses.items()
                      if any(k in j.kernel for k in split(a.kernels))}
     t1 = time.perf_counter()
-    from ckptd.tools.gate.compile import compile_all
-    from ckptd.tools.gate.report import markdown, rows
 
     def progress(done, total):
         if done % 25 == 0 or done == total:

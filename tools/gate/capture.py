@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from triton.runtime import autotuner, jit
 
-from ckptd.kernels import launch
+from ckptd.kernels import dispatch, launch
 
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
           torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
@@ -84,7 +85,6 @@ def _record(fn, args, kwargs, cc: int, tuned_keys: frozenset | None) -> Launch:
 @contextmanager
 def recording(cc: int) -> Iterator[list[Launch]]:
     """Within: `kernel[grid](...)` records its compile instead of launching."""
-    from triton.runtime import autotuner, jit
 
     seen: list[Launch] = []
     tuning: list[frozenset] = []        # the keys an autotune config sets, while in one
@@ -115,7 +115,6 @@ def triton_dispatch(external: bool = False) -> Iterator[None]:
     """Every op of kernels/dispatch.py takes its Triton launcher (as on CUDA); with
     `external`, prefill's gated delta rule takes fla's (kernels/external/fla.py, where
     fla-core is installed), else the optional kernels are left out."""
-    from ckptd.kernels import dispatch
 
     saved = dispatch.use_triton, dispatch.use_external
     dispatch.use_triton = lambda x: True

@@ -15,6 +15,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
 from ckptd.tools.gate.capture import Launch
 
 
@@ -32,9 +36,6 @@ def _cpu() -> float:
 
 
 def compile_one(job: Launch) -> Result:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     t0 = _cpu()
     fn = getattr(importlib.import_module(job.module), job.name)
