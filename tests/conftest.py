@@ -10,6 +10,12 @@ import os
 import pytest
 import torch
 
+# Triton reads TRITON_INTERPRET when it is first imported, and the conftest below imports
+# fla (through transformers), which imports Triton: set it first where there is no GPU,
+# as tests/kernels/conftest.py says the kernel tests need
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 from ckptd.tools.make_tiny import make_tiny
 
 # Every daemon a test starts (a child process inherits this) checks the cache's

@@ -46,7 +46,8 @@ def available() -> bool:
 
 def supports(memory: torch.Tensor, q: torch.Tensor, block_size: int) -> bool:
     """A head-major fp32 pool on the CPU (layout.head_major's view), fp32 queries."""
-    return (memory.device.type == "cpu" and memory.dtype == torch.float32
+    return (memory.device.type == "cpu" and q.device.type == "cpu"
+            and memory.dtype == torch.float32
             and q.dtype == torch.float32 and memory.is_contiguous()
             and block_size <= MAX_BLOCK and available())
 
@@ -65,12 +66,14 @@ def attend(q: torch.Tensor, memory: torch.Tensor, layer: int, table: torch.Tenso
     if table.numel() < pages:
         raise ValueError(f"a page table of {table.numel()} pages for {n} keys")
     qh = q.reshape(Hkv, R, D).contiguous()
-    out = torch.empty(Hkv, R, D, dtype=torch.float32)
-    lse = torch.empty(Hkv, R, dtype=torch.float32)
+    # on q's device by name: under a meta default device a bare torch.empty would hand
+    # the C code a null pointer
+    out = torch.empty(Hkv, R, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(Hkv, R, dtype=torch.float32, device=q.device)
     threads = torch.get_num_threads()
     splits = max(1, min(pages // _MIN_PAGES, -(-_ITEMS_PER_THREAD * threads // Hkv)))
     splits = min(splits, pages)
-    work = torch.empty(Hkv * splits * R * (D + 2), dtype=torch.float32)
+    work = torch.empty(Hkv * splits * R * (D + 2), dtype=torch.float32, device=q.device)
     kv = memory[layer]
     library.lib.ckpa_attend(qh.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), rows * D,
                      table.data_ptr(), n, block_size, D, Hkv, R, scale, splits,
