@@ -1,8 +1,8 @@
 """Moving KV and recurrent state in Triton: write new tokens' K/V into their pages,
-and copy whole pages or state slots between a pool and a contiguous buffer.
+and copy whole pages or state cells between a pool and a contiguous buffer.
 
 A pool is [P, *row] with each row contiguous: the KV pool's rows are pages
-[n_attn, 2, B, Hkv, D], the conv / ssm pools' rows are slots. A copy program moves
+[n_attn, 2, B, Hkv, D], the conv / ssm pools' rows are cells. A copy program moves
 BLOCK elements of one row.
 """
 
@@ -73,7 +73,7 @@ def _row_numel(pool: torch.Tensor) -> int:
         raise ValueError(f"a pool is [P, ...], got {tuple(pool.shape)}")
     numel = pool[0].numel()
     if not pool[0].is_contiguous():
-        raise ValueError("each row (page / slot) of the pool must be contiguous")
+        raise ValueError("each row (page / cell) of the pool must be contiguous")
     return numel
 
 

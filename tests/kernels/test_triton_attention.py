@@ -1,4 +1,4 @@
-"""Triton paged attention, KV writes and page / slot copies against the references."""
+"""Triton paged attention, KV writes and page / cell copies against the references."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_pages_and_states_round_trip(device):
     dispatch.scatter_pages(other, torch.tensor(ids), pages)
     naive.scatter_pages(want, ids, pages)
     assert torch.equal(other, want)
-    ssm = torch.randn(5, 3, 4, 24, 40, generator=g).to(device)   # [slots, n_rec, H, K, V]
+    ssm = torch.randn(5, 3, 4, 24, 40, generator=g).to(device)   # [cells, n_rec, H, K, V]
     states = dispatch.gather_states(ssm, [3, 0])
     assert torch.equal(states, ssm[[3, 0]])
     conv = torch.zeros(5, 3, 40, 3, dtype=torch.float16, device=device)
