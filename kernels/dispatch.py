@@ -159,10 +159,10 @@ def causal_conv1d_update_cells(x, conv_pool, state_indices, weight, bias=None,
 # attention over paged KV, and moving pages / state cells
 
 
-def write_kv(kv_pool, layer, slots, k, v):
-    """k, v [N, Hkv, D] into flat slots [N] of `layer`, in place."""
+def write_kv(kv_pool, layer, kv_index, k, v):
+    """k, v [N, Hkv, D] into flat positions kv_index [N] of `layer`, in place."""
     impl = _fast("paged_attention.triton_pages") if use_triton(kv_pool) else attn_ref
-    impl.write_kv(kv_pool, layer, slots, k, v)
+    impl.write_kv(kv_pool, layer, kv_index, k, v)
 
 
 def _attention_impl(q):

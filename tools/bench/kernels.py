@@ -194,12 +194,12 @@ def _attention_cases(s: Sizes, dev, dt) -> Iterator[Case]:
                lambda: naive.paged_decode_attention(qd, dpool, 0, tables, lens, scale),
                flops, nbytes)
     kn = torch.randn(s.T, s.Hkv, s.D, device=dev, dtype=dt)
-    slots = (table.long()[torch.arange(s.T, device=dev) // s.B] * s.B
-             + torch.arange(s.T, device=dev) % s.B)
+    kv_index = (table.long()[torch.arange(s.T, device=dev) // s.B] * s.B
+                + torch.arange(s.T, device=dev) % s.B)
     nbytes = 4 * kn.numel() * kn.element_size()
-    yield Case("write_kv", "triton", lambda: triton_pages.write_kv(pool, 0, slots, kn, kn), 0,
+    yield Case("write_kv", "triton", lambda: triton_pages.write_kv(pool, 0, kv_index, kn, kn), 0,
                nbytes)
-    yield Case("write_kv", "torch", lambda: naive.write_kv(pool, 0, slots, kn, kn), 0, nbytes)
+    yield Case("write_kv", "torch", lambda: naive.write_kv(pool, 0, kv_index, kn, kn), 0, nbytes)
     ids = table[: max(1, n_pages // 2)]
     nbytes = 2 * len(ids) * pool[0].numel() * pool.element_size()
     yield Case("gather_pages", "triton", lambda: triton_pages.gather_rows(pool, ids), 0, nbytes)
