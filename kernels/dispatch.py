@@ -147,22 +147,22 @@ def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
                                      activation)
 
 
-def causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias=None,
+def causal_conv1d_update_cells(x, conv_pool, state_indices, weight, bias=None,
                                activation="silu"):
     """One token per sequence: x [N, C]; conv_pool [S, C, K-1] advanced in place at
     state_indices [N]. Returns y [N, C]."""
     impl = _fast("conv1d.triton_conv") if use_triton(x) else conv_varlen_ref
-    return impl.causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias,
+    return impl.causal_conv1d_update_cells(x, conv_pool, state_indices, weight, bias,
                                            activation)
 
 
-# attention over paged KV, and moving pages / state slots
+# attention over paged KV, and moving pages / state cells
 
 
-def write_kv(kv_pool, layer, slots, k, v):
-    """k, v [N, Hkv, D] into flat slots [N] of `layer`, in place."""
+def write_kv(kv_pool, layer, kv_index, k, v):
+    """k, v [N, Hkv, D] into flat positions kv_index [N] of `layer`, in place."""
     impl = _fast("paged_attention.triton_pages") if use_triton(kv_pool) else attn_ref
-    impl.write_kv(kv_pool, layer, slots, k, v)
+    impl.write_kv(kv_pool, layer, kv_index, k, v)
 
 
 def _attention_impl(q):
@@ -212,14 +212,14 @@ def scatter_pages(kv_pool, page_ids, pages):
         attn_ref.scatter_pages(kv_pool, page_ids, pages)
 
 
-def gather_states(pool, slot_ids):
-    """Contiguous copy of state slots of a conv or ssm pool [S, ...]: [n, ...]."""
-    return gather_pages(pool, slot_ids)
+def gather_states(pool, cell_ids):
+    """Contiguous copy of state cells of a conv or ssm pool [S, ...]: [n, ...]."""
+    return gather_pages(pool, cell_ids)
 
 
-def scatter_states(pool, slot_ids, states):
-    """State slots [n, ...] into a conv or ssm pool [S, ...] at slot_ids, in place."""
-    scatter_pages(pool, slot_ids, states)
+def scatter_states(pool, cell_ids, states):
+    """State cells [n, ...] into a conv or ssm pool [S, ...] at cell_ids, in place."""
+    scatter_pages(pool, cell_ids, states)
 
 
 # norms, rotary, activation
@@ -301,7 +301,7 @@ def step_conv1d(x, weight, conv_pool, varlen, bias=None):
     """x [N, C]: the step's tokens; conv_pool [S, C, K-1] read and written in place at
     varlen.state_indices; bias [C] or None. Returns y [N, C] (silu)."""
     if varlen.decode_only:
-        return causal_conv1d_update_slots(x, conv_pool, varlen.state_indices, weight, bias)
+        return causal_conv1d_update_cells(x, conv_pool, varlen.state_indices, weight, bias)
     return causal_conv1d_varlen(x, weight, bias, varlen, conv_pool, varlen.state_indices)
 
 

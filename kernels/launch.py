@@ -199,7 +199,7 @@ def swiglu(t: Target) -> Launch:
 # matmuls over grouped experts and kept (GGUF-format) weights (kernels/moe, kernels/quant)
 
 
-def grouped_rows(n_slots: int, n_experts: int) -> int:
+def grouped_rows(n_pairs: int, n_experts: int) -> int:
     """Rows per block of the grouped GEMM: 64. A decode step's expert gets a row or two of
     a block, but reading (and dequantizing) the expert's weights is the work there, the
     block's idle rows cost tensor-core time only; one block size is one compile."""

@@ -3,7 +3,7 @@
 Each name routes per call (kernels/dispatch.py): the Triton kernel when its
 tensors are on CUDA, or when CKPTD_KERNELS=triton; the plain-torch reference in
 kernels/<op>/naive.py otherwise, or when CKPTD_KERNELS=torch. The *_varlen,
-*_slots and decode forms take packed sequences and update state pools in place.
+*_cells and decode forms take packed sequences and update state pools in place.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ckptd.kernels.dispatch import (
     apply_rotary,
     causal_conv1d,
     causal_conv1d_update,
-    causal_conv1d_update_slots,
+    causal_conv1d_update_cells,
     causal_conv1d_varlen,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_varlen,
@@ -48,7 +48,7 @@ from ckptd.kernels.dispatch import (
 )
 
 __all__ = [
-    "apply_rotary", "causal_conv1d", "causal_conv1d_update", "causal_conv1d_update_slots",
+    "apply_rotary", "causal_conv1d", "causal_conv1d_update", "causal_conv1d_update_cells",
     "causal_conv1d_varlen", "chunk_gated_delta_rule", "chunk_gated_delta_rule_varlen",
     "gated_delta_decode", "gated_rms_norm", "gather_pages", "gather_states", "l2norm",
     "moe_experts", "mrope_cos_sin", "paged_attention", "paged_attention_varlen",

@@ -2,7 +2,7 @@
 
 A step runs n sequences' chunks packed into one flat token dimension N; sequence i
 is tokens cu[i]:cu[i+1], starts after ctx_lens[i] tokens of state, and keeps its
-recurrent state in pool slot state_indices[i]. A `Varlen` carries this twice: host
+recurrent state in pool cell state_indices[i]. A `Varlen` carries this twice: host
 ints, which decide launch shapes (grids, loop bounds) without reading the device,
 and device tensors, which the kernels read. The runner builds it once per step with
 one host-to-device copy (model/runner.py), so no layer syncs with the host.
@@ -27,7 +27,7 @@ class Varlen:
     tables: tuple                  # host int32 [pages] page table of each sequence
     cu_seqlens: torch.Tensor       # int32 [n + 1] on the device
     ctx_lens: torch.Tensor         # int32 [n]
-    state_indices: torch.Tensor    # int64 [n]: recurrent state slots
+    state_indices: torch.Tensor    # int64 [n]: recurrent state cells
     page_tables: torch.Tensor      # int32 [n, max_pages], zero-padded
     chunk_bos: torch.Tensor        # int32 [chunks]: first token of each CHUNK-long chunk
     chunk_eos: torch.Tensor        # int32 [chunks]: one past its last

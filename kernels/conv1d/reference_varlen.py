@@ -1,6 +1,6 @@
 """Packed-sequence and state-pool forms of the causal conv1d, plain torch: loops over
 naive.py. The references for triton_conv.causal_conv1d_varlen and
-triton_conv.causal_conv1d_update_slots; same arguments, same in-place updates.
+triton_conv.causal_conv1d_update_cells; same arguments, same in-place updates.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
                          f"got {len(state_indices)}")
     y = torch.empty_like(x)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
-        slot = int(state_indices[i])
-        y[a:b], conv_pool[slot] = naive.causal_conv1d(x[a:b], weight, bias, conv_pool[slot],
+        cell = int(state_indices[i])
+        y[a:b], conv_pool[cell] = naive.causal_conv1d(x[a:b], weight, bias, conv_pool[cell],
                                                       activation)
     return y
 
 
-def causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias=None,
+def causal_conv1d_update_cells(x, conv_pool, state_indices, weight, bias=None,
                                activation="silu"):
     """x [N, C]; conv_pool [S, C, K-1] advanced in place at state_indices int [N].
     Returns y [N, C]."""

@@ -2,7 +2,7 @@
 
 y[t, c] = act(bias[c] + sum_j weight[c, j] * xs[t + j]) with xs = concat(state, x),
 the state being the last K-1 inputs before the chunk (oldest first), as in naive.py.
-States live in a pool [num_slots, C, K-1] read and written in place at each
+States live in a pool [num_cells, C, K-1] read and written in place at each
 sequence's state index. A program reads the old state before any program writes
 the new one: prefill computes y in one launch and the new states in a second one;
 the decode kernel loads its window, then syncs its threads, then stores.
@@ -35,7 +35,7 @@ def _conv_prefill_kernel(x, w, bias, y, pool, state_idx, cu_seqlens, C, stride_p
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     if bos + i_t * BT < eos:
-        slot = tl.load(state_idx + i_n).to(tl.int64)
+        cell = tl.load(state_idx + i_n).to(tl.int64)
         local = i_t * BT + tl.arange(0, BT)          # token index inside the sequence
         cc = i_c * BC + tl.arange(0, BC)
         mt = (bos + local) < eos
@@ -49,7 +49,7 @@ def _conv_prefill_kernel(x, w, bias, y, pool, state_idx, cu_seqlens, C, stride_p
             in_s = mt & (src < 0)
             xv = tl.load(x + (bos + src)[:, None] * C + cc[None, :],
                          mask=in_x[:, None] & mc[None, :], other=0.).to(tl.float32)
-            sv = tl.load(pool + slot * stride_pool + cc[None, :] * (KW - 1)
+            sv = tl.load(pool + cell * stride_pool + cc[None, :] * (KW - 1)
                          + (src + KW - 1)[:, None], mask=in_s[:, None] & mc[None, :], other=0.)
             wj = tl.load(w + cc * KW + j, mask=mc, other=0.).to(tl.float32)
             acc += (xv + sv.to(tl.float32)) * wj[None, :]
@@ -66,7 +66,7 @@ def _conv_state_kernel(x, pool, state_idx, cu_seqlens, C, stride_pool,
     i_c = tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
+    cell = tl.load(state_idx + i_n).to(tl.int64)
     j = tl.arange(0, BS)
     cc = i_c * BC + tl.arange(0, BC)
     mc = cc < C
@@ -75,7 +75,7 @@ def _conv_state_kernel(x, pool, state_idx, cu_seqlens, C, stride_pool,
     m_x = mc[:, None] & (mj & (src >= 0))[None, :]
     m_s = mc[:, None] & (mj & (src < 0))[None, :]
     xv = tl.load(x + (bos + src)[None, :] * C + cc[:, None], mask=m_x, other=0.)
-    p_s = pool + slot * stride_pool + cc[:, None] * (KW - 1)
+    p_s = pool + cell * stride_pool + cc[:, None] * (KW - 1)
     sv = tl.load(p_s + (src + KW - 1)[None, :], mask=m_s, other=0.)
     new = tl.where(m_x, xv.to(pool.dtype.element_ty), sv)
     tl.debug_barrier()      # every thread has read the old state before any writes
@@ -88,11 +88,11 @@ def _conv_update_kernel(x, w, bias, y, pool, state_idx, C, stride_pool,
                         HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     i_c = tl.program_id(1)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
+    cell = tl.load(state_idx + i_n).to(tl.int64)
     j = tl.arange(0, BW)                        # window: KW-1 state entries, then x
     cc = i_c * BC + tl.arange(0, BC)
     mc = cc < C
-    p_s = pool + slot * stride_pool + cc[:, None] * (KW - 1)
+    p_s = pool + cell * stride_pool + cc[:, None] * (KW - 1)
     m_s = mc[:, None] & (j < KW - 1)[None, :]
     sv = tl.load(p_s + j[None, :], mask=m_s, other=0.)
     xv = tl.load(x + i_n * C + cc, mask=mc, other=0.)                   # [BC]
@@ -130,8 +130,8 @@ def _check(x, weight, bias, pool) -> tuple[int, int]:
     if bias is not None and bias.shape != (C,):
         raise ValueError(f"bias must be [{C}], got {tuple(bias.shape)}")
     if pool.dim() != 3 or pool.shape[1:] != (C, KW - 1) or pool.stride()[1:] != (KW - 1, 1):
-        raise ValueError(f"state pool must be [slots, {C}, {KW - 1}], contiguous inside a "
-                         f"slot, got {tuple(pool.shape)} strides {pool.stride()}")
+        raise ValueError(f"state pool must be [cells, {C}, {KW - 1}], contiguous inside a "
+                         f"cell, got {tuple(pool.shape)} strides {pool.stride()}")
     return C, KW
 
 
@@ -170,7 +170,7 @@ def causal_conv1d_varlen(x, weight, bias, cu_seqlens, conv_pool, state_indices,
     return y
 
 
-def causal_conv1d_update_slots(x, conv_pool, state_indices, weight, bias=None,
+def causal_conv1d_update_cells(x, conv_pool, state_indices, weight, bias=None,
                                activation="silu"):
     """One decode token per sequence: x [N, C]; conv_pool [S, C, K-1]; state_indices int
     [N]. Advances conv_pool[state_indices[n]] in place; returns y [N, C] in x's dtype."""
@@ -215,5 +215,5 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation="silu"):
     if conv_state.dim() != 3:
         raise ValueError(f"need conv_state [N, C, K-1], got {tuple(conv_state.shape)}")
     pool = conv_state.to(x.dtype).contiguous().clone()
-    y = causal_conv1d_update_slots(x, pool, list(range(pool.shape[0])), weight, bias, activation)
+    y = causal_conv1d_update_cells(x, pool, list(range(pool.shape[0])), weight, bias, activation)
     return y, pool

@@ -1,6 +1,6 @@
 """flash-linear-attention's chunked gated delta rule (`fla-core`, installed with
 `pip install ckptd[gpu]`), behind ckptd's varlen signature: a prefill step's sequences
-in one call. fla keeps no state pool, so the step's slots are gathered into its
+in one call. fla keeps no state pool, so the step's cells are gathered into its
 initial state [n, H, K, V] and its final state is written back (fp32, in place).
 
 Same arguments as gated_delta.chunk.chunk_gated_delta_rule_varlen; tested against

@@ -10,7 +10,7 @@ Qwen3.5's K = V = 128, checked by the compile gate, tests/kernels/test_compile_g
 3. chunk_state.py `_output_kernel`, all chunks in parallel: o from h and v_new.
 
 Dots take operands in v's dtype (bf16 on a bf16 model, on tensor cores) and accumulate
-in fp32; so do w, u, v_new and h. Recurrent states live in a pool [num_slots, H, K, V]
+in fp32; so do w, u, v_new and h. Recurrent states live in a pool [num_cells, H, K, V]
 fp32; sequence n starts from pool[state_indices[n]] and its final state is written back
 there (in place).
 """
@@ -35,12 +35,12 @@ def check_varlen(q, k, v, g, beta, cu_seqlens, state_pool, state_indices) -> lis
     if g.shape != (N, H) or beta.shape != (N, H):
         raise ValueError(f"need g, beta [{N}, {H}], got {tuple(g.shape)}, {tuple(beta.shape)}")
     if state_pool.dim() != 4 or state_pool.shape[1:] != (H, K, V):
-        raise ValueError(f"state_pool must be [slots, {H}, {K}, {V}], "
+        raise ValueError(f"state_pool must be [cells, {H}, {K}, {V}], "
                          f"got {tuple(state_pool.shape)}")
     if state_pool.dtype != torch.float32:
         raise ValueError(f"state_pool must be float32, got {state_pool.dtype}")
     if state_pool.stride()[1:] != (K * V, V, 1):
-        raise ValueError("state_pool must be contiguous inside a slot")
+        raise ValueError("state_pool must be contiguous inside a cell")
     cu = host_cu(cu_seqlens)
     if not cu or cu[0] != 0 or cu[-1] != N or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"cu_seqlens must rise from 0 to {N}, got {cu}")
@@ -59,7 +59,7 @@ def chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, stat
 
     q, k [N, H, K] (L2-normalized); v [N, H, V]; g [N, H] log decay; beta [N, H];
     cu_seqlens int [n + 1] or a Varlen (sequence i is tokens cu[i]:cu[i+1]); state_pool [S, H, K, V]
-    fp32 (slots contiguous inside); state_indices int [n]. Sequence i starts from
+    fp32 (cells contiguous inside); state_indices int [n]. Sequence i starts from
     state_pool[state_indices[i]] and leaves its final state there. Returns o [N, H, V]
     in v's dtype.
     """

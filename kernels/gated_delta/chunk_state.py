@@ -6,7 +6,7 @@
    for stage 3), then
        v_new = u - w S                      -> v_new [N, H, V]
        S = S exp(gc_last) + k^T (v_new exp(gc_last - gc))
-   and leaves the final S in the sequence's pool slot.
+   and leaves the final S in the sequence's pool cell.
 3. `_output_kernel`, one program per (chunk, head, block of BV columns), all chunks in
    parallel: o = scale (q exp(gc)) h + scale (q k^T exp(gc_i - gc_j), causal) v_new.
 
@@ -30,7 +30,7 @@ def _state_kernel(k, w, u, gc, v_new, h, pool, state_idx, cu_seqlens, H, stride_
     DT = w.dtype.element_ty
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
+    cell = tl.load(state_idx + i_n).to(tl.int64)
     # this sequence's first chunk among the step's (varlen.chunk_bounds' order)
     c0 = bos * 0
     for j in range(0, i_n):
@@ -44,7 +44,7 @@ def _state_kernel(k, w, u, gc, v_new, h, pool, state_idx, cu_seqlens, H, stride_
     m3 = (ck + 2 * BK < K)[:, None] & mv[None, :]
     m4 = (ck + 3 * BK < K)[:, None] & mv[None, :]
     o_s = ck[:, None] * V + cv[None, :]
-    p_s = pool + slot * stride_pool + i_h * K * V + o_s
+    p_s = pool + cell * stride_pool + i_h * K * V + o_s
     s1 = tl.load(p_s, mask=m1, other=0.)
     if K > BK:
         s2 = tl.load(p_s + BK * V, mask=m2, other=0.)
@@ -150,7 +150,7 @@ def _output_kernel(q, k, v_new, h, gc, o, chunk_bos, chunk_eos, scale, H,
 
 
 def states(k, w, u, gc, v_new, h, pool, state_idx, cu_seqlens, n: int, launch) -> None:
-    """Stage 2 for n sequences: v_new, h and the pool's slots, in place."""
+    """Stage 2 for n sequences: v_new, h and the pool's cells, in place."""
     _, H, K = k.shape
     V = u.shape[2]
     grid = (n, H, triton.cdiv(V, launch["BV"]))

@@ -3,8 +3,8 @@
 One program per (sequence, head, block of V columns) keeps S [K, BV] in registers
 and walks the sequence's tokens; per token, as in naive.recurrent_gated_delta_rule:
     S = S exp(g_t); u = (v_t - k_t^T S) beta_t; S += k_t u^T; o_t = scale q_t^T S.
-States live in a pool [num_slots, H, K, V] fp32 read and written in place, so a
-server's decode step updates its sequences' slots without gathering them.
+States live in a pool [num_cells, H, K, V] fp32 read and written in place, so a
+server's decode step updates its sequences' cells without gathering them.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ def _recurrent_kernel(q, k, v, g, beta, o, pool, state_idx, cu_seqlens, scale, H
     i_v = tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
+    cell = tl.load(state_idx + i_n).to(tl.int64)
     ch = i_hb * BH + tl.arange(0, BH)
     ck = tl.arange(0, BK)
     cv = i_v * BV + tl.arange(0, BV)
     mh = ch < H
     mk = mh[:, None] & (ck < K)[None, :]                                 # [BH, BK]
     mv = mh[:, None] & (cv < V)[None, :]                                 # [BH, BV]
-    p_s = pool + slot * stride_pool + (ch * K * V)[:, None, None] \
+    p_s = pool + cell * stride_pool + (ch * K * V)[:, None, None] \
         + (ck * V)[None, :, None] + cv[None, None, :]
     m_s = mk[:, :, None] & mv[:, None, :]
     b_s = tl.load(p_s, mask=m_s, other=0.).to(tl.float32)                 # [BH, BK, BV]
@@ -71,7 +71,7 @@ def recurrent_gated_delta_rule_varlen(q, k, v, g, beta, cu_seqlens, state_pool, 
     """Several packed sequences, token by token.
 
     q, k [N, H, K] (L2-normalized); v [N, H, V]; g [N, H] log decay; beta [N, H];
-    cu_seqlens int [n + 1]; state_pool [S, H, K, V] fp32 (slots contiguous inside);
+    cu_seqlens int [n + 1]; state_pool [S, H, K, V] fp32 (cells contiguous inside);
     state_indices int [n]: sequence i starts from state_pool[state_indices[i]] and leaves
     its final state there. Returns o [N, H, V] in v's dtype.
     """

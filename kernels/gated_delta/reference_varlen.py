@@ -20,9 +20,9 @@ def _loop(rule, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, scale):
                          f"got {len(state_indices)}")
     o = torch.empty(q.shape[0], *v.shape[1:], dtype=v.dtype, device=v.device)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
-        slot = int(state_indices[i])
-        o[a:b], state_pool[slot] = rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b],
-                                        state_pool[slot], scale)
+        cell = int(state_indices[i])
+        o[a:b], state_pool[cell] = rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b],
+                                        state_pool[cell], scale)
     return o
 
 

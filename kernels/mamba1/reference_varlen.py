@@ -20,9 +20,9 @@ def selective_scan_varlen(x, dt, A, B, C, Dskip, cu_seqlens, state_pool, state_i
         return _decode(x, dt, A, B, C, Dskip, state_pool, state_indices)
     y = torch.empty_like(x)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
-        slot = int(state_indices[i])
-        y[a:b], state_pool[slot] = naive.selective_scan(x[a:b], dt[a:b], A, B[a:b], C[a:b],
-                                                        Dskip, state_pool[slot])
+        cell = int(state_indices[i])
+        y[a:b], state_pool[cell] = naive.selective_scan(x[a:b], dt[a:b], A, B[a:b], C[a:b],
+                                                        Dskip, state_pool[cell])
     return y
 
 

@@ -6,8 +6,8 @@ sequence, keeps their state h [BD, N] in registers and walks the tokens, as
 naive.selective_scan does:
     h = exp(dt A) * h + dt x B;   y = h C + D x
 Programs over channel blocks and sequences run in parallel; a token's loads are
-contiguous rows. States live in a pool [num_slots, D, N] fp32, read and written in
-place at each sequence's slot.
+contiguous rows. States live in a pool [num_cells, D, N] fp32, read and written in
+place at each sequence's cell.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ckptd.kernels.varlen import check_cu, device_cu
 def _scan_kernel(x, dt, A, B, C, Dskip, y, pool, state_idx, cu_seqlens, DIM, stride_x,
                  stride_dt, stride_b, stride_c, stride_pool, NS: tl.constexpr,
                  BD: tl.constexpr, BN: tl.constexpr, HAS_D: tl.constexpr):
-    bos, eos, slot = seq_span(cu_seqlens, state_idx, tl.program_id(0))
+    bos, eos, cell = seq_span(cu_seqlens, state_idx, tl.program_id(0))
     cd = tl.program_id(1) * BD + tl.arange(0, BD)
     cn = tl.arange(0, BN)
     md = cd < DIM
@@ -35,7 +35,7 @@ def _scan_kernel(x, dt, A, B, C, Dskip, y, pool, state_idx, cu_seqlens, DIM, str
     dsk = tl.zeros((BD,), dtype=tl.float32)
     if HAS_D:
         dsk = tl.load(Dskip + cd, mask=md, other=0.).to(tl.float32)
-    p_s = pool + slot * stride_pool + cd[:, None] * NS + cn[None, :]
+    p_s = pool + cell * stride_pool + cd[:, None] * NS + cn[None, :]
     h = tl.load(p_s, mask=m2, other=0.).to(tl.float32)                # [BD, BN]
     # pointers advance by one token per step (loop counters are int32 in the interpreter)
     p_x = x + bos * stride_x + cd
@@ -74,14 +74,14 @@ def scan_launch(cc: int | None, D: int, N: int, dtype: torch.dtype) -> dict:
 def selective_scan_varlen(x, dt, A, B, C, Dskip, cu_seqlens, state_pool, state_indices):
     """Packed sequences, token by token: x [N_tok, D]; dt [N_tok, D] (after softplus);
     A [D, N]; B, C [N_tok, N]; Dskip [D] or None; cu_seqlens int [n + 1] or a Varlen;
-    state_pool [S, D, N] fp32 (slots contiguous inside); state_indices int [n].
+    state_pool [S, D, N] fp32 (cells contiguous inside); state_indices int [n].
     Sequence i starts from state_pool[state_indices[i]] and leaves its final state
     there. Returns y [N_tok, D] in x's dtype."""
     n_tok, D, N = check(x, dt, A, B, C, Dskip)
     if state_pool.dim() != 3 or state_pool.shape[1:] != (D, N):
-        raise ValueError(f"state_pool must be [slots, {D}, {N}], got {tuple(state_pool.shape)}")
+        raise ValueError(f"state_pool must be [cells, {D}, {N}], got {tuple(state_pool.shape)}")
     if state_pool.dtype != torch.float32 or state_pool.stride()[1:] != (N, 1):
-        raise ValueError("state_pool must be float32 and contiguous inside a slot")
+        raise ValueError("state_pool must be float32 and contiguous inside a cell")
     cu = check_cu(cu_seqlens, n_tok, state_indices)
     dev = x.device
     x, dt, B, C = (t if t.stride(1) == 1 else t.contiguous() for t in (x, dt, B, C))

@@ -8,7 +8,7 @@ chunk, as naive.ssd_chunked (a = cumsum(dt A) inside the chunk):
 Products take the inputs' dtype (16-bit operands run on tensor cores with fp32
 accumulation; fp32 inputs multiply in full fp32), the state stays fp32.
 
-States live in a pool [num_slots, H, P, N] fp32; sequence n starts from
+States live in a pool [num_cells, H, P, N] fp32; sequence n starts from
 pool[state_indices[n]] and leaves its final state there (in place).
 """
 
@@ -33,7 +33,7 @@ def _ssd_chunk_kernel(x, dt, A, B, C, D, y, pool, state_idx, cu_seqlens, H, G, s
                       HAS_D: tl.constexpr, PREC: tl.constexpr):
     i_h = tl.program_id(1)
     i_p = tl.program_id(2)
-    bos, eos, slot = seq_span(cu_seqlens, state_idx, tl.program_id(0))
+    bos, eos, cell = seq_span(cu_seqlens, state_idx, tl.program_id(0))
     i_g = i_h // (H // G)
     rows = tl.arange(0, BT)
     cp = i_p * BP + tl.arange(0, BP)
@@ -45,7 +45,7 @@ def _ssd_chunk_kernel(x, dt, A, B, C, D, y, pool, state_idx, cu_seqlens, H, G, s
     if HAS_D:
         d_h = tl.load(D + i_h).to(tl.float32)
     # the state transposed, S^T [BN, BP]: both of its products then take it as it is
-    p_s = pool + slot * stride_pool + i_h * P * NS + cn[:, None] + cp[None, :] * NS
+    p_s = pool + cell * stride_pool + i_h * P * NS + cn[:, None] + cp[None, :] * NS
     m_s = mn[:, None] & mp[None, :]
     b_s = tl.load(p_s, mask=m_s, other=0.).to(tl.float32)               # [BN, BP]
     causal = rows[:, None] >= rows[None, :]
@@ -118,12 +118,12 @@ def check_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices) -> li
     cu_seqlens as a host list."""
     n_tok, H, P, G, N = check(x, dt, A, B, C, D)
     if state_pool.dim() != 4 or state_pool.shape[1:] != (H, P, N):
-        raise ValueError(f"state_pool must be [slots, {H}, {P}, {N}], "
+        raise ValueError(f"state_pool must be [cells, {H}, {P}, {N}], "
                          f"got {tuple(state_pool.shape)}")
     if state_pool.dtype != torch.float32:
         raise ValueError(f"state_pool must be float32, got {state_pool.dtype}")
     if state_pool.stride()[1:] != (P * N, N, 1):
-        raise ValueError("state_pool must be contiguous inside a slot")
+        raise ValueError("state_pool must be contiguous inside a cell")
     if B.dtype != x.dtype or C.dtype != x.dtype:
         raise ValueError(f"x, B and C must share a dtype, got {x.dtype}, {B.dtype}, {C.dtype}")
     cu = check_cu(cu_seqlens, n_tok, state_indices)
@@ -158,20 +158,20 @@ class Launch:
         dt, A = dt.float().contiguous(), A.float().contiguous()
         y = torch.empty(n_tok, H, P, dtype=x.dtype, device=dev)
         Dv = D.float().contiguous() if D is not None else A
-        slots = torch.as_tensor(state_indices, device=dev).to(torch.int64)
+        cells = torch.as_tensor(state_indices, device=dev).to(torch.int64)
         cc = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
-        args = (x, dt, A, B, C, Dv, y, state_pool, slots, device_cu(cu_seqlens, dev), H,
+        args = (x, dt, A, B, C, Dv, y, state_pool, cells, device_cu(cu_seqlens, dev), H,
                 B.shape[1], x.stride(0), B.stride(0), state_pool.stride(0))
         return cls(cu, args, y, None if cc is None else cc[0] * 10 + cc[1])
 
 
 @triton.jit
 def seq_span(cu_seqlens, state_idx, i_n):
-    """(first token, one past the last, state slot) of packed sequence i_n."""
+    """(first token, one past the last, state cell) of packed sequence i_n."""
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot = tl.load(state_idx + i_n).to(tl.int64)
-    return bos, eos, slot
+    cell = tl.load(state_idx + i_n).to(tl.int64)
+    return bos, eos, cell
 
 
 def ssd_chunk_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices,
@@ -179,7 +179,7 @@ def ssd_chunk_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices,
     """Chunked prefill of several packed sequences.
 
     x [N, H, P]; dt [N, H] (after softplus); A [H] (< 0); B, C [N, G, N_s]; D [H] or
-    None; cu_seqlens int [n + 1] or a Varlen; state_pool [S, H, P, N_s] fp32 (slots
+    None; cu_seqlens int [n + 1] or a Varlen; state_pool [S, H, P, N_s] fp32 (cells
     contiguous inside); state_indices int [n]. Sequence i starts from
     state_pool[state_indices[i]] and leaves its final state there. Returns y [N, H, P]
     in x's dtype. chunk_size: the tokens of a chunk (16, 32, 64 or 128), by default

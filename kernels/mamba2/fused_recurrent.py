@@ -4,8 +4,8 @@ One program per (sequence, block of BH heads, block of BP head_dim rows) keeps
 S [BH, BP, N] in registers and walks the sequence's tokens; per token, as in
 naive.ssd_recurrent:
     S = S exp(dt A) + dt x B^T;   y = S C + D x
-States live in a pool [num_slots, H, P, N] fp32 read and written in place, so a
-server's decode step updates its sequences' slots without gathering them.
+States live in a pool [num_cells, H, P, N] fp32 read and written in place, so a
+server's decode step updates its sequences' cells without gathering them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _ssd_recurrent_kernel(x, dt, A, B, C, D, y, pool, state_idx, cu_seqlens, H, 
                           HAS_D: tl.constexpr):
     i_hb = tl.program_id(1)
     i_p = tl.program_id(2)
-    bos, eos, slot = seq_span(cu_seqlens, state_idx, tl.program_id(0))
+    bos, eos, cell = seq_span(cu_seqlens, state_idx, tl.program_id(0))
     ch = i_hb * BH + tl.arange(0, BH)
     cp = i_p * BP + tl.arange(0, BP)
     cn = tl.arange(0, BN)
@@ -36,7 +36,7 @@ def _ssd_recurrent_kernel(x, dt, A, B, C, D, y, pool, state_idx, cu_seqlens, H, 
     d = tl.zeros((BH,), dtype=tl.float32)
     if HAS_D:
         d = tl.load(D + ch, mask=mh, other=0.).to(tl.float32)
-    p_s = pool + slot * stride_pool + (ch * P * NS)[:, None, None] \
+    p_s = pool + cell * stride_pool + (ch * P * NS)[:, None, None] \
         + (cp * NS)[None, :, None] + cn[None, None, :]
     m_s = mx[:, :, None] & mb[:, None, :]
     b_s = tl.load(p_s, mask=m_s, other=0.).to(tl.float32)               # [BH, BP, BN]

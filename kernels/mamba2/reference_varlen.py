@@ -23,13 +23,13 @@ def ssd_varlen(x, dt, A, B, C, D, cu_seqlens, state_pool, state_indices, chunked
         return _decode(x, dt, A, B, C, D, state_pool, state_indices)
     y = torch.empty_like(x)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
-        slot = int(state_indices[i])
+        cell = int(state_indices[i])
         if chunked and b - a > 1:
-            y[a:b], state_pool[slot] = naive.ssd_chunked(
-                x[a:b], dt[a:b], A, B[a:b], C[a:b], D, state_pool[slot], chunk_size)
+            y[a:b], state_pool[cell] = naive.ssd_chunked(
+                x[a:b], dt[a:b], A, B[a:b], C[a:b], D, state_pool[cell], chunk_size)
         else:
-            y[a:b], state_pool[slot] = naive.ssd_recurrent(
-                x[a:b], dt[a:b], A, B[a:b], C[a:b], D, state_pool[slot])
+            y[a:b], state_pool[cell] = naive.ssd_recurrent(
+                x[a:b], dt[a:b], A, B[a:b], C[a:b], D, state_pool[cell])
     return y
 
 

@@ -1,13 +1,13 @@
 """A sparse mixture of experts' expert half in Triton: a grouped GEMM over tokens sorted
 by expert (shapes as in naive.py).
 
-The N*k (token, expert) pairs ("slots", slot = token * k + j) are sorted by expert and
+The N*k (token, expert) pairs (pair = token * k + j) are sorted by expert and
 each expert's run is padded to a multiple of BM rows, so every block of BM rows belongs
 to one expert (`_align`, in torch, without a host sync: the block count is bounded by
 cdiv(N*k, BM) + min(E, N*k), and blocks past the end carry expert -1). A program takes
 one block and BN output columns and multiplies the block's rows by its expert's weight.
 Two launches: gate and up with SiLU(gate) * up fused in (rows gathered from x), then
-down, scaled by each slot's routing weight; the k slots of a token are summed last.
+down, scaled by each pair's routing weight; the k pairs of a token are summed last.
 The same kernel serves kept (GGUF-format) experts (kernels/quant/triton_quant.py).
 An expert that gets no token has no block: its weights are never read.
 """
@@ -22,11 +22,11 @@ from ckptd.kernels import launch
 from ckptd.kernels.moe.naive import _check
 from ckptd.kernels.quant.tiles import weight_tile
 
-DENSE = 0       # a plain weight's "format" in grouped_gemm's (weight, format) pairs
+DENSE = 0       # a plain weight's "format" in grouped_gemm's (weight, format) tuples
 
 
 @triton.jit
-def _grouped_kernel(a, w, w2, c, slot_ids, block_expert, weights, n_slots, top_k, N, K,
+def _grouped_kernel(a, w, w2, c, pair_ids, block_expert, weights, n_pairs, top_k, N, K,
                     stride_am, stride_we, stride_we2, row_stride, row_stride2, stride_cm,
                     fmt, fmt2, SWIGLU: tl.constexpr, GATHER: tl.constexpr,
                     WEIGHTED: tl.constexpr, KEPT: tl.constexpr, BM: tl.constexpr,
@@ -41,9 +41,9 @@ def _grouped_kernel(a, w, w2, c, slot_ids, block_expert, weights, n_slots, top_k
     e = tl.load(block_expert + i_m).to(tl.int64)
     if e < 0:
         return
-    rows = tl.load(slot_ids + i_m * BM + tl.arange(0, BM)).to(tl.int64)
-    valid = rows < n_slots
-    a_rows = rows // top_k if GATHER else rows       # slot -> its token's row of x
+    rows = tl.load(pair_ids + i_m * BM + tl.arange(0, BM)).to(tl.int64)
+    valid = rows < n_pairs
+    a_rows = rows // top_k if GATHER else rows       # pair -> its token's row of x
     n = i_n * BN + tl.arange(0, BN)
     mn = n < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -70,13 +70,13 @@ def _grouped_kernel(a, w, w2, c, slot_ids, block_expert, weights, n_slots, top_k
 
 
 def align(topk_ids: torch.Tensor, n_experts: int, BM: int):
-    """(slot_ids [n_blocks * BM], block_expert [n_blocks]) for the grouped GEMM: expert
-    e's slots, in slot order, fill its blocks; padding rows hold n_slots, spare blocks
+    """(pair_ids [n_blocks * BM], block_expert [n_blocks]) for the grouped GEMM: expert
+    e's pairs, in pair order, fill its blocks; padding rows hold n_pairs, spare blocks
     expert -1."""
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
-    n_slots = flat.numel()
-    n_blocks = triton.cdiv(n_slots, BM) + min(n_experts, n_slots)
+    n_pairs = flat.numel()
+    n_blocks = triton.cdiv(n_pairs, BM) + min(n_experts, n_pairs)
     order = torch.argsort(flat, stable=True)
     # not bincount: on CUDA it reads the ids' max back to the host (a sync per layer)
     counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(
@@ -85,21 +85,21 @@ def align(topk_ids: torch.Tensor, n_experts: int, BM: int):
     padded = (counts + BM - 1) // BM * BM
     padded_ends = torch.cumsum(padded, 0)
     sorted_e = flat[order]
-    dest = (padded_ends - padded)[sorted_e] + torch.arange(n_slots, device=dev) - starts[sorted_e]
-    slot_ids = torch.full((n_blocks * BM,), n_slots, dtype=torch.int32, device=dev)
-    slot_ids[dest] = order.to(torch.int32)
+    dest = (padded_ends - padded)[sorted_e] + torch.arange(n_pairs, device=dev) - starts[sorted_e]
+    pair_ids = torch.full((n_blocks * BM,), n_pairs, dtype=torch.int32, device=dev)
+    pair_ids[dest] = order.to(torch.int32)
     block_start = torch.arange(n_blocks, device=dev) * BM
     block_expert = torch.searchsorted(padded_ends, block_start, right=True)
     block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
-    return slot_ids, block_expert
+    return pair_ids, block_expert
 
 
-def grouped_gemm(a, wt, wt2, c, slot_ids, block_expert, weights, top_k, n_out, BM, *,
+def grouped_gemm(a, wt, wt2, c, pair_ids, block_expert, weights, top_k, n_out, BM, *,
                  swiglu: bool) -> None:
     """c = the experts' a @ W.T over align()'s blocks. wt, wt2: (weight [E, n_out, K],
     GGML format id), a plain tensor with DENSE or a kept tensor's bytes. swiglu: a is x
-    (rows gathered per slot), wt gate and wt2 up; else a is h, and the rows are scaled
-    by the slots' routing weights."""
+    (rows gathered per pair), wt gate and wt2 up; else a is h, and the rows are scaled
+    by the pairs' routing weights."""
     (w, fmt), (w2, fmt2) = wt, wt2
     K = a.shape[1]
     if fmt == DENSE and w.dtype != a.dtype:
@@ -108,7 +108,7 @@ def grouped_gemm(a, wt, wt2, c, slot_ids, block_expert, weights, top_k, n_out, B
     p = launch.grouped_gemm(launch.target(a.device), BM, a.dtype, kept=fmt != DENSE)
     grid = (block_expert.numel(), triton.cdiv(n_out, p["BN"]))
     _grouped_kernel[grid](
-        a, w, w2, c, slot_ids, block_expert, weights, c.shape[0], top_k, n_out, K,
+        a, w, w2, c, pair_ids, block_expert, weights, c.shape[0], top_k, n_out, K,
         a.stride(0), w.stride(0), w2.stride(0), w.stride(1), w2.stride(1), c.stride(0),
         fmt, fmt2, SWIGLU=swiglu, GATHER=swiglu, WEIGHTED=not swiglu, KEPT=fmt != DENSE,
         **p.kwargs())
@@ -125,13 +125,13 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down, block_m: int | None = No
         return torch.zeros_like(x)
     x, w_gate_up, w_down = x.contiguous(), w_gate_up.contiguous(), w_down.contiguous()
     BM = block_m or launch.grouped_rows(N * k, E)
-    slot_ids, block_expert = align(topk_ids.to(x.device), E, BM)
+    pair_ids, block_expert = align(topk_ids.to(x.device), E, BM)
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
     inter = two_i // 2
     gate, up = (w_gate_up[:, :inter], DENSE), (w_gate_up[:, inter:], DENSE)
     h = torch.empty(N * k, inter, dtype=x.dtype, device=x.device)
-    grouped_gemm(x, gate, up, h, slot_ids, block_expert, weights, k, inter, BM, swiglu=True)
+    grouped_gemm(x, gate, up, h, pair_ids, block_expert, weights, k, inter, BM, swiglu=True)
     y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
     down = (w_down, DENSE)
-    grouped_gemm(h, down, down, y, slot_ids, block_expert, weights, k, H, BM, swiglu=False)
+    grouped_gemm(h, down, down, y, pair_ids, block_expert, weights, k, H, BM, swiglu=False)
     return y.view(N, k, H).sum(dim=1)

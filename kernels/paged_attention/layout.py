@@ -61,8 +61,8 @@ _plans: dict[tuple, tuple] = {}
 
 
 def _plan(page_table, start, end, block_size, max_spans, device):
-    """The flat token rows key_spans reads: [(first, end)] of each run, or the slots to
-    gather. Every layer of a step asks the same of the same page table, so the last few
+    """The flat token rows key_spans reads: [(first, end)] of each run, or the KV indices
+    to gather. Every layer of a step asks the same of the same page table, so the last few
     answers are kept (with the table itself: an id is not reused while it is held)."""
     key = (id(page_table), start, end, block_size, max_spans)
     hit = _plans.get(key)
@@ -73,16 +73,16 @@ def _plan(page_table, start, end, block_size, max_spans, device):
     cuts = ((pages[1:] - pages[:-1]) != 1).nonzero().flatten().add(1).tolist()
     if len(cuts) >= max_spans:
         tokens = torch.arange(start, end)
-        slots = pages[tokens // block_size - first] * block_size + tokens % block_size
-        plan = slots.to(device)
+        kv_index = pages[tokens // block_size - first] * block_size + tokens % block_size
+        plan = kv_index.to(device)
     else:
         plan = []
         bounds = [0, *cuts, len(pages)]
         for a, b in zip(bounds, bounds[1:]):
             lo = max(start, (first + a) * block_size)
             hi = min(end, (first + b) * block_size)
-            slot = int(pages[a]) * block_size + lo - (first + a) * block_size
-            plan.append((slot, slot + hi - lo))
+            at = int(pages[a]) * block_size + lo - (first + a) * block_size
+            plan.append((at, at + hi - lo))
     if len(_plans) >= 8:
         _plans.clear()
     _plans[key] = (page_table, plan)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 
 
-def write_kv(kv_pool, layer, slots, k, v):
-    """Write k, v [N, Hkv, D] at flat slots [N] (page * B + offset) of `layer`, in place."""
+def write_kv(kv_pool, layer, kv_index, k, v):
+    """Write k, v [N, Hkv, D] at flat positions kv_index [N] (page * B + offset) of
+    `layer`, in place."""
     B = kv_pool.shape[3]
-    pages, offs = slots // B, slots % B
+    pages, offs = kv_index // B, kv_index % B
     kv_pool[pages, layer, 0, offs] = k.to(kv_pool.dtype)
     kv_pool[pages, layer, 1, offs] = v.to(kv_pool.dtype)
 

@@ -1,8 +1,8 @@
 """Moving KV and recurrent state in Triton: write new tokens' K/V into their pages,
-and copy whole pages or state slots between a pool and a contiguous buffer.
+and copy whole pages or state cells between a pool and a contiguous buffer.
 
 A pool is [P, *row] with each row contiguous: the KV pool's rows are pages
-[n_attn, 2, B, Hkv, D], the conv / ssm pools' rows are slots. A copy program moves
+[n_attn, 2, B, Hkv, D], the conv / ssm pools' rows are cells. A copy program moves
 BLOCK elements of one row.
 """
 
@@ -16,17 +16,17 @@ from ckptd.kernels import launch
 
 
 @triton.jit
-def _write_kv_kernel(k, v, pool, slots, layer, B, Hkv, stride_kt, stride_kh, stride_vt,
+def _write_kv_kernel(k, v, pool, kv_index, layer, B, Hkv, stride_kt, stride_kh, stride_vt,
                      stride_vh, stride_p, stride_l, stride_kv, stride_b, stride_h,
                      D: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
     i_t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slots + i_t).to(tl.int64)
+    at = tl.load(kv_index + i_t).to(tl.int64)
     h = tl.arange(0, BH)
     d = tl.arange(0, BD)
     m = (h < Hkv)[:, None] & (d < D)[None, :]
     b_k = tl.load(k + i_t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=m)
     b_v = tl.load(v + i_t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=m)
-    p = pool + (slot // B) * stride_p + layer * stride_l + (slot % B) * stride_b \
+    p = pool + (at // B) * stride_p + layer * stride_l + (at % B) * stride_b \
         + h[:, None] * stride_h + d[None, :]
     tl.store(p, b_k.to(pool.dtype.element_ty), mask=m)
     tl.store(p + stride_kv, b_v.to(pool.dtype.element_ty), mask=m)
@@ -44,26 +44,26 @@ def _copy_rows_kernel(src, dst, src_rows, dst_rows, row_numel, stride_src, strid
     tl.store(dst + rd * stride_dst + j, x.to(dst.dtype.element_ty), mask=m)
 
 
-def write_kv(kv_pool, layer, slots, k, v):
-    """Write k, v [N, Hkv, D] at flat slots int [N] (page * B + offset) of `layer` of
-    kv_pool [P, n_attn, 2, B, Hkv, D], in place."""
+def write_kv(kv_pool, layer, kv_index, k, v):
+    """Write k, v [N, Hkv, D] at flat positions kv_index int [N] (page * B + offset)
+    of `layer` of kv_pool [P, n_attn, 2, B, Hkv, D], in place."""
     if kv_pool.dim() != 6:
         raise ValueError(f"need kv_pool [P, n_attn, 2, B, Hkv, D], got {tuple(kv_pool.shape)}")
     _, n_attn, _, B, Hkv, D = kv_pool.shape
     N = k.shape[0]
-    if k.shape != (N, Hkv, D) or v.shape != (N, Hkv, D) or len(slots) != N:
-        raise ValueError(f"need k, v [N, {Hkv}, {D}] and slots [N], got {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}, {len(slots)}")
+    if k.shape != (N, Hkv, D) or v.shape != (N, Hkv, D) or len(kv_index) != N:
+        raise ValueError(f"need k, v [N, {Hkv}, {D}] and kv_index [N], got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}, {len(kv_index)}")
     if not 0 <= layer < n_attn:
         raise ValueError(f"layer {layer} out of range for {n_attn} attention layers")
     if N == 0:
         return
     if k.stride(2) != 1 or v.stride(2) != 1:
         k, v = k.contiguous(), v.contiguous()
-    slots = torch.as_tensor(slots, device=kv_pool.device).to(torch.int64)
+    kv_index = torch.as_tensor(kv_index, device=kv_pool.device).to(torch.int64)
     s = kv_pool.stride()
     p = launch.write_kv(launch.target(kv_pool.device), Hkv, D)
-    _write_kv_kernel[(N,)](k, v, kv_pool, slots, layer, B, Hkv, k.stride(0), k.stride(1),
+    _write_kv_kernel[(N,)](k, v, kv_pool, kv_index, layer, B, Hkv, k.stride(0), k.stride(1),
                            v.stride(0), v.stride(1), s[0], s[1], s[2], s[3], s[4], D=D,
                            **p.kwargs())
 
@@ -73,7 +73,7 @@ def _row_numel(pool: torch.Tensor) -> int:
         raise ValueError(f"a pool is [P, ...], got {tuple(pool.shape)}")
     numel = pool[0].numel()
     if not pool[0].is_contiguous():
-        raise ValueError("each row (page / slot) of the pool must be contiguous")
+        raise ValueError("each row (page / cell) of the pool must be contiguous")
     return numel
 
 

@@ -80,13 +80,13 @@ def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: Q
         return torch.zeros_like(x)
     x = x.contiguous()
     BM = block_m or launch.grouped_rows(N * k, E)
-    slot_ids, block_expert = align(topk_ids.to(x.device), E, BM)
+    pair_ids, block_expert = align(topk_ids.to(x.device), E, BM)
     weights = topk_w.reshape(-1).to(x.device, torch.float32).contiguous()
     h = torch.empty(N * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(N * k, H, dtype=x.dtype, device=x.device)
     tiles = [(t.data.contiguous(), FORMATS[t.fmt][0]) for t in (gate, up, down)]
-    grouped_gemm(x, tiles[0], tiles[1], h, slot_ids, block_expert, weights, k, inter, BM,
+    grouped_gemm(x, tiles[0], tiles[1], h, pair_ids, block_expert, weights, k, inter, BM,
                  swiglu=True)
-    grouped_gemm(h, tiles[2], tiles[2], y, slot_ids, block_expert, weights, k, H, BM,
+    grouped_gemm(h, tiles[2], tiles[2], y, pair_ids, block_expert, weights, k, H, BM,
                  swiglu=False)
     return y.view(N, k, H).sum(dim=1)

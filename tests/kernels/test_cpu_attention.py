@@ -27,8 +27,8 @@ def _pool(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator):
         tables[i, :c] = order[used:used + c]
         used += c
         k, v = torch.randn(n, Hkv, D, generator=g), torch.randn(n, Hkv, D, generator=g)
-        slots = tables[i].long()[torch.arange(n) // B] * B + torch.arange(n) % B
-        naive.write_kv(pool, 1, slots, k, v)
+        kv_index = tables[i].long()[torch.arange(n) // B] * B + torch.arange(n) % B
+        naive.write_kv(pool, 1, kv_index, k, v)
     return pool, tables
 
 
@@ -61,8 +61,8 @@ def test_log_sum_exp_is_the_scaled_scores():
     memory = layout.head_major(pool)
     q = torch.randn(Hq, 1, D, generator=g)
     out, lse = cpu.attend(q, memory, 1, tables[0], n, D ** -0.5, B)
-    slots = tables[0].long()[torch.arange(n) // B] * B + torch.arange(n) % B
-    k = memory[1, 0][:, slots].repeat_interleave(Hq // Hkv, 0)       # [Hq, n, D]
+    kv_index = tables[0].long()[torch.arange(n) // B] * B + torch.arange(n) % B
+    k = memory[1, 0][:, kv_index].repeat_interleave(Hq // Hkv, 0)    # [Hq, n, D]
     scores = (q @ k.transpose(1, 2)) * D ** -0.5
     assert (lse - scores.logsumexp(-1)).abs().max() <= 1e-4
     assert out.shape == (Hq, 1, D)

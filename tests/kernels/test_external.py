@@ -23,16 +23,16 @@ CUDA = torch.cuda.is_available()
 def test_fla_chunk_varlen_equals_reference(dtype, close):
     from ckptd.kernels.external import fla
 
-    q_lens, slots = [700, 1, 64, 129], [3, 0, 2, 1]
+    q_lens, cells = [700, 1, 64, 129], [3, 0, 2, 1]
     cu = [0]
     for n in q_lens:
         cu.append(cu[-1] + n)
     q, k, v, g, beta = _gdn(cu[-1], 8, 128, 128, 5, "cuda", dtype)
     pool = torch.randn(4, 8, 128, 128, device="cuda") * 0.1
     want_pool = pool.clone()
-    want = gdn_ref.chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu, want_pool, slots)
+    want = gdn_ref.chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu, want_pool, cells)
     got = fla.chunk_gated_delta_rule_varlen(q, k, v, g, beta, cu, pool,
-                                            torch.tensor(slots, device="cuda"))
+                                            torch.tensor(cells, device="cuda"))
     tol = 3e-2 if dtype == torch.bfloat16 else 2e-3
     assert got.dtype == v.dtype and pool.dtype == torch.float32
     assert close(got, want, tol) and close(pool, want_pool, tol)
@@ -74,8 +74,8 @@ def test_fla_takes_half_precision_prefill_and_fp32_keeps_ckptd_kernel(dtype, mon
     monkeypatch.setattr(dispatch, "use_external", lambda name, x: name == "fla")
     monkeypatch.setattr(fla, "chunk_gated_delta_rule_varlen",
                         lambda q, k, v, *rest: taken.append(v.dtype) or v)
-    q_lens, slots = [20, 1], [1, 0]
-    v = _varlen([0, 3], q_lens, torch.zeros(2, 8, dtype=torch.int32), slots, "cpu")
+    q_lens, cells = [20, 1], [1, 0]
+    v = _varlen([0, 3], q_lens, torch.zeros(2, 8, dtype=torch.int32), cells, "cpu")
     q, k, vv, g, beta = _gdn(sum(q_lens), 2, 16, 16, 3, "cpu", dtype)
     pool = torch.zeros(2, 2, 16, 16)
     want_pool = pool.clone()
@@ -83,6 +83,6 @@ def test_fla_takes_half_precision_prefill_and_fp32_keeps_ckptd_kernel(dtype, mon
     assert taken == ([] if dtype == torch.float32 else [dtype])
     if dtype == torch.float32:
         want = gdn_ref.chunk_gated_delta_rule_varlen(q, k, vv, g, beta, list(v.cu),
-                                                     want_pool, slots)
+                                                     want_pool, cells)
         assert torch.allclose(out, want, atol=1e-5) and torch.allclose(pool, want_pool,
                                                                        atol=1e-5)

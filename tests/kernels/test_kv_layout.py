@@ -40,10 +40,10 @@ def test_attention_on_head_major_pool_equals_reference(table, T):
     flat, head = _pools(8)
     n_tokens = len(table) * 16 - 5 if len(table) > 1 else 12
     table = torch.tensor(table, dtype=torch.int32)
-    slots = table.long()[torch.arange(n_tokens) // 16] * 16 + torch.arange(n_tokens) % 16
+    kv_index = table.long()[torch.arange(n_tokens) // 16] * 16 + torch.arange(n_tokens) % 16
     k, v = torch.randn(n_tokens, 3, 8, generator=g), torch.randn(n_tokens, 3, 8, generator=g)
     for pool in (flat, head):
-        naive.write_kv(pool, 1, slots, k, v)
+        naive.write_kv(pool, 1, kv_index, k, v)
     q = torch.randn(T, 6, 8, generator=g)
     ctx = n_tokens - T
     want = naive.paged_attention(q, flat, 1, table, ctx, 8 ** -0.5)
@@ -74,10 +74,10 @@ def _attention_case(table, n_tokens, T, dtype, seed):
     flat, head = _pools(max(table) + 1)
     flat, head = flat.to(dtype), head.to(dtype)
     table = torch.tensor(table, dtype=torch.int32)
-    slots = table.long()[torch.arange(n_tokens) // 16] * 16 + torch.arange(n_tokens) % 16
+    kv_index = table.long()[torch.arange(n_tokens) // 16] * 16 + torch.arange(n_tokens) % 16
     k, v = torch.randn(n_tokens, 3, 8, generator=g), torch.randn(n_tokens, 3, 8, generator=g)
     for pool in (flat, head):
-        naive.write_kv(pool, 1, slots, k, v)
+        naive.write_kv(pool, 1, kv_index, k, v)
     return flat, head, table, torch.randn(T, 6, 8, generator=g).to(dtype)
 
 

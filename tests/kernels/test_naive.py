@@ -60,8 +60,8 @@ def test_paged_attention_equals_dense_causal():
     pool = torch.zeros(8, 1, 2, B, Hkv, D)
     table = torch.tensor([5, 2, 7], dtype=torch.int32)       # scattered pages
     k, v = torch.randn(L, Hkv, D, generator=g), torch.randn(L, Hkv, D, generator=g)
-    slots = table.long()[torch.arange(L) // B] * B + torch.arange(L) % B
-    ops.write_kv(pool, 0, slots, k, v)
+    kv_index = table.long()[torch.arange(L) // B] * B + torch.arange(L) % B
+    ops.write_kv(pool, 0, kv_index, k, v)
     q = torch.randn(L, Hq, D, generator=g)
     want = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), k.repeat_interleave(3, 1).transpose(0, 1),

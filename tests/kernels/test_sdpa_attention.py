@@ -15,8 +15,8 @@ def _paged(n_tokens: int, Hkv: int, D: int, B: int, g: torch.Generator):
     table = torch.randperm(n_pages + 3, generator=g)[:n_pages].to(torch.int32)
     pool = torch.full((n_pages + 3, 2, 2, B, Hkv, D), float("nan"))
     k, v = torch.randn(n_tokens, Hkv, D, generator=g), torch.randn(n_tokens, Hkv, D, generator=g)
-    slots = table.long()[torch.arange(n_tokens) // B] * B + torch.arange(n_tokens) % B
-    naive.write_kv(pool, 1, slots, k, v)
+    kv_index = table.long()[torch.arange(n_tokens) // B] * B + torch.arange(n_tokens) % B
+    naive.write_kv(pool, 1, kv_index, k, v)
     return pool, table
 
 

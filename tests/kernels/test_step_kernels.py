@@ -21,11 +21,11 @@ pytestmark = pytest.mark.usefixtures("triton_env")
 GPU = torch.cuda.is_available()
 
 
-def _varlen(ctx, q_lens, tables, slots, device, B=16):
+def _varlen(ctx, q_lens, tables, cells, device, B=16):
     seqs, q = [], 0
     for i, (c, n) in enumerate(zip(ctx, q_lens)):
         pages = -(-(c + n) // B)
-        seqs.append(SeqChunk(q, n, c, tables[i, :pages].cpu(), slots[i]))
+        seqs.append(SeqChunk(q, n, c, tables[i, :pages].cpu(), cells[i]))
         q += n
     return StepBatch.build(seqs, [0] * q, [q - 1], B, torch.device(device)).varlen
 
@@ -74,14 +74,14 @@ def _gdn(N, H, K, V, seed, device, dtype=torch.float32):
 @pytest.mark.parametrize("q_lens", [[70, 1, 9], [1, 1, 1, 1]])
 def test_step_gated_delta_and_conv(K, q_lens, device, close):
     ctx = [5] * len(q_lens)
-    slots = [3, 0, 2, 1][:len(q_lens)]
+    cells = [3, 0, 2, 1][:len(q_lens)]
     tables = torch.zeros(len(q_lens), 8, dtype=torch.int32)
-    v = _varlen(ctx, q_lens, tables, slots, device)
+    v = _varlen(ctx, q_lens, tables, cells, device)
     N, H = sum(q_lens), 2
     q, k, vv, g, beta = _gdn(N, H, K, K, K, device)
     pool = torch.randn(5, H, K, K, generator=torch.Generator().manual_seed(1)).to(device)
     want_pool = pool.clone()
-    want = gdn_ref.chunk_gated_delta_rule_varlen(q, k, vv, g, beta, list(v.cu), want_pool, slots)
+    want = gdn_ref.chunk_gated_delta_rule_varlen(q, k, vv, g, beta, list(v.cu), want_pool, cells)
     got = dispatch.step_gated_delta(q, k, vv, g, beta, pool, v)
     assert close(got, want, 1e-4) and close(pool, want_pool, 1e-4)
     C, W = 3 * K, 4
@@ -89,7 +89,7 @@ def test_step_gated_delta_and_conv(K, q_lens, device, close):
     w = torch.randn(C, W, generator=torch.Generator().manual_seed(3)).to(device)
     conv = torch.randn(5, C, W - 1, generator=torch.Generator().manual_seed(4)).to(device)
     want_conv = conv.clone()
-    want = conv_ref.causal_conv1d_varlen(x, w, None, list(v.cu), want_conv, slots)
+    want = conv_ref.causal_conv1d_varlen(x, w, None, list(v.cu), want_conv, cells)
     got = dispatch.step_conv1d(x, w, conv, v)
     assert close(got, want) and close(conv, want_conv)
 

@@ -1,4 +1,4 @@
-"""Triton paged attention, KV writes and page / slot copies against the references."""
+"""Triton paged attention, KV writes and page / cell copies against the references."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def _filled(lengths, B=16, Hkv=2, D=40, n_attn=2, layer=1, seed=0, device="cpu",
         tables[i, :p] = perm[start:start + p]
         start += p
         pos = torch.arange(n)
-        slots = tables[i].long()[pos // B] * B + pos % B
+        kv_index = tables[i].long()[pos // B] * B + pos % B
         k, v = torch.randn(2, n, Hkv, D, generator=g).to(device, dtype)
-        naive.write_kv(pool, layer, slots.to(device), k, v)
+        naive.write_kv(pool, layer, kv_index.to(device), k, v)
     return pool, tables.to(device)
 
 
@@ -103,17 +103,17 @@ def test_half_precision(device, close):
     assert got.dtype == torch.float16 and close(got, want, 2e-3)
 
 
-def test_write_kv_fills_exactly_the_slots(device):
+def test_write_kv_fills_exactly_the_kv_index(device):
     pool = torch.randn(6, 3, 2, 4, 2, 24, generator=torch.Generator().manual_seed(6)).to(device)
     want = pool.clone()
-    slots = torch.tensor([5, 6, 7, 8, 21, 0], device=device)
+    kv_index = torch.tensor([5, 6, 7, 8, 21, 0], device=device)
     k, v = torch.randn(2, 6, 2, 24, generator=torch.Generator().manual_seed(7)).to(device)
-    naive.write_kv(want, 2, slots, k, v)
-    dispatch.write_kv(pool, 2, slots, k, v)
+    naive.write_kv(want, 2, kv_index, k, v)
+    dispatch.write_kv(pool, 2, kv_index, k, v)
     assert torch.equal(pool, want)
     strided_k = torch.randn(6, 2, 48, device=device)[..., :24]    # a view, not contiguous
-    naive.write_kv(want, 0, slots, strided_k, v)
-    dispatch.write_kv(pool, 0, slots, strided_k, v)
+    naive.write_kv(want, 0, kv_index, strided_k, v)
+    dispatch.write_kv(pool, 0, kv_index, strided_k, v)
     assert torch.equal(pool, want)
 
 
@@ -127,7 +127,7 @@ def test_pages_and_states_round_trip(device):
     dispatch.scatter_pages(other, torch.tensor(ids), pages)
     naive.scatter_pages(want, ids, pages)
     assert torch.equal(other, want)
-    ssm = torch.randn(5, 3, 4, 24, 40, generator=g).to(device)   # [slots, n_rec, H, K, V]
+    ssm = torch.randn(5, 3, 4, 24, 40, generator=g).to(device)   # [cells, n_rec, H, K, V]
     states = dispatch.gather_states(ssm, [3, 0])
     assert torch.equal(states, ssm[[3, 0]])
     conv = torch.zeros(5, 3, 40, 3, dtype=torch.float16, device=device)

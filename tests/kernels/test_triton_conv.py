@@ -63,26 +63,26 @@ def test_decode_steps_equal_prefill(device, close):
     assert close(torch.cat(steps), y) and torch.equal(state[0], s)
 
 
-def test_varlen_sequences_update_their_slots(device, close):
-    lengths, slots = [63, 1, 2, 100, 17], [4, 0, 2, 5, 6]
+def test_varlen_sequences_update_their_cells(device, close):
+    lengths, cells = [63, 1, 2, 100, 17], [4, 0, 2, 5, 6]
     x, w, b, _ = _inputs(sum(lengths), seed=4, device=device)
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
     pool = torch.randn(8, 40, 3, generator=torch.Generator().manual_seed(4)).to(device)
     want_pool = pool.clone()
-    want = ref_varlen.causal_conv1d_varlen(x, w, b, cu, want_pool, slots)
-    got = dispatch.causal_conv1d_varlen(x, w, b, torch.tensor(cu), pool, slots)
+    want = ref_varlen.causal_conv1d_varlen(x, w, b, cu, want_pool, cells)
+    got = dispatch.causal_conv1d_varlen(x, w, b, torch.tensor(cu), pool, cells)
     assert close(got, want) and torch.equal(pool, want_pool)
 
 
-def test_decode_slots_in_place_on_a_strided_layer_pool(device, close):
-    # the model's pool is conv[:, layer]: slots strided over all layers, contiguous inside
+def test_decode_cells_in_place_on_a_strided_layer_pool(device, close):
+    # the model's pool is conv[:, layer]: cells strided over all layers, contiguous inside
     x, w, b, _ = _inputs(3, seed=5, device=device)
     conv = torch.randn(5, 2, 40, 3, generator=torch.Generator().manual_seed(5)).to(device)
     want = conv.clone()
-    want_y = ref_varlen.causal_conv1d_update_slots(x, want[:, 1], [3, 0, 4], w, b)
-    y = dispatch.causal_conv1d_update_slots(x, conv[:, 1], torch.tensor([3, 0, 4]), w, b)
+    want_y = ref_varlen.causal_conv1d_update_cells(x, want[:, 1], [3, 0, 4], w, b)
+    y = dispatch.causal_conv1d_update_cells(x, conv[:, 1], torch.tensor([3, 0, 4]), w, b)
     assert close(y, want_y) and torch.equal(conv, want)
 
 
@@ -102,7 +102,7 @@ def test_bad_inputs_raise_value_error(device):
     with pytest.raises(ValueError, match="bias"):
         dispatch.causal_conv1d(x, w, b[:3], s0)
     with pytest.raises(ValueError, match="state index"):
-        dispatch.causal_conv1d_update_slots(x, torch.zeros(2, 40, 3, device=device), [0], w)
+        dispatch.causal_conv1d_update_cells(x, torch.zeros(2, 40, 3, device=device), [0], w)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 is wrong in the interpreter")

@@ -92,31 +92,31 @@ def _packed(lengths, H=2, K=24, V=40, seed=4, device="cpu"):
 
 
 @pytest.mark.parametrize("rule", ["chunk", "recurrent"])
-def test_varlen_sequences_update_their_slots(rule, device, close):
+def test_varlen_sequences_update_their_cells(rule, device, close):
     lengths = [63, 1, 70, 17] if rule == "chunk" else [13, 1, 20, 7]
-    slots = [4, 0, 2, 5]
+    cells = [4, 0, 2, 5]
     q, k, v, g, beta, cu, pool = _packed(lengths, device=device)
     want_pool = pool.clone()
     fast = getattr(dispatch, f"{rule}_gated_delta_rule_varlen")
     ref = getattr(ref_varlen, f"{rule}_gated_delta_rule_varlen")
-    want = ref(q, k, v, g, beta, cu, want_pool, slots)
-    got = fast(q, k, v, g, beta, cu, pool, torch.tensor(slots, device=device))
+    want = ref(q, k, v, g, beta, cu, want_pool, cells)
+    got = fast(q, k, v, g, beta, cu, pool, torch.tensor(cells, device=device))
     assert close(got, want) and close(pool, want_pool)
-    assert torch.equal(pool[[1, 3]], want_pool[[1, 3]])     # untouched slots stay as they were
+    assert torch.equal(pool[[1, 3]], want_pool[[1, 3]])     # untouched cells stay as they were
 
 
-def test_decode_batch_updates_slots_in_place(device, close):
+def test_decode_batch_updates_cells_in_place(device, close):
     q, k, v, g, beta, _, pool = _packed([1] * 5, device=device)
-    slots = [3, 0, 5, 1, 2]
+    cells = [3, 0, 5, 1, 2]
     want_pool = pool.clone()
-    want = ref_varlen.gated_delta_decode(q, k, v, g, beta, want_pool, slots)
-    got = dispatch.gated_delta_decode(q, k, v, g, beta, pool, slots)
+    want = ref_varlen.gated_delta_decode(q, k, v, g, beta, want_pool, cells)
+    got = dispatch.gated_delta_decode(q, k, v, g, beta, pool, cells)
     assert close(got, want) and close(pool, want_pool)
     assert torch.equal(pool[4], want_pool[4])
 
 
-def test_strided_slot_pool_of_one_layer(device, close):
-    # the model's pool is ssm[:, layer]: slots strided over all layers, contiguous inside
+def test_strided_cell_pool_of_one_layer(device, close):
+    # the model's pool is ssm[:, layer]: cells strided over all layers, contiguous inside
     q, k, v, g, beta, cu, _ = _packed([20, 9], device=device)
     ssm = torch.randn(4, 3, 2, 24, 40, generator=torch.Generator().manual_seed(5)).to(device)
     want = ssm.clone()

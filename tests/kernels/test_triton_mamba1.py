@@ -79,27 +79,27 @@ def _packed(lengths, seed=4, device="cpu"):
     return x, dt, A, B, C, Dskip, cu, pool
 
 
-def test_varlen_sequences_update_their_slots(device, close):
-    lengths, slots = [23, 1, 30, 7], [4, 0, 2, 5]
+def test_varlen_sequences_update_their_cells(device, close):
+    lengths, cells = [23, 1, 30, 7], [4, 0, 2, 5]
     x, dt, A, B, C, Dskip, cu, pool = _packed(lengths, device=device)
     want_pool = pool.clone()
-    want = ref_varlen.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, want_pool, slots)
+    want = ref_varlen.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, want_pool, cells)
     got = dispatch.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, pool,
-                                         torch.tensor(slots, device=device))
+                                         torch.tensor(cells, device=device))
     assert close(got, want) and close(pool, want_pool)
-    assert torch.equal(pool[[1, 3]], want_pool[[1, 3]])     # untouched slots stay as they were
+    assert torch.equal(pool[[1, 3]], want_pool[[1, 3]])     # untouched cells stay as they were
 
 
 def test_decode_batch_and_strided_pool_of_one_layer(device, close):
     """One token of each of 5 sequences, their states in ssm[:, layer, 0] (the model's
-    pool: [slots, n_rec, 1, D, N])."""
+    pool: [cells, n_rec, 1, D, N])."""
     x, dt, A, B, C, Dskip, _, _ = _packed([1] * 5, device=device)
     ssm = torch.randn(6, 2, 1, 40, 12, generator=torch.Generator().manual_seed(1)).to(device)
-    slots = [3, 0, 5, 1, 2]
+    cells = [3, 0, 5, 1, 2]
     want = ssm.clone()
     cu = list(range(6))
-    ref_y = ref_varlen.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, want[:, 1, 0], slots)
-    y = dispatch.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, ssm[:, 1, 0], slots)
+    ref_y = ref_varlen.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, want[:, 1, 0], cells)
+    y = dispatch.selective_scan_varlen(x, dt, A, B, C, Dskip, cu, ssm[:, 1, 0], cells)
     assert close(y, ref_y) and close(ssm, want)
     assert torch.equal(ssm[4], want[4]) and torch.equal(ssm[:, 0], want[:, 0])
 

@@ -106,23 +106,23 @@ def _packed(lengths, seed=4, device="cpu", **kw):
 
 
 @pytest.mark.parametrize("chunked", [True, False])
-def test_varlen_sequences_update_their_slots(chunked, device, close):
-    lengths, slots = [63, 1, 70, 17], [4, 0, 2, 5]
+def test_varlen_sequences_update_their_cells(chunked, device, close):
+    lengths, cells = [63, 1, 70, 17], [4, 0, 2, 5]
     x, dt, A, B, C, D, cu, pool = _packed(lengths, device=device)
     want_pool = pool.clone()
-    want = ref_varlen.ssd_varlen(x, dt, A, B, C, D, cu, want_pool, slots, chunked=False)
-    got = dispatch.ssd_varlen(x, dt, A, B, C, D, cu, pool, torch.tensor(slots, device=device),
+    want = ref_varlen.ssd_varlen(x, dt, A, B, C, D, cu, want_pool, cells, chunked=False)
+    got = dispatch.ssd_varlen(x, dt, A, B, C, D, cu, pool, torch.tensor(cells, device=device),
                               chunked=chunked)
     assert close(got, want) and close(pool, want_pool)
-    assert torch.equal(pool[[1, 3]], want_pool[[1, 3]])     # untouched slots stay as they were
+    assert torch.equal(pool[[1, 3]], want_pool[[1, 3]])     # untouched cells stay as they were
 
 
-def test_decode_batch_updates_slots_in_place(device, close):
+def test_decode_batch_updates_cells_in_place(device, close):
     x, dt, A, B, C, D, _, pool = _packed([1] * 5, device=device)
-    slots = [3, 0, 5, 1, 2]
+    cells = [3, 0, 5, 1, 2]
     want_pool = pool.clone()
-    want = ref_varlen.ssd_varlen(x, dt, A, B, C, D, list(range(6)), want_pool, slots)
-    got = fused_recurrent.ssd_decode(x, dt, A, B, C, D, pool, slots)
+    want = ref_varlen.ssd_varlen(x, dt, A, B, C, D, list(range(6)), want_pool, cells)
+    got = fused_recurrent.ssd_decode(x, dt, A, B, C, D, pool, cells)
     assert close(got, want) and close(pool, want_pool)
     assert torch.equal(pool[4], want_pool[4])
 
@@ -139,7 +139,7 @@ def test_one_head_per_program_launch(device, close):
 
 def test_strided_rows_and_pool_of_one_layer(device, close):
     """As the model calls it: x, B and C are column slices of the conv output (rows
-    strided), the pool is ssm[:, layer] (slots strided over all layers)."""
+    strided), the pool is ssm[:, layer] (cells strided over all layers)."""
     x, dt, A, B, C, D, cu, _ = _packed([20, 9], device=device)
     n, H, P = x.shape
     G, N = B.shape[1:]

@@ -62,18 +62,18 @@ def test_grouped_reference_reads_only_routed_experts(grouped_mm, monkeypatch):
 
 def test_align_blocks_hold_one_expert_each():
     ids = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2], [5, 3]])
-    slot_ids, block_expert = _align(ids, 8, 4)
-    n_slots = ids.numel()
+    pair_ids, block_expert = _align(ids, 8, 4)
+    n_pairs = ids.numel()
     flat = ids.reshape(-1)
     seen = []
     for b, e in enumerate(block_expert.tolist()):
-        rows = [r for r in slot_ids[b * 4:(b + 1) * 4].tolist() if r < n_slots]
+        rows = [r for r in pair_ids[b * 4:(b + 1) * 4].tolist() if r < n_pairs]
         if e < 0:
             assert rows == []
             continue
         assert rows and all(flat[r] == e for r in rows)
         seen += rows
-    assert sorted(seen) == list(range(n_slots))              # every slot exactly once
+    assert sorted(seen) == list(range(n_pairs))              # every pair exactly once
     # experts 4, 6, 7 got no token: no block
     assert not {4, 6, 7} & set(block_expert.tolist())
 

@@ -52,7 +52,7 @@ def _run(runner: Runner):
 def test_graph_decode_equals_eager(which, tiny_hybrid_dir, tiny_llama_dir, tiny_moe_dir,
                                    monkeypatch):
     """hybrid-triton: the kernels a graph records on CUDA, which read the step's device
-    tensors (context lengths, page tables, slots) from the refilled buffers."""
+    tensors (context lengths, page tables, cells) from the refilled buffers."""
     if which.endswith("-triton"):
         monkeypatch.setattr(dispatch, "MODE", "triton")
     path = {"hybrid": tiny_hybrid_dir, "llama": tiny_llama_dir,

@@ -5,7 +5,7 @@ on the CPU.
 - Under torch.set_default_device("meta") a tensor made without an explicit device
   lands on `meta`, and the first op mixing it with the model's CPU tensors raises: a
   batch of requests through the runner would fail loudly on a forgotten `device=`
-  (positions, page tables, cu_seqlens, slots: the rotary bug class).
+  (positions, page tables, cu_seqlens, cells: the rotary bug class).
 - On the Triton path (the one CUDA takes; interpreted here) the model's forward makes
   no op that syncs a GPU with the host: no `.item()` / `int()` / `bool()` of a tensor
   (`_local_scalar_dense`), no `.tolist()`, no data-dependent shapes (`nonzero`,

@@ -114,11 +114,11 @@ def _gdn_cases(s: Sizes, dev, dt) -> Iterator[Case]:
     N = s.N
     pool = torch.zeros(N, H, K, V, device=dev)
     qd, kd, vd, gd, bd = q[:N], k[:N], v[:N], g[:N], beta[:N]
-    slots = torch.arange(N, device=dev)
+    cells = torch.arange(N, device=dev)
     flops = N * H * 6 * K * V
     nbytes = N * H * K * V * 4 * 2                               # state read + write
     yield Case("gdn_decode", "triton",
-               lambda: fused_recurrent.gated_delta_decode(qd, kd, vd, gd, bd, pool, slots),
+               lambda: fused_recurrent.gated_delta_decode(qd, kd, vd, gd, bd, pool, cells),
                flops, nbytes)
     yield Case("gdn_decode", "torch",
                lambda: naive.recurrent_gated_delta_rule(
@@ -147,10 +147,10 @@ def _conv_cases(s: Sizes, dev, dt) -> Iterator[Case]:
     yield Case("conv_prefill", "torch", lambda: naive.causal_conv1d(x, w, None, s0), flops, nbytes)
     xd = x[:s.N]
     pool = torch.randn(s.N, s.C, s.KW - 1, device=dev, dtype=dt)
-    slots = torch.arange(s.N, device=dev)
+    cells = torch.arange(s.N, device=dev)
     nbytes = (2 * xd.numel() + 2 * pool.numel()) * x.element_size()
     yield Case("conv_decode", "triton",
-               lambda: triton_conv.causal_conv1d_update_slots(xd, pool, slots, w), 0, nbytes)
+               lambda: triton_conv.causal_conv1d_update_cells(xd, pool, cells, w), 0, nbytes)
     yield Case("conv_decode", "torch", lambda: naive.causal_conv1d_update(xd, pool, w), 0, nbytes)
 
 
@@ -194,12 +194,12 @@ def _attention_cases(s: Sizes, dev, dt) -> Iterator[Case]:
                lambda: naive.paged_decode_attention(qd, dpool, 0, tables, lens, scale),
                flops, nbytes)
     kn = torch.randn(s.T, s.Hkv, s.D, device=dev, dtype=dt)
-    slots = (table.long()[torch.arange(s.T, device=dev) // s.B] * s.B
-             + torch.arange(s.T, device=dev) % s.B)
+    kv_index = (table.long()[torch.arange(s.T, device=dev) // s.B] * s.B
+                + torch.arange(s.T, device=dev) % s.B)
     nbytes = 4 * kn.numel() * kn.element_size()
-    yield Case("write_kv", "triton", lambda: triton_pages.write_kv(pool, 0, slots, kn, kn), 0,
+    yield Case("write_kv", "triton", lambda: triton_pages.write_kv(pool, 0, kv_index, kn, kn), 0,
                nbytes)
-    yield Case("write_kv", "torch", lambda: naive.write_kv(pool, 0, slots, kn, kn), 0, nbytes)
+    yield Case("write_kv", "torch", lambda: naive.write_kv(pool, 0, kv_index, kn, kn), 0, nbytes)
     ids = table[: max(1, n_pages // 2)]
     nbytes = 2 * len(ids) * pool[0].numel() * pool.element_size()
     yield Case("gather_pages", "triton", lambda: triton_pages.gather_rows(pool, ids), 0, nbytes)

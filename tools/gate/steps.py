@@ -52,10 +52,10 @@ def meta_model(hf: dict, dtype: torch.dtype, fmt: str | None = None) -> CausalLM
 def run_step(model: CausalLM, step: list[tuple[int, int]]) -> None:
     """One forward of the sequences (tokens before, tokens computed) of a step."""
     seqs, ids, start, page = [], [], 0, 0
-    for slot, (ctx, n) in enumerate(step):
+    for cell, (ctx, n) in enumerate(step):
         pages = -(-(ctx + n) // BLOCK)
         table = torch.arange(page, page + pages, dtype=torch.int32)
-        seqs.append(SeqChunk(start, n, ctx, table, slot))
+        seqs.append(SeqChunk(start, n, ctx, table, cell))
         ids += [1] * n
         start, page = start + n, page + pages
     state = DeviceState(model.state_spec(BLOCK), page, len(step), META)
@@ -64,7 +64,7 @@ def run_step(model: CausalLM, step: list[tuple[int, int]]) -> None:
 
 
 def cache_moves(model: CausalLM) -> None:
-    """Whole KV pages and state slots copied out of their pools and back (ops.gather_pages,
+    """Whole KV pages and state cells copied out of their pools and back (ops.gather_pages,
     scatter_pages, gather_states, scatter_states)."""
     state = DeviceState(model.state_spec(BLOCK), 8, 4, META)
     ids = torch.arange(3, device=META)
@@ -74,7 +74,7 @@ def cache_moves(model: CausalLM) -> None:
 
 
 def run_all(model: CausalLM) -> None:
-    """Every step of STEPS, then the cache's page and slot copies."""
+    """Every step of STEPS, then the cache's page and cell copies."""
     for step in STEPS.values():
         run_step(model, step)
     cache_moves(model)
