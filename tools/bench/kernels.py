@@ -6,7 +6,8 @@ beside the same op from the plain-torch reference, transformers and fla
     python tools/bench/kernels.py --smoke      # tiny shapes, CPU, Triton interpreter
 
 Shapes are those of a Qwen3.5-9B-like layer (32 value heads of 128, conv over 8192
-channels, 16 query / 4 KV heads of 256) in bf16. FLOP and byte counts are the work
+channels, 16 query / 4 KV heads of 256) in bf16, or with --shapes a3b the 35B-A3B's
+(2 KV heads, hidden 2048, 32K tokens of cached context). FLOP and byte counts are the work
 the op has to do, the same for every implementation, so rates compare directly.
 """
 
@@ -38,6 +39,11 @@ class Sizes:
     ctx: int = 8192        # cached tokens before a prefill chunk / per decoding sequence
     hidden: int = 4096
 
+
+# Qwen3.5/3.6-35B-A3B's layer: the same Gated DeltaNet and conv widths, 2 KV heads, hidden
+# 2048; cached context 32K (issue 34's table: paged prefill and decode at 32K)
+A3B = Sizes(Hkv=2, hidden=2048, ctx=32768)
+SHAPES = {"9b": Sizes(), "a3b": A3B}
 
 SMOKE = Sizes(T=70, N=3, H=2, K=24, V=40, C=40, KW=4, Hq=4, Hkv=2, D=24, B=16, ctx=50,
               hidden=64)
@@ -235,6 +241,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on the CPU through the Triton interpreter, one run each")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="9b",
+                        help="a Qwen3.5-9B-like layer (default) or the 35B-A3B's")
     parser.add_argument("--peak-tflops", type=float, default=0.0,
                         help="the device's dense peak for the dtype (H100 SXM bf16: 989)")
     parser.add_argument("--peak-gbps", type=float, default=0.0,
@@ -259,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if not cuda:
         dt = torch.float32                                   # the interpreter's bf16 is wrong
-    sizes = Sizes() if cuda else SMOKE
+    sizes = SHAPES[args.shapes] if cuda else SMOKE
     if args.ctx:
         sizes = replace(sizes, ctx=args.ctx)
     iters = args.iters if cuda else 1
