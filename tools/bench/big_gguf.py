@@ -4,7 +4,7 @@ does with it (tools/bench/big_rss.py). Nothing is converted or quantized: valid 
 are written directly, one chunk at a time, so the writer holds a few MB, never the file.
 
     python -m ckptd.tools.bench.big_gguf OUT.gguf [--layers 8] [--mix Q4_K_M|Q8_0]
-        [--pool-mb 256]
+        [--pool-mb 64] [--vocab 248320] [--tokenizer SRC.gguf] [--experts 256]
 
 Shapes: tools/bench/shapes.py's a3b_config (the defaults of transformers 5.24's
 Qwen3_5MoeTextConfig, which are Qwen3.5-35B-A3B's: hidden 2048, 256 experts of 512, 8
@@ -164,20 +164,27 @@ def _plain(spec: Spec, rng: np.random.Generator) -> np.ndarray:
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
 
-def _tokenizer_fields(writer, source: Path) -> int:
-    """Copy the tokenizer.* metadata of `source` (a GGUF); returns its vocabulary size."""
+def _tokenizer_fields(writer, source: Path, vocab: int = 0) -> int:
+    """Copy the tokenizer.* metadata of `source` (a GGUF); returns its vocabulary size.
+    `vocab` larger than the source's: the list is padded with unused tokens (type 5,
+    as llama.cpp marks them) up to it, so the embedding and output have that many rows."""
 
     reader = gguf.GGUFReader(source)
-    vocab = 0
-    for key, f in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
+    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    have = len(fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in fields else 0
+    pad = max(0, vocab - have)
+    for key, f in fields.items():
         vtype = f.types[0]
         sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, f.contents(), vtype, sub)
-        if key == "tokenizer.ggml.tokens":
-            vocab = len(f.data)
-    return vocab
+        value = f.contents()
+        if pad and key == "tokenizer.ggml.tokens":
+            value = [*value, *(f"<|unused_{i}|>" for i in range(pad))]
+        elif pad and key == "tokenizer.ggml.token_type":
+            value = [*value, *([5] * pad)]
+        elif pad and key == "tokenizer.ggml.scores":
+            value = [*value, *([0.0] * pad)]
+        writer.add_key_value(key, value, vtype, sub)
+    return have + pad
 
 
 def _metadata(w, cfg: dict, mix: str) -> None:
@@ -246,17 +253,18 @@ class _Pool:
 
 
 def write(out: Path, cfg: dict, mix: str = "Q4_K_M", seed: int = 0,
-          tokenizer: Path | None = None, pool_bytes: int = 0) -> list[Spec]:
+          tokenizer: Path | None = None, pool_bytes: int = 0, vocab: int = 0) -> list[Spec]:
     """Write the GGUF; returns its tensors. `tokenizer`: the GGUF whose tokenizer.* is
-    copied (default: the embedded SmolLM2). `pool_bytes`: draw each format's blocks once
-    (that many bytes) and write every tensor from them (0: every block fresh)."""
+    copied (default: the embedded SmolLM2), padded with unused tokens up to `vocab`.
+    `pool_bytes`: draw each format's blocks once (that many bytes) and write every
+    tensor from them (0: every block fresh)."""
 
 
     if mix not in FILE_TYPE:
         raise ValueError(f"--mix must be one of {', '.join(FILE_TYPE)}, got {mix!r}")
     w = gguf.GGUFWriter(out, ARCH)
     _metadata(w, cfg, mix)
-    vocab = _tokenizer_fields(w, tokenizer or default_model_path())
+    vocab = _tokenizer_fields(w, tokenizer or default_model_path(), vocab)
     specs = layout(cfg, vocab, mix)
     for s in specs:
         raw = gguf.GGMLQuantizationType[s.fmt]
@@ -291,15 +299,25 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--mix", default="Q4_K_M", choices=list(FILE_TYPE))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--experts", type=int, default=256, help="experts per layer (the "
+                   "A3B's 256; fewer for a quick check on a CPU), 8 of them routed at most")
+    p.add_argument("--vocab", type=int, default=0, help="pad the tokenizer with unused "
+                   "tokens to this many (the released model's: 248320)")
+    p.add_argument("--tokenizer", type=Path, help="the GGUF whose tokenizer is copied "
+                   "(default: the embedded SmolLM2's)")
     p.add_argument("--pool-mb", type=int, default=0, help="draw each format's blocks once, "
                    "this many MB, and write every tensor from them (0: all fresh)")
     args = p.parse_args(argv)
-    if args.pool_mb < 0:
-        raise SystemExit("big_gguf: --pool-mb must be >= 0")
+    if args.pool_mb < 0 or args.vocab < 0 or args.experts < 1:
+        raise SystemExit("big_gguf: --pool-mb and --vocab must be >= 0, --experts >= 1")
+    if args.tokenizer is not None and not args.tokenizer.is_file():
+        raise SystemExit(f"big_gguf: --tokenizer: no file {args.tokenizer}")
     t0 = time.perf_counter()
     try:
-        specs = write(args.out, a3b_shaped(args.layers), args.mix, args.seed,
-                      pool_bytes=args.pool_mb << 20)
+        cfg = a3b_shaped(args.layers)
+        cfg.update(num_experts=args.experts, num_experts_per_tok=min(8, args.experts))
+        specs = write(args.out, cfg, args.mix, args.seed, args.tokenizer,
+                      pool_bytes=args.pool_mb << 20, vocab=args.vocab)
     except ValueError as e:
         raise SystemExit(f"big_gguf: {e}") from None
     quant = sum(s.nbytes for s in specs if s.fmt not in ("F32", "F16"))
