@@ -50,7 +50,8 @@ case "$MODE" in
     --dry-run)       # 2 busy cores: small sizes, the same steps
         DEVICE=cpu BUDGET=${BUDGET:-1500} LAYERS=4 EXPERTS=8 VOCAB=4096 POOL=16 BATCH=4
         CONTEXTS=512,128,256 ANSWER=2 DECODE=4 WARMUP=64
-        SERVE="--parallel 4 --step-tokens 256 --kv-budget 1GiB --write-queue 256MiB --threads 2"
+        SERVE="--parallel 4 --step-tokens 256 --kv-budget 1GiB --write-queue 256MiB --threads 2
+               --snapshot-interval 64"      # snapshots inside these short contexts
         KERNELS=(--smoke) ;;
     *) echo "usage: tools/gpu_full.sh [--prepare|--dry-run] (see the top of this file)" >&2
        exit 2 ;;
@@ -66,46 +67,10 @@ LOG=$OUT/log.txt
 rm -f "$STEPS"/* "$OUT"/*.json "$OUT"/daemon.log
 DEADLINE=$((SECONDS + BUDGET))
 export PYTHONUNBUFFERED=1
-source tools/gpu_lib.sh      # step()
+source tools/gpu_lib.sh      # step(), setup()
 
 # 0. what runs: ckptd importable from this checkout, the carried wheels
-if [ "$DEVICE" = cuda ]; then
-    PY=${PYTHON:-python3}
-    SITE=/tmp/ckptd-site
-    SRC=/tmp/ckptd-src               # ckptd from this checkout, as an editable install
-    mkdir -p "$SRC/ckptd"
-    for d in cache daemon kernels model tools; do ln -sfn "$ROOT/$d" "$SRC/ckptd/$d"; done
-    export PYTHONPATH="$SRC:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    step 00 "install the carried wheels" 60 $PY -m pip install -q --no-index --no-deps \
-        --no-compile --upgrade --target "$SITE" "$WHEELS"/*.whl
-else
-    PY=${PYTHON:-.venv/bin/python}
-    step 00 "the carried wheels fit Python 3.12 on x86-64" 120 $PY -m pip install -q \
-        --dry-run --no-index --no-deps --ignore-installed --target /tmp/ckptd-dry \
-        --python-version 3.12 --implementation cp --only-binary=:all: \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 "$WHEELS"/*.whl
-fi
-if ! $PY -c "import ckptd.model.runner, ckptd.cache.manager, lmdb, zstandard, gguf" >>"$LOG" 2>&1
-then
-    cat "$STEPS"/00 >"$RES" 2>/dev/null
-    echo "setup failed: ckptd or its dependencies do not import (tools/gpu_full.sh --prepare" \
-         "makes the wheels; see log.txt)" | tee -a "$RES" >&2
-    exit 2
-fi
-$PY - "$DEVICE" >"$STEPS/000" 2>>"$LOG" <<'EOF'
-import os, platform, sys, time
-import torch, triton
-if sys.argv[1] == "cuda":
-    p = torch.cuda.get_device_properties(0)
-    where = (f"{torch.cuda.get_device_name()} ({p.total_memory / 2**30:.0f} GiB, "
-             f"{p.multi_processor_count} SMs, sm_{p.major}{p.minor})")
-else:
-    where = f"the CPU (dry run: {platform.processor() or platform.machine()})"
-print(f"# tools/gpu_full.sh on {where}; torch {torch.__version__}, triton "
-      f"{triton.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
-      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-EOF
+setup tools/gpu_full.sh "tools/gpu_full.sh --prepare" "$WHEELS"/*.whl
 
 # 1. the GGUF, where it fits: tmpfs (no disk in the way), else the disk
 WHERE=/tmp

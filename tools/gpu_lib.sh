@@ -31,3 +31,50 @@ step() {
     fi
     return $rc
 }
+
+# setup SCRIPT HINT WHEEL...: sets PY and makes ckptd (this checkout) and the carried
+# wheels importable: on the GPU (DEVICE=cuda) ckptd through a symlinked package and the
+# wheels installed (step 00); on the CPU the wheels only checked to fit the device
+# image's Python 3.12 on x86-64. Writes $STEPS/000, the results' first line (the
+# device, the versions, the time). Exits 2, saying so in $RES, when ckptd or its
+# dependencies do not import (HINT: what makes the wheels).
+setup() {
+    local script=$1 hint=$2 steps=${STEPS:-$OUT/steps}
+    shift 2
+    if [ "$DEVICE" = cuda ]; then
+        PY=${PYTHON:-python3}
+        local site=/tmp/ckptd-site src=/tmp/ckptd-src    # ckptd as an editable install
+        mkdir -p "$src/ckptd"
+        for d in cache daemon kernels model tools; do ln -sfn "$ROOT/$d" "$src/ckptd/$d"; done
+        export PYTHONPATH="$src:$site${PYTHONPATH:+:$PYTHONPATH}"
+        step 00 "install the carried wheels" 60 $PY -m pip install -q --no-index --no-deps \
+            --no-compile --upgrade --target "$site" "$@"
+    else
+        PY=${PYTHON:-.venv/bin/python}
+        step 00 "the carried wheels fit Python 3.12 on x86-64" 120 $PY -m pip install -q \
+            --dry-run --no-index --no-deps --ignore-installed --target /tmp/ckptd-dry \
+            --python-version 3.12 --implementation cp --only-binary=:all: \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 "$@"
+    fi
+    if ! $PY -c "import ckptd.model.runner, ckptd.cache.manager, lmdb, zstandard, gguf" \
+        >>"$LOG" 2>&1; then
+        cat "$steps/00" >"$RES" 2>/dev/null
+        echo "setup failed: ckptd or its dependencies do not import ($hint makes the" \
+             "wheels; see log.txt)" | tee -a "$RES" >&2
+        exit 2
+    fi
+    $PY - "$DEVICE" "$script" >"$steps/000" 2>>"$LOG" <<'PYEOF'
+import os, platform, sys, time
+import torch, triton
+if sys.argv[1] == "cuda":
+    p = torch.cuda.get_device_properties(0)
+    where = (f"{torch.cuda.get_device_name()} ({p.total_memory / 2**30:.0f} GiB, "
+             f"{p.multi_processor_count} SMs, sm_{p.major}{p.minor})")
+else:
+    where = f"the CPU (dry run: {platform.processor() or platform.machine()})"
+print(f"# {sys.argv[2]} on {where}; torch {torch.__version__}, triton "
+      f"{triton.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
+      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+PYEOF
+}

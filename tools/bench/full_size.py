@@ -35,12 +35,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ckptd.tools.bench.big_rss import status
+from ckptd.tools.bench.big_rss import Sampler, status
 from ckptd.tools.bench.client import Client, Measured
 from ckptd.tools.bench.long_context import _vocab
 from ckptd.tools.bench.managed import ManagedDaemon
@@ -48,17 +47,14 @@ from ckptd.tools.bench.managed import ManagedDaemon
 KEEP_FOR_RESTART = 60.0     # seconds the restart phase needs beyond a load, at the least
 
 
-class Peaks:
+class Peaks(Sampler):
     """Device memory used (nvidia-smi, MiB -> bytes) and the daemon's VmHWM, sampled on
-    a thread; `mark(phase)` starts a phase's maxima."""
+    a thread; `mark(phase)` starts a phase's maxima; `pid` is set once the daemon runs."""
 
     def __init__(self, cuda: bool, every: float = 0.5) -> None:
-        self.cuda, self.every = cuda, every
-        self.phase, self.pid = "start", None
+        self.cuda, self.phase = cuda, "start"
         self.peaks: dict[str, dict[str, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(None, every)
 
     def mark(self, phase: str) -> None:
         self.phase = phase
@@ -85,14 +81,6 @@ class Peaks:
         peak = self.peaks.setdefault(self.phase, {})
         for k, v in got.items():
             peak[k] = max(peak.get(k, 0), v)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.sample()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class Run:
