@@ -74,7 +74,8 @@ setup tools/gpu_full.sh "tools/gpu_full.sh --prepare" "$WHEELS"/*.whl
 
 # 1. the GGUF, where it fits: tmpfs (no disk in the way), else the disk
 WHERE=/tmp
-(($(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1) > LAYERS / 2 + 4)) && WHERE=/dev/shm
+shm=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
+((${shm:-0} > LAYERS / 2 + 4)) && WHERE=/dev/shm
 GGUF=$WHERE/ckptd-a3b-${LAYERS}l.gguf
 rm -f "$GGUF"
 step 01 "write the ${LAYERS}-layer 35B-A3B-shaped Q4_K_M GGUF in $WHERE" 200 \
