@@ -263,9 +263,10 @@ def _kept_cases(s: Sizes, dev, dt) -> Iterator[Case]:
                              (n, k))
             yield Case(f"{op}_{fmt}", "triton", lambda x=x, qt=qt: triton_quant.matmul(x, qt),
                        2 * m * n * k, qt.nbytes + 2 * m * (n + k) * x.element_size())
-        yield Case(f"{op}_dense", "torch-bf16-dense" if dt == torch.bfloat16 else "torch",
-                   lambda x=x: x @ dense.T, 2 * m * n * k,
-                   (n * k + m * (n + k)) * x.element_size())
+            # the reference beside each format's row: the same product on dense weights
+            yield Case(f"{op}_{fmt}", f"torch dense {str(dt).split('.')[-1]}",
+                       lambda x=x: x @ dense.T, 2 * m * n * k,
+                       (n * k + m * (n + k)) * x.element_size())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
