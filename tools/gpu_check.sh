@@ -47,72 +47,10 @@ rm -f "$OUT"/steps/*
 DEADLINE=$((SECONDS + BUDGET))
 export PYTHONUNBUFFERED=1
 
-# step N NAME CAP CMD...: CMD for at most CAP seconds (less if the budget runs out), its
-# output to the log, its outcome to $OUT/steps/N (the results list them in N's order);
-# a pytest step's failing tests follow its line
-step() {
-    local n=$1 name=$2 cap=$3
-    shift 3
-    local res=$OUT/steps/$n left=$((DEADLINE - SECONDS)) log=$OUT/steps/$n.log
-    ((cap > left)) && cap=$left
-    if ((cap < 5)); then
-        echo "- $name: SKIPPED (the ${BUDGET} s budget was spent)" >"$res"
-        return 1
-    fi
-    local t0=$SECONDS
-    timeout --kill-after=10 "$cap" "$@" >"$log" 2>&1
-    local rc=$?
-    { echo "== $name (at most $cap s): $*"; cat "$log"; } >>"$LOG"
-    if ((rc == 0)); then
-        echo "- $name: ok ($((SECONDS - t0)) s)" >"$res"
-    else
-        local why="exit $rc"
-        ((rc == 124 || rc == 137)) && why="cut at $cap s"
-        echo "- $name: FAILED ($why after $((SECONDS - t0)) s; log.txt has its output)" >"$res"
-        grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-240 | head -40 | sed 's/^/    - /' >>"$res"
-        tail -n 3 "$log" | cut -c1-240 | sed 's/^/    > /' >>"$res"
-    fi
-    return $rc
-}
+source tools/gpu_lib.sh      # step(), setup()
 
 # 0. what runs: ckptd importable from this checkout, the carried wheels
-if [ "$DEVICE" = cuda ]; then
-    PY=${PYTHON:-python3}
-    SITE=/tmp/ckptd-site
-    SRC=/tmp/ckptd-src               # ckptd from this checkout, as an editable install
-    mkdir -p "$SRC/ckptd"
-    for d in cache daemon kernels model tools; do ln -sfn "$ROOT/$d" "$SRC/ckptd/$d"; done
-    export PYTHONPATH="$SRC:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    step 00 "install the carried wheels" 60 $PY -m pip install -q --no-index --no-deps \
-        --no-compile --upgrade --target "$SITE" .gpu/a/*.whl
-else
-    PY=${PYTHON:-.venv/bin/python}
-    step 00 "the carried wheels fit Python 3.12 on x86-64" 120 $PY -m pip install -q \
-        --dry-run --no-index --no-deps --ignore-installed --target /tmp/ckptd-dry \
-        --python-version 3.12 --implementation cp --only-binary=:all: \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 .gpu/a/*.whl
-fi
-if ! $PY -c "import ckptd.model.runner, ckptd.cache.manager, lmdb, zstandard, gguf" >>"$LOG" 2>&1
-then
-    cat "$OUT"/steps/00 >"$RES" 2>/dev/null
-    echo "setup failed: ckptd or its dependencies do not import (tools/gpu_prepare.sh makes" \
-         "the wheels; see log.txt)" | tee -a "$RES" >&2
-    exit 2
-fi
-$PY - "$DEVICE" >"$OUT/steps/000" 2>>"$LOG" <<'EOF'
-import os, platform, sys, time
-import torch, triton
-if sys.argv[1] == "cuda":
-    p = torch.cuda.get_device_properties(0)
-    where = (f"{torch.cuda.get_device_name()} ({p.total_memory / 2**30:.0f} GiB, "
-             f"{p.multi_processor_count} SMs, sm_{p.major}{p.minor})")
-else:
-    where = f"the CPU (dry run: {platform.processor() or platform.machine()})"
-print(f"# tools/gpu_check.sh on {where}; torch {torch.__version__}, triton "
-      f"{triton.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
-      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-EOF
+setup tools/gpu_check.sh tools/gpu_prepare.sh .gpu/a/*.whl
 
 # the models: the tiny hybrid made here, the kept fixture, SmolLM2 from its two parts
 MODELS=/tmp/ckptd-models

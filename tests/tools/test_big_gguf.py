@@ -97,3 +97,25 @@ def test_cli_refuses_a_mix_its_rows_cannot_hold(tmp_path, capsys):
     assert e.value.code == 2 and "--mix" in capsys.readouterr().err
     with pytest.raises(ValueError, match="use --mix Q8_0"):
         layout({**small_config(), "moe_intermediate_size": 96}, 512)
+
+
+def test_pooled_blocks_make_the_same_file_of_valid_weights(tmp_path, small_gguf):
+    """--pool-mb (the GPU machine's fast path) writes the same tensors, each of blocks
+    drawn from the pool at its own scale: same layout and size, finite weights whose
+    spread is 1/sqrt(fan_in), and not fresh random bytes (a repeated run shows up)."""
+    path, specs = small_gguf
+    pooled = tmp_path / "pooled.gguf"
+    assert write(pooled, small_config(), tokenizer=FIXTURE, pool_bytes=1 << 20) == specs
+    assert pooled.stat().st_size == path.stat().st_size
+    reader = gguf.GGUFReader(pooled)
+    for t in reader.tensors:
+        if t.tensor_type.name not in ("Q4_K", "Q6_K"):
+            continue
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        fan_in = w.shape[-1]
+        assert np.isfinite(w).all()
+        assert 0.5 < w.std() * np.sqrt(fan_in) < 2, (t.name, w.std() * np.sqrt(fan_in))
+    big = next(t for t in reader.tensors if t.name == "blk.0.ffn_down_exps.weight")
+    raw = np.asarray(big.data).reshape(-1, 144)            # Q4_K blocks, 8 experts of 1 MiB
+    assert raw.nbytes > 2 << 20
+    assert len(np.unique(raw, axis=0)) < len(raw)          # the 1 MiB pool wrapped round

@@ -4,6 +4,7 @@ does with it (tools/bench/big_rss.py). Nothing is converted or quantized: valid 
 are written directly, one chunk at a time, so the writer holds a few MB, never the file.
 
     python -m ckptd.tools.bench.big_gguf OUT.gguf [--layers 8] [--mix Q4_K_M|Q8_0]
+        [--pool-mb 64] [--vocab 248320] [--tokenizer SRC.gguf] [--experts 256]
 
 Shapes: tools/bench/shapes.py's a3b_config (the defaults of transformers 5.24's
 Qwen3_5MoeTextConfig, which are Qwen3.5-35B-A3B's: hidden 2048, 256 experts of 512, 8
@@ -23,7 +24,12 @@ matrix llama-quantize would quantize is Q8_0.
 
 Block contents: random bytes for the quants and sub-block scales; the f16 super-block
 scales are fixed so a weight has a standard deviation near 1/sqrt(fan_in), the scale
-trained layers have, so activations stay finite through the layers.
+trained layers have, so activations stay finite through the layers. With --pool-mb,
+each format's blocks are drawn once (a pool of that many MB) and every tensor is written
+from it, starting at a random block and wrapping round: the file's bytes are the same
+valid blocks, repeated, which no kernel's speed can tell from fresh ones, and the writer
+runs at the speed of the disk (the full 40 layers in about a minute on a GPU machine, not
+several: random bytes come at ~0.2-1 GB/s from one core).
 """
 
 from __future__ import annotations
@@ -158,20 +164,27 @@ def _plain(spec: Spec, rng: np.random.Generator) -> np.ndarray:
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
 
-def _tokenizer_fields(writer, source: Path) -> int:
-    """Copy the tokenizer.* metadata of `source` (a GGUF); returns its vocabulary size."""
+def _tokenizer_fields(writer, source: Path, vocab: int = 0) -> int:
+    """Copy the tokenizer.* metadata of `source` (a GGUF); returns its vocabulary size.
+    `vocab` larger than the source's: the list is padded with unused tokens (type 5,
+    as llama.cpp marks them) up to it, so the embedding and output have that many rows."""
 
     reader = gguf.GGUFReader(source)
-    vocab = 0
-    for key, f in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
+    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    have = len(fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in fields else 0
+    pad = max(0, vocab - have)
+    for key, f in fields.items():
         vtype = f.types[0]
         sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, f.contents(), vtype, sub)
-        if key == "tokenizer.ggml.tokens":
-            vocab = len(f.data)
-    return vocab
+        value = f.contents()
+        if pad and key == "tokenizer.ggml.tokens":
+            value = [*value, *(f"<|unused_{i}|>" for i in range(pad))]
+        elif pad and key == "tokenizer.ggml.token_type":
+            value = [*value, *([5] * pad)]
+        elif pad and key == "tokenizer.ggml.scores":
+            value = [*value, *([0.0] * pad)]
+        writer.add_key_value(key, value, vtype, sub)
+    return have + pad
 
 
 def _metadata(w, cfg: dict, mix: str) -> None:
@@ -217,17 +230,41 @@ def a3b_shaped(layers: int) -> dict:
     return cfg
 
 
+class _Pool:
+    """Blocks drawn once per format and weight scale (`nbytes` of each), handed out as
+    contiguous runs from a random start, wrapping round."""
+
+    def __init__(self, nbytes: int, rng: np.random.Generator) -> None:
+        self.nbytes, self.rng = nbytes, rng
+        self.pools: dict[tuple[str, float], np.ndarray] = {}
+
+    def blocks(self, fmt: str, n: int, std: float) -> list[np.ndarray]:
+        key = (fmt, std)
+        if key not in self.pools:
+            self.pools[key] = random_blocks(fmt, max(1, self.nbytes // _BLOCK[fmt][0]),
+                                            self.rng, std)
+        pool = self.pools[key]
+        out, start = [], int(self.rng.integers(len(pool)))
+        while n > 0:
+            out.append(pool[start:start + n])
+            n -= len(out[-1])
+            start = 0
+        return out
+
+
 def write(out: Path, cfg: dict, mix: str = "Q4_K_M", seed: int = 0,
-          tokenizer: Path | None = None) -> list[Spec]:
+          tokenizer: Path | None = None, pool_bytes: int = 0, vocab: int = 0) -> list[Spec]:
     """Write the GGUF; returns its tensors. `tokenizer`: the GGUF whose tokenizer.* is
-    copied (default: the embedded SmolLM2)."""
+    copied (default: the embedded SmolLM2), padded with unused tokens up to `vocab`.
+    `pool_bytes`: draw each format's blocks once (that many bytes) and write every
+    tensor from them (0: every block fresh)."""
 
 
     if mix not in FILE_TYPE:
         raise ValueError(f"--mix must be one of {', '.join(FILE_TYPE)}, got {mix!r}")
     w = gguf.GGUFWriter(out, ARCH)
     _metadata(w, cfg, mix)
-    vocab = _tokenizer_fields(w, tokenizer or default_model_path())
+    vocab = _tokenizer_fields(w, tokenizer or default_model_path(), vocab)
     specs = layout(cfg, vocab, mix)
     for s in specs:
         raw = gguf.GGMLQuantizationType[s.fmt]
@@ -236,6 +273,7 @@ def write(out: Path, cfg: dict, mix: str = "Q4_K_M", seed: int = 0,
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
+    pool = _Pool(pool_bytes, rng) if pool_bytes else None
     fout = w.fout[0]
     for s in specs:
         w.write_padding(fout, fout.tell())
@@ -246,8 +284,10 @@ def write(out: Path, cfg: dict, mix: str = "Q4_K_M", seed: int = 0,
         blocks = s.nbytes // tb
         std = 1 / np.sqrt(s.shape[-1])
         for start in range(0, blocks, _CHUNK_BLOCKS):
-            fout.write(random_blocks(s.fmt, min(_CHUNK_BLOCKS, blocks - start), rng,
-                                     std).tobytes())
+            n = min(_CHUNK_BLOCKS, blocks - start)
+            runs = pool.blocks(s.fmt, n, std) if pool else [random_blocks(s.fmt, n, rng, std)]
+            for run in runs:
+                fout.write(memoryview(run).cast("B"))
     w.write_padding(fout, fout.tell())
     w.close()
     return specs
@@ -259,10 +299,25 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--mix", default="Q4_K_M", choices=list(FILE_TYPE))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--experts", type=int, default=256, help="experts per layer (the "
+                   "A3B's 256; fewer for a quick check on a CPU), 8 of them routed at most")
+    p.add_argument("--vocab", type=int, default=0, help="pad the tokenizer with unused "
+                   "tokens to this many (the released model's: 248320)")
+    p.add_argument("--tokenizer", type=Path, help="the GGUF whose tokenizer is copied "
+                   "(default: the embedded SmolLM2's)")
+    p.add_argument("--pool-mb", type=int, default=0, help="draw each format's blocks once, "
+                   "this many MB, and write every tensor from them (0: all fresh)")
     args = p.parse_args(argv)
+    if args.pool_mb < 0 or args.vocab < 0 or args.experts < 1:
+        raise SystemExit("big_gguf: --pool-mb and --vocab must be >= 0, --experts >= 1")
+    if args.tokenizer is not None and not args.tokenizer.is_file():
+        raise SystemExit(f"big_gguf: --tokenizer: no file {args.tokenizer}")
     t0 = time.perf_counter()
     try:
-        specs = write(args.out, a3b_shaped(args.layers), args.mix, args.seed)
+        cfg = a3b_shaped(args.layers)
+        cfg.update(num_experts=args.experts, num_experts_per_tok=min(8, args.experts))
+        specs = write(args.out, cfg, args.mix, args.seed, args.tokenizer,
+                      pool_bytes=args.pool_mb << 20, vocab=args.vocab)
     except ValueError as e:
         raise SystemExit(f"big_gguf: {e}") from None
     quant = sum(s.nbytes for s in specs if s.fmt not in ("F32", "F16"))

@@ -49,11 +49,45 @@ def big_state(d: dict) -> str:
         f"- {k}: {d.get(k)}" for k in keys)
 
 
+def _figures(r: dict) -> list[str]:
+    """One phase's row: a request's TTFT and tokens, or a batch's, or a load's."""
+    if "ttft_s" in r:
+        return [f"{r['ttft_s']:,.3f}", f"{r.get('prompt_n') or ''}", f"{r.get('cache_n', '')}",
+                f"{r.get('computed_n', '')}", f"{r.get('tier') or ''}",
+                f"{r.get('decode_tps', '')}"]
+    if "batch" in r and "decode_tps" in r:
+        return [f"{r['ttft_s_max']:,.3f} (max)", "", "", "", "", f"{r['decode_tps']}"]
+    return [""] * 6
+
+
+def full_size(d: dict) -> str:
+    gib = 2 ** 30
+    out = [f"The full-size model served ({d['model']}, {d['file_bytes'] / gib:.2f} GiB, "
+           f"--device {d['device']} {' '.join(d['serve_args'])}):", "",
+           "| phase | status | TTFT s | prompt | cached | computed | tier | decode tok/s "
+           "| s |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in d["phases"]:
+        cells = _figures(r)
+        if r["status"] != "ok":
+            cells = [r.get("error", "")[:120], *[""] * 5]
+        extra = ", ".join(f"{k} {r[k]}" for k in ("load_s", "drain_s") if k in r)
+        out.append(f"| {r['phase']}{f' ({extra})' if extra else ''} | {r['status']} | "
+                   + " | ".join(cells) + f" | {r.get('seconds', '')} |")
+    out += ["", "| during | GPU memory used, peak GiB | daemon RSS, peak GiB |", "|---|---:|---:|"]
+    for phase, p in d.get("peaks", {}).items():
+        dev = f"{p['device_used'] / gib:.2f}" if "device_used" in p else "–"
+        rss = f"{p['rss_peak'] / gib:.2f}" if "rss_peak" in p else "–"
+        out.append(f"| {phase} | {dev} | {rss} |")
+    if d.get("cut"):
+        out.append(f"\nCut: {d['cut']}.")
+    return "\n".join(out) + f"\n\nThe daemon's part took {d.get('took_s', '?')} s."
+
+
 def render(path: Path) -> str:
     d = json.loads(path.read_text())
     name = path.stem
     for prefix, fn in (("kernels", kernels), ("decode", decode), ("e2e", e2e),
-                       ("big_state", big_state)):
+                       ("big_state", big_state), ("full_size", full_size)):
         if name.startswith(prefix):
             return fn(d)
     return f"{name}:\n\n```\n{json.dumps(d, indent=1)[:4000]}\n```"

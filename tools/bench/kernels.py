@@ -6,7 +6,8 @@ beside the same op from the plain-torch reference, transformers and fla
     python tools/bench/kernels.py --smoke      # tiny shapes, CPU, Triton interpreter
 
 Shapes are those of a Qwen3.5-9B-like layer (32 value heads of 128, conv over 8192
-channels, 16 query / 4 KV heads of 256) in bf16. FLOP and byte counts are the work
+channels, 16 query / 4 KV heads of 256) in bf16, or with --shapes a3b the 35B-A3B's
+(2 KV heads, hidden 2048, 32K tokens of cached context). FLOP and byte counts are the work
 the op has to do, the same for every implementation, so rates compare directly.
 """
 
@@ -37,10 +38,17 @@ class Sizes:
     B: int = 16            # tokens per page
     ctx: int = 8192        # cached tokens before a prefill chunk / per decoding sequence
     hidden: int = 4096
+    gemv: int = 4096       # the kept-weight matmul: N = K (issue 34's probe: 4096 x 4096)
+    gemm_m: int = 512      # its rows at prefill sizes
 
+
+# Qwen3.5/3.6-35B-A3B's layer: the same Gated DeltaNet and conv widths, 2 KV heads, hidden
+# 2048; cached context 32K (issue 34's table: paged prefill and decode at 32K)
+A3B = Sizes(Hkv=2, hidden=2048, ctx=32768)
+SHAPES = {"9b": Sizes(), "a3b": A3B}
 
 SMOKE = Sizes(T=70, N=3, H=2, K=24, V=40, C=40, KW=4, Hq=4, Hkv=2, D=24, B=16, ctx=50,
-              hidden=64)
+              hidden=64, gemv=256, gemm_m=8)
 
 
 @dataclass(frozen=True)
@@ -231,10 +239,42 @@ def _pointwise_cases(s: Sizes, dev, dt) -> Iterator[Case]:
         yield Case("rotary_partial", impl, lambda m=mod: m.apply_rotary(qh, cos, sin), 0, 2 * n)
 
 
+def _kept_cases(s: Sizes, dev, dt) -> Iterator[Case]:
+    """GGUF weights kept in their blocks (the Q4_K_M mix's formats), dequantized inside
+    the matmul, beside torch's dense bf16 matmul of the same shape: batch 1 (GEMV: the
+    weight bytes are the work) and gemm_m rows."""
+    import numpy as np
+    import torch  # (imported here: see _timeit)
+
+    from ckptd.kernels.quant import triton_quant
+    from ckptd.kernels.quant.formats import FORMATS, QuantTensor
+    from ckptd.tools.bench.big_gguf import random_blocks
+
+    n = k = s.gemv
+    dense = torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5
+    rng = np.random.default_rng(0)
+    for m in (1, s.gemm_m):
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        op = "kept_gemv" if m == 1 else f"kept_gemm_m{m}"
+        for fmt in ("Q4_K", "Q6_K", "Q8_0"):
+            _, bs, ts = FORMATS[fmt]
+            blocks = random_blocks(fmt, n * k // bs, rng, k ** -0.5)
+            qt = QuantTensor(torch.from_numpy(blocks).view(n, k // bs * ts).to(dev), fmt,
+                             (n, k))
+            yield Case(f"{op}_{fmt}", "triton", lambda x=x, qt=qt: triton_quant.matmul(x, qt),
+                       2 * m * n * k, qt.nbytes + 2 * m * (n + k) * x.element_size())
+            # the reference beside each format's row: the same product on dense weights
+            yield Case(f"{op}_{fmt}", f"torch dense {str(dt).split('.')[-1]}",
+                       lambda x=x: x @ dense.T, 2 * m * n * k,
+                       (n * k + m * (n + k)) * x.element_size())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on the CPU through the Triton interpreter, one run each")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="9b",
+                        help="a Qwen3.5-9B-like layer (default) or the 35B-A3B's")
     parser.add_argument("--peak-tflops", type=float, default=0.0,
                         help="the device's dense peak for the dtype (H100 SXM bf16: 989)")
     parser.add_argument("--peak-gbps", type=float, default=0.0,
@@ -259,13 +299,13 @@ def run(args: argparse.Namespace) -> int:
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if not cuda:
         dt = torch.float32                                   # the interpreter's bf16 is wrong
-    sizes = Sizes() if cuda else SMOKE
+    sizes = SHAPES[args.shapes] if cuda else SMOKE
     if args.ctx:
         sizes = replace(sizes, ctx=args.ctx)
     iters = args.iters if cuda else 1
     rows = []
     print(f"{'op':<18} {'impl':<24} {'ms':>9} {'TFLOP/s':>8} {'GB/s':>8} {'% peak':>7}")
-    for make in (_gdn_cases, _conv_cases, _attention_cases, _pointwise_cases):
+    for make in (_gdn_cases, _conv_cases, _attention_cases, _pointwise_cases, _kept_cases):
         for case in make(sizes, dev, dt):
             try:
                 sec = _timeit(case.fn, cuda, iters)
