@@ -182,11 +182,13 @@ class Service:
             raise ApiError(404, f"no context named {name!r}", param, "context_not_found")
         return ctx
 
-    def render_chat(self, chat: ChatPrompt) -> str:
+    def render_chat(self, chat: ChatPrompt, generating: bool = True) -> str:
         """The prompt text. The template sees what llama-server gives it: bos_token,
         eos_token, enable_thinking (--reasoning, or the request's), today's date as
         `datetime` and `date_string`, the tools, and chat_template_kwargs. A last
-        assistant message is an answer to continue: the rest rendered, then its text."""
+        assistant message is an answer to continue: the rest rendered, then its text.
+        generating: the answer will be read, so tools need a call syntax ckptd reads
+        (/apply-template only renders, as llama-server's does)."""
         messages, add, tail = chat.messages, chat.add_generation_prompt, ""
         if chat.prefill is not None:
             add, tail = True, chat.prefill
@@ -195,7 +197,7 @@ class Service:
             messages = _calls_written(messages)
         if chat.tools:
             syntax = self.tool_syntax()
-            if chat.tool_choice != "none" and syntax.fmt is None:
+            if generating and chat.tool_choice != "none" and syntax.fmt is None:
                 raise bad_request("tools: this model's chat template writes tool calls in a "
                                   "syntax this server (ckptd) does not read (it writes "
                                   f"{syntax.sample!r}); send tool_choice none, or serve the "
