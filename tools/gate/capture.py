@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from triton.runtime import autotuner, jit
+from triton.runtime import autotuner, interpreter, jit
 
 from ckptd.kernels import dispatch, launch
 
@@ -102,12 +102,19 @@ def recording(cc: int) -> Iterator[list[Launch]]:
             finally:
                 tuning.pop()
 
-    saved = jit.JITFunction.run, autotuner.Autotuner.run
+    def interpreted(self, *args, grid, warmup, **kwargs):
+        # under TRITON_INTERPRET=1 (the CPU's test runs) a kernel is an InterpretedFunction:
+        # recorded as the JIT function the compiler builds from the same Python function
+        run(jit.JITFunction(self.fn), *args, grid=grid, warmup=warmup, **kwargs)
+
+    saved = jit.JITFunction.run, autotuner.Autotuner.run, interpreter.InterpretedFunction.run
     jit.JITFunction.run, autotuner.Autotuner.run = run, tuned
+    interpreter.InterpretedFunction.run = interpreted
     try:
         yield seen
     finally:
-        jit.JITFunction.run, autotuner.Autotuner.run = saved
+        (jit.JITFunction.run, autotuner.Autotuner.run,
+         interpreter.InterpretedFunction.run) = saved
 
 
 @contextmanager
