@@ -19,6 +19,13 @@ SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS + GEMMA_ARCHS
 LAYER_KINDS = ("full_attention", "linear_attention")
 MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = tuple(_DTYPES)        # what a config's dtype may be
+
+
+def check_dtype(name: str) -> None:
+    """Every config's dtype check (ModelConfig and the SSM and Gemma configs)."""
+    if name not in _DTYPES:
+        raise ValueError(f"config: unsupported dtype {name!r}")
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,7 @@ class ModelConfig:
         self._check_mlp()
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise ValueError(f"config: rotary dim {self.rotary_dim} must be even and <= head_dim")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"config: unsupported dtype {self.dtype!r}")
+        check_dtype(self.dtype)
 
     def _check_mlp(self) -> None:
         if len(self.mlp_types) != self.num_layers:

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ckptd.model.config import GEMMA_ARCHS, ModelConfig
+from ckptd.model.config import DTYPE_NAMES, GEMMA_ARCHS, ModelConfig, check_dtype
 from ckptd.model.spec import AttentionSpec, StateSpec
 
 KINDS = ("sliding_attention", "full_attention")
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,7 @@ class GemmaConfig(ModelConfig):
         if self.rope_factor <= 0:
             raise ValueError(f"config: the rope scaling factor must be positive, "
                              f"got {self.rope_factor}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"config: unsupported dtype {self.dtype!r}")
+        check_dtype(self.dtype)
 
     @property
     def qwen(self) -> bool:
@@ -147,5 +145,5 @@ def _fields(d: dict) -> dict:
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None
                                                                 else (int(eos),)),
-        dtype=dtype if dtype in _DTYPES else "float32",
+        dtype=dtype if dtype in DTYPE_NAMES else "float32",
     )

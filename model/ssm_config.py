@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ckptd.model.config import SSM_ARCHS, ModelConfig
+from ckptd.model.config import SSM_ARCHS, ModelConfig, check_dtype
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 from ckptd.model.ssm_families import FAMILIES
 
@@ -29,7 +29,6 @@ MIXERS = ("mamba2", "mamba", "full_attention", "parallel", "none")
 MLPS = ("dense", "moe", "none")
 _ATTENTION = ("full_attention", "parallel")
 _RECURRENT = ("mamba2", "mamba", "parallel")
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,7 @@ class SSMConfig(ModelConfig):
                                  f"exceeds num_experts {self.num_experts}")
         if self.mlp_act not in ("silu", "relu2"):
             raise ValueError(f"config: unsupported MLP activation {self.mlp_act!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"config: unsupported dtype {self.dtype!r}")
+        check_dtype(self.dtype)
 
     @property
     def qwen(self) -> bool:
