@@ -270,10 +270,10 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
 def moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down, b_down, alpha,
                         limit):
     """gpt-oss' experts: moe_experts with biases b_gate_up [E, 2I], b_down [E, H] and the
-    clamped SwiGLU (alpha, limit). The plain-torch grouping on every device (its Triton
-    grouped GEMM has neither the biases nor this activation yet)."""
-    return moe_ref.moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down,
-                                       b_down, alpha, limit)
+    clamped SwiGLU (alpha, limit); the same grouped GEMM in Triton."""
+    impl = _fast("moe.triton_moe") if use_triton(x) else moe_ref
+    return impl.moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down,
+                                    b_down, alpha, limit)
 
 
 # weights kept in their GGUF formats (kernels/quant/)
