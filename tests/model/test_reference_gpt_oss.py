@@ -138,3 +138,59 @@ def test_the_hubs_config_keys_are_read():
 def test_unsupported_configs_are_refused_by_name(over, says):
     with pytest.raises(ValueError, match=says):
         config_from_hf(_hf_config(**over))
+
+
+def _mxfp4(shape, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP4 blocks [*shape, cols / 32, 16] and E8M0 scales [*shape, cols / 32]."""
+    *rows, cols = shape
+    blocks = torch.randint(0, 256, (*rows, cols // 32, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(121, 126, (*rows, cols // 32), generator=g, dtype=torch.uint8)
+    return blocks, scales
+
+
+def test_mxfp4_experts_in_the_gguf_are_dequantized_or_refused_by_name(gpt_oss, llamacpp,
+                                                                       tmp_path):
+    """A folder with the Hub's MXFP4 experts, converted by llama.cpp (which repacks them
+    into GGUF MXFP4, the released GGUFs' format): `--weights expand` gives the logits of
+    transformers' own dequantization (integrations.mxfp4), `keep` refuses by name."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    folder, ours = gpt_oss
+    cfg = ours.config
+    E, H, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    tensors = load_file(folder / "model.safetensors")
+    packed, plain = tmp_path / "packed", tmp_path / "plain"
+    packed.mkdir()
+    plain.mkdir()
+    g = torch.Generator().manual_seed(5)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        for name, shape in (("gate_up_proj", (E, 2 * inter, H)), ("down_proj", (E, H, inter))):
+            blocks, scales = _mxfp4(shape, g)
+            tensors[p + name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            tensors_packed = {p + name + "_blocks": blocks, p + name + "_scales": scales}
+            tensors.update({f"packed:{k}": v for k, v in tensors_packed.items()})
+    save_file({k: v for k, v in tensors.items() if not k.startswith("packed:")},
+              plain / "model.safetensors")
+    save_file({k.removeprefix("packed:"): v for k, v in tensors.items()
+               if k.startswith("packed:") or not k.endswith(("gate_up_proj", "down_proj"))},
+              packed / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps(config))
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (packed / "config.json").write_text(json.dumps(config))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (packed / f).write_text((folder / f).read_text())
+    path = tmp_path / "mxfp4.gguf"
+    convert(llamacpp, [Conversion(packed, path, "f32")], tokenizer_pre="gpt-2")
+    kinds = {t.name: t.tensor_type.name for t in open_gguf(path).tensors}
+    assert kinds["blk.0.ffn_gate_exps.weight"] == "MXFP4"
+    with pytest.raises(ValueError, match="'blk.0.ffn_(gate|up|down)_exps.weight' has type MXFP4"):
+        load_model(path)                                   # --weights keep
+    got_model = load_model(path, weights="expand")
+    ref = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    tokens = torch.randint(3, 512, (60,), generator=g).tolist()
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([tokens])).logits[0]
+    got = prompt_logits(got_model, tokens)
+    assert (got - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item())
+    assert (prompt_logits(ours, tokens) - want).abs().max().item() > 1e-2
