@@ -20,14 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ckptd.model.config import DTYPE_NAMES, GPT_OSS_ARCHS, ModelConfig, check_dtype
-from ckptd.model.spec import AttentionSpec, StateSpec
-
-KINDS = ("sliding_attention", "full_attention")
+from ckptd.model.config import DTYPE_NAMES, GPT_OSS_ARCHS, ModelConfig
+from ckptd.model.window_config import WindowedAttention, config_of
 
 
 @dataclass(frozen=True)
-class GptOssConfig(ModelConfig):
+class GptOssConfig(WindowedAttention, ModelConfig):
     sliding_window: int = 0
     rope_type: str = "default"               # or "yarn"
     rope_factor: float = 1.0
@@ -43,24 +41,10 @@ class GptOssConfig(ModelConfig):
         if self.arch not in GPT_OSS_ARCHS:
             raise ValueError(f"config: {self.arch!r} is not gpt-oss")
         object.__setattr__(self, "mlp_types", ("moe",) * self.num_layers)
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "num_experts", "num_experts_per_tok",
-                     "moe_intermediate_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple "
-                             f"of num_key_value_heads {self.num_kv_heads}")
+        self.check_attention(("num_experts", "num_experts_per_tok", "moe_intermediate_size"))
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"config: num_experts_per_tok {self.num_experts_per_tok} exceeds "
                              f"num_local_experts {self.num_experts}")
-        if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(KINDS):
-            raise ValueError(f"config: layer_types must name {self.num_layers} layers, each "
-                             f"one of {', '.join(KINDS)}; got {list(self.layer_types)}")
-        if "sliding_attention" in self.layer_types and self.sliding_window <= 0:
-            raise ValueError(f"config: sliding_window must be positive, got {self.sliding_window}")
-        if self.head_dim % 2:
-            raise ValueError(f"config: head_dim {self.head_dim} must be even")
         if self.rope_type not in ("default", "yarn"):
             raise ValueError(f"config: unsupported rope type {self.rope_type!r} "
                              "(default and yarn are)")
@@ -69,27 +53,6 @@ class GptOssConfig(ModelConfig):
                              "embeddings must be positive")
         if self.swiglu_limit <= 0:
             raise ValueError(f"config: swiglu_limit must be positive, got {self.swiglu_limit}")
-        check_dtype(self.dtype)
-
-    @property
-    def qwen(self) -> bool:
-        return False
-
-    @property
-    def n_attention(self) -> int:
-        return self.num_layers
-
-    @property
-    def n_recurrent(self) -> int:
-        return 0
-
-    def window(self, layer: int) -> int:
-        """Keys a query of `layer` sees (its own included); 0: all of them."""
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
-
-    def state_spec(self, block_size: int, dtype: torch.dtype = torch.float32) -> StateSpec:
-        return StateSpec(block_size, AttentionSpec(self.num_layers, self.num_kv_heads,
-                                                   self.head_dim, dtype), None)
 
     def rotary(self) -> tuple[torch.Tensor, float]:
         """(inverse frequencies [head_dim / 2] fp32, the factor cos and sin are scaled by)."""
@@ -106,12 +69,7 @@ class GptOssConfig(ModelConfig):
         """From a gpt_oss config.json dict (transformers 5's `rope_parameters` or the Hub's
         `rope_scaling` and `rope_theta`). ValueError naming a missing, mistyped or
         unsupported key."""
-        try:
-            return cls(**_fields(d), raw=dict(d))
-        except KeyError as e:
-            raise ValueError(f"config.json is missing {e.args[0]!r}") from None
-        except TypeError as e:                # int(None), float([...]), ...
-            raise ValueError(f"config.json has a value of the wrong type: {e}") from None
+        return config_of(cls, d, _fields)
 
 
 def yarn_inv_freq(inv_freq: torch.Tensor, dim: int, base: float, factor: float,

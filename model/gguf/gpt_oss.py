@@ -15,7 +15,14 @@ from __future__ import annotations
 import torch
 
 from ckptd.model.checkpoint import Recipe, plain
-from ckptd.model.gguf.reader import GGUFTensors, convert_tensors, field, require, scalar
+from ckptd.model.gguf.reader import (
+    GGUFTensors,
+    convert_tensors,
+    field,
+    need_field,
+    require,
+    scalar,
+)
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = {
@@ -71,10 +78,7 @@ def _config(reader, tensors: GGUFTensors) -> dict:
     a = "gpt-oss"
 
     def need(key: str):
-        v = field(reader, f"{a}.{key}")
-        if v is None:
-            raise ValueError(f"{a} GGUF lacks the metadata key {a}.{key}")
-        return v
+        return need_field(reader, a, key)
 
     n = int(need("block_count"))
     hidden = int(need("embedding_length"))
