@@ -49,8 +49,9 @@ def test_the_gguf_llamacpp_writes_gives_transformers_logits(gpt_oss, llamacpp, t
     truncation to llama.cpp's defaults: the GGUF's logits are transformers', past the
     window."""
     folder, _ = gpt_oss
-    path = tmp_path / "gpt-oss.gguf"
-    convert(llamacpp, [Conversion(folder, path, "f32")], tokenizer_pre="gpt-2")
+    path, half = tmp_path / "gpt-oss.gguf", tmp_path / "gpt-oss-f16.gguf"
+    convert(llamacpp, [Conversion(folder, path, "f32"), Conversion(folder, half, "f16")],
+            tokenizer_pre="gpt-2")
     assert field(open_gguf(path), "general.architecture") == "gpt-oss"
     ours = load_model(path)
     assert ours.config.layer_types == gpt_oss[1].config.layer_types
@@ -60,6 +61,10 @@ def test_the_gguf_llamacpp_writes_gives_transformers_logits(gpt_oss, llamacpp, t
     with torch.no_grad():
         want = ref(input_ids=torch.tensor([tokens])).logits[0, :, :V]
     assert (prompt_logits(ours, tokens) - want).abs().max().item() <= 1e-4
+    # F16 under --weights keep: the linears stay F16 (kept), the experts are expanded
+    kept = load_model(half)
+    assert type(kept.model.layers[0].self_attn.q_proj).__name__ == "KeptLinear"
+    assert (prompt_logits(kept, tokens) - want).abs().max().item() <= 1e-2
 
 
 def test_chunks_and_packed_sequences_equal_one_step(gpt_oss):
