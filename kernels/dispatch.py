@@ -173,11 +173,12 @@ def _attention_impl(q):
     return attn_ref if MODE == "torch" else attn_sdpa
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0, sinks=None):
     """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages; window: keys
-    a query sees (0: all). [T, Hq, D]."""
+    a query sees (0: all); sinks [Hq]: a logit per head in the softmax's denominator
+    (gpt-oss) or None. [T, Hq, D]."""
     return _attention_impl(q).paged_attention(q, kv_pool, layer, page_table, ctx_len, scale,
-                                              window=window)
+                                              window=window, sinks=sinks)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
@@ -188,13 +189,13 @@ def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale):
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
-                           max_q_len=None, window=0):
+                           max_q_len=None, window=0, sinks=None):
     """Chunks of several sequences: q [N, Hq, D] packed by cu_seqlens [n + 1]; ctx_lens
-    [n]; page_tables int32 [n, max_pages]; window: keys a query sees (0: all). Returns
-    [N, Hq, D]."""
+    [n]; page_tables int32 [n, max_pages]; window: keys a query sees (0: all); sinks [Hq]
+    or None. Returns [N, Hq, D]."""
     impl = _fast("paged_attention.triton_attention") if use_triton(q) else attn_varlen_ref
     return impl.paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
-                                       scale, max_q_len, window=window)
+                                       scale, max_q_len, window=window, sinks=sinks)
 
 
 def gather_pages(kv_pool, page_ids):
@@ -266,6 +267,15 @@ def moe_experts(x, topk_ids, topk_w, w_gate_up, w_down):
     return impl.moe_experts(x, topk_ids, topk_w, w_gate_up, w_down)
 
 
+def moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down, b_down, alpha,
+                        limit):
+    """gpt-oss' experts: moe_experts with biases b_gate_up [E, 2I], b_down [E, H] and the
+    clamped SwiGLU (alpha, limit); the same grouped GEMM in Triton."""
+    impl = _fast("moe.triton_moe") if use_triton(x) else moe_ref
+    return impl.moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down,
+                                    b_down, alpha, limit)
+
+
 # weights kept in their GGUF formats (kernels/quant/)
 
 
@@ -321,26 +331,27 @@ def step_gated_delta(q, k, v, g, beta, state_pool, varlen, recurrent=False):
                                          varlen.state_indices)
 
 
-def step_attention(q, kv_pool, layer, varlen, scale, window=0):
+def step_attention(q, kv_pool, layer, varlen, scale, window=0, sinks=None):
     """q [N, Hq, D]: each sequence's new tokens, after its ctx tokens (their K/V already
-    written); window: keys a query sees (0: all). Returns [N, Hq, D]. Triton: one launch
-    for the step. Elsewhere SDPA (or the reference) per sequence on its host page table,
-    which the CPU reads in place."""
-    if not varlen.decode_only and not window and use_external("flash", q):
+    written); window: keys a query sees (0: all); sinks [Hq] or None (gpt-oss). Returns
+    [N, Hq, D]. Triton: one launch for the step. Elsewhere SDPA (or the reference) per
+    sequence on its host page table, which the CPU reads in place."""
+    if not varlen.decode_only and not window and sinks is None \
+            and use_external("flash", q):
         flash = _fast("external.flash")
         if flash.usable(kv_pool):
             return flash.step_attention(q, kv_pool, layer, varlen, scale)
     if use_triton(q):
         return _fast("paged_attention.triton_attention").paged_attention_varlen(
             q, kv_pool, layer, varlen.cu_seqlens, varlen.ctx_lens, varlen.page_tables, scale,
-            max_q_len=varlen.max_q_len, window=window)
+            max_q_len=varlen.max_q_len, window=window, sinks=sinks)
     impl = _attention_impl(q)           # not Triton (asked above): SDPA or the reference
     out = torch.empty_like(q)
     cu = varlen.cu
     for i in range(varlen.n):
         out[cu[i]:cu[i + 1]] = impl.paged_attention(q[cu[i]:cu[i + 1]], kv_pool, layer,
                                                     varlen.tables[i], varlen.ctx[i], scale,
-                                                    window=window)
+                                                    window=window, sinks=sinks)
     return out
 
 

@@ -15,7 +15,9 @@ NESTED = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 SSM_ARCHS = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
 # sliding-window attention models: model/gemma_config.py (GemmaConfig, a ModelConfig)
 GEMMA_ARCHS = ("gemma3_text",)
-SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS + GEMMA_ARCHS
+# gpt-oss: model/gpt_oss_config.py (GptOssConfig, a ModelConfig)
+GPT_OSS_ARCHS = ("gpt_oss",)
+SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS + GEMMA_ARCHS + GPT_OSS_ARCHS
 LAYER_KINDS = ("full_attention", "linear_attention")
 MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,11 +1,13 @@
 """config.json -> the configuration class of its architecture: a state space hybrid
 (SSM_ARCHS) gives an SSMConfig (ssm_config.py), Gemma 3 (GEMMA_ARCHS) a GemmaConfig
-(gemma_config.py), every other one a ModelConfig."""
+(gemma_config.py), gpt-oss a GptOssConfig (gpt_oss_config.py), every other one a
+ModelConfig."""
 
 from __future__ import annotations
 
-from ckptd.model.config import GEMMA_ARCHS, SSM_ARCHS, ModelConfig
+from ckptd.model.config import GEMMA_ARCHS, GPT_OSS_ARCHS, SSM_ARCHS, ModelConfig
 from ckptd.model.gemma_config import GemmaConfig
+from ckptd.model.gpt_oss_config import GptOssConfig
 from ckptd.model.ssm_config import SSMConfig
 
 
@@ -16,4 +18,6 @@ def config_from_hf(d: dict) -> ModelConfig:
         return SSMConfig.from_hf(d)
     if isinstance(d, dict) and d.get("model_type") in GEMMA_ARCHS:
         return GemmaConfig.from_hf(d)
+    if isinstance(d, dict) and d.get("model_type") in GPT_OSS_ARCHS:
+        return GptOssConfig.from_hf(d)
     return ModelConfig.from_hf(d)

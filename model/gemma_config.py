@@ -20,16 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from ckptd.model.config import DTYPE_NAMES, GEMMA_ARCHS, ModelConfig, check_dtype
-from ckptd.model.spec import AttentionSpec, StateSpec
-
-KINDS = ("sliding_attention", "full_attention")
+from ckptd.model.config import DTYPE_NAMES, GEMMA_ARCHS, ModelConfig
+from ckptd.model.window_config import WindowedAttention, config_of
 
 
 @dataclass(frozen=True)
-class GemmaConfig(ModelConfig):
+class GemmaConfig(WindowedAttention, ModelConfig):
     sliding_window: int = 0
     rope_local_theta: float = 10000.0
     rope_factor: float = 1.0                 # full layers' linear position scaling
@@ -41,44 +37,10 @@ class GemmaConfig(ModelConfig):
             raise ValueError(f"config: {self.arch!r} is not a Gemma 3 text model")
         if not self.mlp_types:
             object.__setattr__(self, "mlp_types", ("dense",) * self.num_layers)
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim", "query_pre_attn_scalar"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple "
-                             f"of num_key_value_heads {self.num_kv_heads}")
-        if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(KINDS):
-            raise ValueError(f"config: layer_types must name {self.num_layers} layers, each "
-                             f"one of {', '.join(KINDS)}; got {list(self.layer_types)}")
-        if "sliding_attention" in self.layer_types and self.sliding_window <= 0:
-            raise ValueError(f"config: sliding_window must be positive, got {self.sliding_window}")
-        if self.head_dim % 2:
-            raise ValueError(f"config: head_dim {self.head_dim} must be even")
+        self.check_attention(("intermediate_size", "query_pre_attn_scalar"))
         if self.rope_factor <= 0:
             raise ValueError(f"config: the rope scaling factor must be positive, "
                              f"got {self.rope_factor}")
-        check_dtype(self.dtype)
-
-    @property
-    def qwen(self) -> bool:
-        return False
-
-    @property
-    def n_attention(self) -> int:
-        return self.num_layers
-
-    @property
-    def n_recurrent(self) -> int:
-        return 0
-
-    def window(self, layer: int) -> int:
-        """Keys a query of `layer` sees (its own included); 0: all of them."""
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
-
-    def state_spec(self, block_size: int, dtype: torch.dtype = torch.float32) -> StateSpec:
-        return StateSpec(block_size, AttentionSpec(self.num_layers, self.num_kv_heads,
-                                                   self.head_dim, dtype), None)
 
     @classmethod
     def from_hf(cls, d: dict) -> GemmaConfig:
@@ -86,12 +48,7 @@ class GemmaConfig(ModelConfig):
         layer kind, or the Hub's older `rope_theta`, `rope_local_base_freq`,
         `rope_scaling` and `sliding_window_pattern`. ValueError naming a missing,
         mistyped or unsupported key."""
-        try:
-            return cls(**_fields(d), raw=dict(d))
-        except KeyError as e:
-            raise ValueError(f"config.json is missing {e.args[0]!r}") from None
-        except TypeError as e:                # int(None), float([...]), ...
-            raise ValueError(f"config.json has a value of the wrong type: {e}") from None
+        return config_of(cls, d, _fields)
 
 
 def _fields(d: dict) -> dict:

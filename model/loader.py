@@ -20,6 +20,7 @@ import torch
 
 from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.arch.gemma import GemmaLM
+from ckptd.model.arch.gpt_oss import GptOssLM, from_hf_layout
 from ckptd.model.arch.ssm_lm import HybridLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
@@ -27,6 +28,7 @@ from ckptd.model.configs import config_from_hf
 from ckptd.model.fingerprint import model_fingerprint
 from ckptd.model.gemma_config import GemmaConfig
 from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
+from ckptd.model.gpt_oss_config import GptOssConfig
 from ckptd.model.kept_swap import attach_kept
 from ckptd.model.placement import stray_tensors
 from ckptd.model.quant import is_kept
@@ -74,6 +76,8 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         files = _weight_files(path)
         source = SafetensorsSource(files)
         recipes = {n: plain(lambda n=n: source.get(n)) for n in source.names()}
+        if isinstance(cfg, GptOssConfig):       # transformers' expert layout
+            recipes = from_hf_layout(cfg, recipes)
         release = source.release
     else:
         raise ValueError(f"not a model folder or a .gguf file: {path}")
@@ -99,11 +103,13 @@ def build(cfg: ModelConfig, tensors: dict[str, torch.Tensor | Recipe], dtype: to
 
 def causal_lm(cfg: ModelConfig) -> CausalLM:
     """The model class of cfg's architecture (a state space hybrid: arch/ssm_lm.py;
-    Gemma 3: arch/gemma.py)."""
+    Gemma 3: arch/gemma.py; gpt-oss: arch/gpt_oss.py)."""
     if isinstance(cfg, SSMConfig):
         return HybridLM(cfg)
     if isinstance(cfg, GemmaConfig):
         return GemmaLM(cfg)
+    if isinstance(cfg, GptOssConfig):
+        return GptOssLM(cfg)
     return CausalLM(cfg)
 
 

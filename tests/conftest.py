@@ -89,7 +89,7 @@ def tiny_model(tiny_dir):
 # written by transformers' own classes (tools/tiny_ssm.py): the selective state space
 # hybrids, and the sliding-window attention models
 SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
-SWA_ARCHES = ("gemma3",)
+SWA_ARCHES = ("gemma3", "gpt_oss")
 HF_ARCHES = SSM_ARCHES + SWA_ARCHES
 
 

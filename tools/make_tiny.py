@@ -28,8 +28,8 @@ from ckptd.tools.tiny_ssm import build
 
 # the state space hybrids are built by transformers' own classes (tools/tiny_ssm.py)
 SSM_ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba")
-# built by transformers' own classes too (tools/tiny_ssm.py): Gemma 3's text model
-HF_ARCHES = SSM_ARCHES + ("gemma3",)
+# built by transformers' own classes too (tools/tiny_ssm.py): Gemma 3's text model, gpt-oss
+HF_ARCHES = SSM_ARCHES + ("gemma3", "gpt_oss")
 ARCHES = ("qwen3_5_text", "llama", "qwen3_5_moe_text", "qwen3_next") + HF_ARCHES
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # fill-in-the-middle tokens as Qwen2.5-Coder names them (`fim=True`: /infill's tests)

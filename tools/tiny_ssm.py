@@ -1,7 +1,9 @@
 """Tiny random models written by transformers' own classes: the state space hybrids
 (`ckptd make-tiny --arch nemotron_h | granitemoehybrid | falcon_h1 | mamba2 | jamba`)
 and Gemma 3's text model (`--arch gemma3`: local layers of a 16-token window, a global
-one, soft-capped logits, linearly scaled global rotary).
+one, soft-capped logits, linearly scaled global rotary), and gpt-oss (`--arch gpt_oss`:
+window layers of 16 tokens alternating with full ones, sinks, 8 experts of which 2 a
+token, YaRN).
 
 Each is built by its transformers class with seeded weights of a useful scale (the
 classes' init makes near-uniform logits), saved with save_pretrained (the Hub's
@@ -21,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba", "gemma3")
+ARCHES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "jamba", "gemma3",
+          "gpt_oss")
 
 _BASE = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0,
@@ -64,6 +67,15 @@ _MODELS = {
         final_logit_softcapping=30.0, rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    # 4 layers: window, full, window, full; YaRN as the released config (factor 32 over
+    # 4096 positions, truncate off), its tiny heads rotating through the ramp
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        **{**_BASE, "max_position_embeddings": 131072}, num_hidden_layers=4, head_dim=16,
+        intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096})),
 }
 # norms whose weight is stored as w - 1 (the 1 is added at run time)
 _ZERO_CENTRED = {"gemma3": lambda name: "norm" in name}

@@ -12,6 +12,8 @@ computed grouped by expert.
 `moe_experts` sorts the N*k (token, expert) pairs by expert and runs one matmul pair per
 expert that received any token: the work is N*k rows, whatever E is. `moe_per_token` is
 the definition written out: a loop over tokens and their k experts (tests, benchmarks).
+`moe_experts_clamped` is gpt-oss' expert half: biases on both projections and the
+clamped SwiGLU in place of silu(gate) * up.
 """
 
 from __future__ import annotations
@@ -80,6 +82,28 @@ def each_active_expert(x, counts, token, weight, mlp):
             out.index_add_(0, rows, mlp(e, x[rows]).mul_(weight[start:start + n]))
             start += n
     return out
+
+
+def clamped_swiglu(gate, up, alpha: float, limit: float):
+    """gpt-oss' activation: g = min(gate, limit), (clamp(up, -limit, limit) + 1) *
+    g * sigmoid(alpha * g)."""
+    g = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
+
+
+def moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down, b_down,
+                        alpha: float, limit: float):
+    """As moe_experts with biases b_gate_up [E, 2I] (gate's, then up's) and b_down [E, H]
+    and the clamped SwiGLU (gpt-oss), one matmul pair per active expert."""
+    _check(x, topk_ids, topk_w, w_gate_up, w_down)
+    if topk_ids.shape[0] == 0:
+        return torch.zeros_like(x)
+    counts, token, weight = pairs_by_expert(topk_ids, topk_w, w_gate_up.shape[0], x.dtype)
+
+    def mlp(e: int, xe: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(xe, w_gate_up[e], b_gate_up[e]).chunk(2, dim=-1)
+        return F.linear(clamped_swiglu(gate, up, alpha, limit), w_down[e], b_down[e])
+    return each_active_expert(x, counts, token, weight, mlp)
 
 
 def moe_per_token(x, topk_ids, topk_w, w_gate_up, w_down):

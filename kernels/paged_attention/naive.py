@@ -7,6 +7,10 @@ page table, in order: token i is at page_table[i // B], offset i % B.
 A sliding window (`window` W > 0) lets the query at position p see keys p - W + 1 .. p
 only; the pages before the first query's window are never read (the device may have
 freed them).
+
+Attention sinks (`sinks` [Hq] or None, gpt-oss): a learned logit per query head that
+joins every row's softmax denominator and adds no value, so a row's weights sum to
+less than 1 (transformers' `eager_attention_forward` of GptOss).
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ def first_page(ctx_len, window, block_size):
     return max(0, ctx_len - window + 1) // block_size if window else 0
 
 
-def _attend(q, k, v, ctx_len, scale, window=0):
+def _attend(q, k, v, ctx_len, scale, window=0, sinks=None):
     """q [T, Hq, D] at positions ctx_len..ctx_len+T-1; k, v [ctx_len+T, Hkv, D]; a query
-    sees the window keys up to its own (all of them when window is 0)."""
+    sees the window keys up to its own (all of them when window is 0); sinks [Hq] join
+    each head's softmax as one more logit without a value."""
     T, Hq, _ = q.shape
     rep = Hq // k.shape[1]
     k = k.float().repeat_interleave(rep, dim=1)
@@ -52,21 +57,26 @@ def _attend(q, k, v, ctx_len, scale, window=0):
     if window:
         hidden |= k_pos <= q_pos - window
     scores = scores.masked_fill(hidden, float("-inf"))
-    return torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(q.dtype)
+    if sinks is None:
+        return torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(q.dtype)
+    sink = sinks.float()[:, None, None].expand(-1, T, 1)
+    weights = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hts,shd->thd", weights, v).to(q.dtype)
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, attend=_attend, window=0):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, attend=_attend, window=0,
+                    sinks=None):
     """Causal attention for the last T tokens of one sequence.
 
     q [T, Hq, D]; the sequence has ctx_len + T tokens whose K/V are all in the pages of
     page_table (int32 [n_pages]) already (under a window, those of the pages it reads).
     GQA: Hq is a multiple of Hkv. Returns [T, Hq, D]. `attend(q, k, v, ctx_len, scale,
-    window)` does the math (sdpa.py passes torch's fused one); under a window the keys
+    window, sinks)` does the math (sdpa.py passes torch's fused one); under a window the keys
     start at a page boundary, shifting queries and keys alike.
     """
     first = first_page(ctx_len, window, kv_pool.shape[3])
     k, v = _gather_seq(kv_pool, layer, page_table, ctx_len + q.shape[0], first)
-    return attend(q, k, v, ctx_len - first * kv_pool.shape[3], scale, window)
+    return attend(q, k, v, ctx_len - first * kv_pool.shape[3], scale, window, sinks)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, attend=_attend):

@@ -11,6 +11,10 @@ window the keys from the first query's window on are attended in one masked call
 decode step (one token, no window) reads the pages in place through cpu.c instead: a
 few rows are memory-bound, and the fused kernel would want the context as spans or
 gathered.
+
+Attention sinks (gpt-oss: a logit per query head in every row's softmax denominator,
+no value) join through the log-sum-exp as well: as one more part of zero output whose
+log-sum-exp is the sink, or as out * sigmoid(lse - sink) after a masked call.
 """
 
 from __future__ import annotations
@@ -61,12 +65,20 @@ def _merge(parts):
     return (outs.float() * weights[..., None]).sum(0).to(outs.dtype)
 
 
-def _paged(q, memory, layer, page_table, ctx_len, scale, block_size):
+def _sink_part(sinks, q):
+    """The sinks as a part for _merge: no output, log-sum-exp the sink [Hq, T]."""
+    Hq, T, D = q.shape
+    return (torch.zeros(Hq, T, D, dtype=q.dtype, device=q.device),
+            sinks.float()[:, None].expand(Hq, T))
+
+
+def _paged(q, memory, layer, page_table, ctx_len, scale, block_size, sinks=None):
     """q [Hq, T, D]: the last T of ctx_len + T tokens. Returns [Hq, T, D]."""
     T = q.shape[1]
     if T == 1 and cpu.supports(memory, q, block_size):
         # a decode: its few rows over the pages where they lie (cpu.c), no gather
-        return cpu.attend(q, memory, layer, page_table, ctx_len + 1, scale, block_size)[0]
+        part = cpu.attend(q, memory, layer, page_table, ctx_len + 1, scale, block_size)
+        return part[0] if sinks is None else _merge([part, _sink_part(sinks, part[0])])
     seen = ctx_len + 1 if T == 1 else ctx_len  # keys every query sees
     parts = [part for kv in layout.key_spans(memory, layer, page_table, 0, seen, block_size)
              for part in _attend_all(q, kv[0], kv[1], scale)]
@@ -74,6 +86,8 @@ def _paged(q, memory, layer, page_table, ctx_len, scale, block_size):
         new = layout.key_spans(memory, layer, page_table, ctx_len, ctx_len + T, block_size, 1)
         kv = new[0] if len(new) == 1 else torch.cat(new, dim=2)
         parts.append(_attend_causal(q, kv[0], kv[1], scale))
+    if sinks is not None:
+        parts.append(_sink_part(sinks, q))
     return _merge(parts)
 
 
@@ -85,7 +99,24 @@ def _mask(T, S, ctx_len, window, device):
     return mask & ~seen.tril(ctx_len - window) if window else mask
 
 
-def _sdpa(q, k, v, ctx_len, scale, window=0):
+def _masked(q, k, v, mask, scale, sinks):
+    """q [1, Hkv, R, D] rows over k, v [1, Hkv, S, D] where the bool mask [R, S] (None:
+    everywhere) says; sinks [Hq] or None, the R rows of a kv head its rep query heads'
+    T tokens each. Returns [1, Hkv, R, D]."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    bias = None
+    if mask is not None:         # the fused kernel takes an additive mask of q's dtype
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill_(~mask, float("-inf"))
+    out, lse = _fused(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    Hkv, R = q.shape[1], q.shape[2]
+    Hq = sinks.shape[0]
+    sink = sinks.float()[:, None].expand(Hq, R * Hkv // Hq).reshape(lse.shape)
+    return out * torch.sigmoid(lse - sink)[..., None].to(out.dtype)
+
+
+def _sdpa(q, k, v, ctx_len, scale, window=0, sinks=None):
     """q [T, Hq, D] at positions ctx_len..ctx_len+T-1; k, v [ctx_len+T, Hkv, D] (the
     reference's layout, for a pool that is not head-major): one masked call."""
     T, Hq, D = q.shape
@@ -96,11 +127,12 @@ def _sdpa(q, k, v, ctx_len, scale, window=0):
     mask = None
     if T > 1 or window:
         mask = _mask(T, S, ctx_len, window, q.device).repeat(rep, 1)
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    o = _masked(qh, kh, vh, mask, scale, sinks)
     return o.view(Hq, T, D).transpose(0, 1)
 
 
-def _paged_window(q, memory, layer, page_table, ctx_len, scale, block_size, window):
+def _paged_window(q, memory, layer, page_table, ctx_len, scale, block_size, window,
+                  sinks=None):
     """q [Hq, T, D]: the last T of ctx_len + T tokens, each seeing the window's keys:
     those from the first query's window on, in one masked call. Returns [Hq, T, D]."""
     Hq, T, D = q.shape
@@ -110,24 +142,24 @@ def _paged_window(q, memory, layer, page_table, ctx_len, scale, block_size, wind
     Hkv, S = kv.shape[1], kv.shape[2]
     rep = Hq // Hkv
     mask = _mask(T, S, ctx_len - start, window, q.device).repeat(rep, 1)
-    o = F.scaled_dot_product_attention(q.reshape(1, Hkv, rep * T, D), kv[0].to(q.dtype)[None],
-                                       kv[1].to(q.dtype)[None], attn_mask=mask, scale=scale)
+    o = _masked(q.reshape(1, Hkv, rep * T, D), kv[0].to(q.dtype)[None],
+                kv[1].to(q.dtype)[None], mask, scale, sinks)
     return o.view(Hq, T, D)
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0, sinks=None):
     """q [T, Hq, D]: the last T of ctx_len + T tokens in page_table's pages; window: keys
-    a query sees (0: all). [T, Hq, D]."""
+    a query sees (0: all); sinks [Hq] or None. [T, Hq, D]."""
     memory = layout.head_major(kv_pool)
     if memory is None:
         return naive.paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, _sdpa,
-                                     window)
+                                     window, sinks)
     if window:
         out = _paged_window(q.transpose(0, 1), memory, layer, page_table, ctx_len, scale,
-                            kv_pool.shape[3], window)
+                            kv_pool.shape[3], window, sinks)
     else:
         out = _paged(q.transpose(0, 1), memory, layer, page_table, ctx_len, scale,
-                     kv_pool.shape[3])
+                     kv_pool.shape[3], sinks)
     return out.transpose(0, 1)
 
 

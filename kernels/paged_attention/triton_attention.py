@@ -11,6 +11,9 @@ programs to fill a GPU (decode of a few long sequences), each also takes one of
 S key ranges and a second kernel merges the S partial softmaxes. Under a sliding
 window W (> 0) a query at position p sees keys p - W + 1 .. p: a program starts at its
 first row's first key, so the keys (and pages) before the window are never read.
+Attention sinks (gpt-oss: a logit per query head in the softmax denominator, without a
+value) start the online softmax of the first key range: its running max is the sink and
+its running sum 1, so every later rescaling and the split merge carry them unchanged.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from ckptd.kernels import launch
 
 
 @triton.jit
-def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, scale, layer, G,
-                       B, Hq, n_split, split_len, window, stride_qt, stride_qh, stride_ot,
-                       stride_oh, stride_tab, stride_p, stride_l, stride_kv, stride_b, stride_h,
+def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sinks, scale,
+                       layer, G, B, Hq, n_split, split_len, window, has_sinks, stride_qt,
+                       stride_qh, stride_ot, stride_oh, stride_tab, stride_p, stride_l, stride_kv,
+                       stride_b, stride_h,
                        D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                        PREC: tl.constexpr):
     i_n = tl.program_id(0)
@@ -56,6 +60,9 @@ def _paged_attn_kernel(q, pool, o, part_acc, part_ml, tables, cu_q, ctx_lens, sc
         p_tab = tables + i_n * stride_tab
         m_i = tl.full((BR,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BR,), dtype=tl.float32)
+        if (has_sinks != 0) & (i_s == 0):   # the sink: one more logit, of value 0
+            m_i = tl.load(sinks + hq, mask=mr, other=0.).to(tl.float32)
+            l_i = tl.full((BR,), 1.0, dtype=tl.float32)
         acc = tl.zeros((BR, BD), dtype=tl.float32)
         for s0 in range(kv_lo, kv_hi, BN):
             n = s0 + tl.arange(0, BN)
@@ -138,7 +145,7 @@ def _check_pool(q, kv_pool, layer: int) -> tuple[int, int, int]:
 
 
 def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables, scale,
-                           max_q_len=None, num_splits=None, window=0):
+                           max_q_len=None, num_splits=None, window=0, sinks=None):
     """Chunks of several sequences at once.
 
     q [N, Hq, D] packed (sequence i's queries are rows cu_seqlens[i]:cu_seqlens[i+1]);
@@ -146,7 +153,7 @@ def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
     ctx_len + q_len tokens (whose K/V are all in the pool). Returns o [N, Hq, D] in q's
     dtype. max_q_len (the longest chunk) saves a device sync when given; num_splits
     overrides how many key ranges are attended in parallel and merged; window: the keys a
-    query sees (0: all).
+    query sees (0: all); sinks [Hq] (any float dtype) or None.
     """
     B, Hkv, D = _check_pool(q, kv_pool, layer)
     n = len(ctx_lens)
@@ -174,25 +181,27 @@ def paged_attention_varlen(q, kv_pool, layer, cu_seqlens, ctx_lens, page_tables,
     # unused unless split; fp32 either way, so both forms are one compile
     part_acc = torch.empty(N * Hq * S * D if S > 1 else 1, dtype=torch.float32, device=dev)
     part_ml = torch.empty(N * Hq * S * 2 if S > 1 else 1, dtype=torch.float32, device=dev)
+    # without sinks an fp32 buffer stands in (never read): one compile serves both
+    sink = part_ml if sinks is None else sinks.to(dev, torch.float32).contiguous()
     _paged_attn_kernel[(n, row_blocks, Hkv * S)](
-        q, kv_pool, o, part_acc, part_ml, tables, cu, ctx, float(scale), layer, G, B, Hq, S,
-        split_len, int(window), q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-        tables.stride(0), kv_pool.stride(0), kv_pool.stride(1), kv_pool.stride(2),
-        kv_pool.stride(3), kv_pool.stride(4), D=D, **p.kwargs())
+        q, kv_pool, o, part_acc, part_ml, tables, cu, ctx, sink, float(scale), layer, G, B, Hq,
+        S, split_len, int(window), int(sinks is not None), q.stride(0), q.stride(1),
+        o.stride(0), o.stride(1), tables.stride(0), kv_pool.stride(0), kv_pool.stride(1),
+        kv_pool.stride(2), kv_pool.stride(3), kv_pool.stride(4), D=D, **p.kwargs())
     if S > 1:
         _combine_kernel[(N, Hq)](part_acc, part_ml, o, Hq, S, o.stride(0), o.stride(1), D=D,
                                  **launch.attention_combine(t, D).kwargs())
     return o
 
 
-def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0):
+def paged_attention(q, kv_pool, layer, page_table, ctx_len, scale, window=0, sinks=None):
     """The last T tokens of one sequence: q [T, Hq, D]; page_table int32 [n_pages];
     ctx_len tokens precede them. Returns [T, Hq, D]."""
     if page_table.dim() != 1:
         raise ValueError(f"need page_table [n_pages], got {tuple(page_table.shape)}")
     T = q.shape[0]
     return paged_attention_varlen(q, kv_pool, layer, [0, T], [int(ctx_len)], page_table[None],
-                                  scale, max_q_len=T, window=window)
+                                  scale, max_q_len=T, window=window, sinks=sinks)
 
 
 def paged_decode_attention(q, kv_pool, layer, page_tables, seq_lens, scale, num_splits=None):

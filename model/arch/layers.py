@@ -181,12 +181,13 @@ class Attention(nn.Module):
     llama: plain. Qwen3.5 (`gated`): q_proj also yields a per-head output gate,
     q and k get a zero-centred RMSNorm, and only a part of each head is rotated.
     Gemma 3: q and k normed (`qk_norm`) without a gate; a local layer sees `window` keys
-    and rotates by the context's `local` rotary.
+    and rotates by the context's `local` rotary. gpt-oss: `sinks`, a learned logit per
+    query head in the softmax's denominator.
     """
 
     def __init__(self, cfg: ModelConfig, attn_index: int, gated: bool,
-                 qk_norm: bool | None = None, window: int = 0, local_rotary: bool = False
-                 ) -> None:
+                 qk_norm: bool | None = None, window: int = 0, local_rotary: bool = False,
+                 sinks: bool = False) -> None:
         super().__init__()
         self.attn_index = attn_index
         self.gated = gated
@@ -202,6 +203,9 @@ class Attention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, offset=1.0)
             self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, offset=1.0)
+        self.has_sinks = sinks
+        if sinks:
+            self.sinks = nn.Parameter(torch.empty(self.h))
         self.scale = self.d ** -0.5
         self.qkv: Matmul | None = None     # fuse(): [q; k; v]
         self.out: Matmul | None = None
@@ -234,7 +238,7 @@ class Attention(nn.Module):
         kv = ctx.state.kv
         ops.write_kv(kv, self.attn_index, ctx.batch.kv_index, k, v)
         out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale,
-                                 self.window)
+                                 self.window, self.sinks if self.has_sinks else None)
         out = out.reshape(N, self.h * self.d)
         if gate is not None:
             out = out * torch.sigmoid(gate)

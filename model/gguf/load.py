@@ -8,7 +8,7 @@ and the tokenizer.
 Architectures: `llama` (model_type "llama"), llama.cpp's Qwen hybrids (qwen35.py):
 `qwen35` (dense Qwen3.5), `qwen35moe` (Qwen3.5/3.6-MoE) and `qwen3next`, and its state
 space hybrids (mamba.py): `mamba2`, `nemotron_h`, `granitehybrid`, `falcon-h1`, `jamba`,
-and Gemma 3's text model (gemma.py): `gemma3`.
+Gemma 3's text model (gemma.py): `gemma3`, and gpt-oss (gpt_oss.py): `gpt-oss`.
 The file is memory-mapped (reader.py); a tensor is read when the loader assigns it: F32
 / F16 / BF16 data as a view of the mapping, block-quantized types dequantized to fp32
 with the `gguf` package then. Only the transforms llama.cpp's converter
@@ -25,6 +25,7 @@ import torch
 
 from ckptd.model.checkpoint import Recipe, plain
 from ckptd.model.gguf.gemma import load_gemma3
+from ckptd.model.gguf.gpt_oss import load_gpt_oss
 from ckptd.model.gguf.header import read_architecture
 from ckptd.model.gguf.kept import check_types, kept_recipes
 from ckptd.model.gguf.mamba import load_ssm_hybrid
@@ -43,7 +44,7 @@ from ckptd.model.text.tokenizer import Tokenizer
 SUPPORTED = ("llama", "qwen35", "qwen35moe", "qwen3next",
              # the state space hybrids: gguf/mamba.py
              "mamba2", "nemotron_h", "nemotron_h_moe", "granitehybrid", "falcon-h1", "jamba",
-             "gemma3")
+             "gemma3", "gpt-oss")
 
 # GGUF tensor names (blk.N.<part>.weight) -> HF names (model.layers.N.<module>.weight)
 _LLAMA_TOP = {
@@ -92,6 +93,8 @@ def gguf_recipes(path: str | Path, reader=None, keep: bool = False
         cfg, recipes = _load_llama(reader, tensors)
     elif arch == "gemma3":
         cfg, recipes = load_gemma3(reader, tensors)
+    elif arch == "gpt-oss":
+        cfg, recipes = load_gpt_oss(reader, tensors)
     elif arch in SUPPORTED and arch.startswith("qwen"):
         cfg, recipes = load_qwen_hybrid(reader, tensors, arch)
     elif arch in SUPPORTED:

@@ -51,6 +51,14 @@ def field(reader, name: str, default=None):
     return default if f is None else f.contents()
 
 
+def need_field(reader, arch: str, key: str):
+    """The metadata value <arch>.<key>; ValueError naming it when absent."""
+    v = field(reader, f"{arch}.{key}")
+    if v is None:
+        raise ValueError(f"{arch} GGUF lacks the metadata key {arch}.{key}")
+    return v
+
+
 def scalar(v) -> float:
     """A float read from fp32 metadata, as its shortest decimal (1e-06, not 9.99999997e-07)."""
     return float(str(np.float32(v)))

@@ -88,10 +88,10 @@ from ckptd.kernels.launch import SHARED_LIMIT
 # fp32 attention at head dim 256 in blocks of 64 keys: ~150 KB, over an RTX 3090's 101 KB
 attn = "ckptd.kernels.paged_attention.triton_attention"
 sig = {"q": "*fp32", "pool": "*fp32", "o": "*fp32", "part_acc": "*fp32", "part_ml": "*fp32",
-       "tables": "*i32", "cu_q": "*i32", "ctx_lens": "*i32", "scale": "fp32"}
-ints = ["layer", "G", "B", "Hq", "n_split", "split_len", "window", "stride_qt", "stride_qh",
-        "stride_ot", "stride_oh", "stride_tab", "stride_p", "stride_l", "stride_kv",
-        "stride_b", "stride_h"]
+       "tables": "*i32", "cu_q": "*i32", "ctx_lens": "*i32", "sinks": "*fp32", "scale": "fp32"}
+ints = ["layer", "G", "B", "Hq", "n_split", "split_len", "window", "has_sinks", "stride_qt",
+        "stride_qh", "stride_ot", "stride_oh", "stride_tab", "stride_p", "stride_l",
+        "stride_kv", "stride_b", "stride_h"]
 big = Launch(attn, "_paged_attn_kernel", tuple({**sig, **{n: "i32" for n in ints}}.items()),
              (("D", 256), ("BD", 256), ("BR", 16), ("BN", 64), ("PREC", "ieee")), 4, 3, 86)
 # a bf16 operand beside an fp32 one in tl.dot (fla's failure): h in fp32, v_new in bf16

@@ -115,3 +115,26 @@ def test_bad_shapes_raise():
 def test_triton_modules_import_under_the_installed_name():
     # dispatch once imported `kernels.<op>`, which only the repo root's sys.path resolves
     assert dispatch._fast("swiglu.triton_swiglu").__name__ == "ckptd.kernels.swiglu.triton_swiglu"
+
+
+@pytest.mark.usefixtures("triton_env")
+@pytest.mark.parametrize("block_m", [None, 16])
+def test_triton_clamped_experts_with_biases_match_reference(block_m, device, close):
+    """gpt-oss' experts: biases on both projections and the clamped SwiGLU, with inputs
+    large enough that gate passes the limit and up leaves [-limit, limit]; idle experts."""
+    x, ids, w, w13, w2 = _inputs(40, 8, 2, 48, 24, seed=4, device=device, skip=(2, 5))
+    x = x * 6
+    g = torch.Generator().manual_seed(4)
+    b13 = torch.randn(8, 48, generator=g).to(device)
+    b2 = torch.randn(8, 48, generator=g).to(device)
+    h = x @ w13[ids[0, 0]].T
+    assert (h[:, :24] > 7).any() and (h[:, 24:].abs() > 7).any()
+    want = naive.moe_experts_clamped(x, ids, w, w13, b13, w2, b2, 1.702, 7.0)
+    from ckptd.kernels.moe.triton_moe import moe_experts, moe_experts_clamped
+    got = moe_experts(x, ids, w, w13, w2, block_m=block_m, biases=(b13, b2),
+                      clamp=(1.702, 7.0))
+    assert close(got, want, 1e-5)
+    assert close(dispatch.moe_experts_clamped(x, ids, w, w13, b13, w2, b2, 1.702, 7.0), want,
+                 1e-5)
+    assert close(moe_experts_clamped(x, ids, w, w13, b13, w2, b2, 1.702, 7.0), want, 1e-5)
+    assert not close(got, naive.moe_experts(x, ids, w, w13, w2), 1e-5)

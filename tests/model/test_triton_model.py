@@ -66,6 +66,11 @@ def test_sliding_window_model_on_triton_kernels_equals_references(hf_dirs, monke
     _compare(hf_dirs["gemma3"], monkeypatch)
 
 
+def test_gpt_oss_on_triton_kernels_equals_references(hf_dirs, monkeypatch):
+    """gpt-oss: sinks in the Triton attention, windowed (16 keys) and full, biased q/k/v."""
+    _compare(hf_dirs["gpt_oss"], monkeypatch)
+
+
 def _compare(model_dir, monkeypatch):
     model = load_model(model_dir, device=DEVICE)
     monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))

@@ -51,6 +51,16 @@ MODELS: dict[str, dict] = {
         "intermediate_size": 14336, "num_hidden_layers": 1, "num_attention_heads": 32,
         "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    # gpt-oss-20b (the 120b's layers are the same shape): a 128-key window layer and a
+    # full one, sinks, head dim 64
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": 2, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "sliding_window": 128, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 4096}},
 }
 
 # the models whose weights the gate also keeps in each GGUF format (every row a whole

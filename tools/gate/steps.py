@@ -9,8 +9,8 @@ from ckptd.kernels import ops
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
 from ckptd.model.arch.decoder import CausalLM
 from ckptd.model.batch import SeqChunk, StepBatch
-from ckptd.model.config import ModelConfig
-from ckptd.model.loader import build
+from ckptd.model.configs import config_from_hf
+from ckptd.model.loader import build, causal_lm
 from ckptd.model.quant import KeptGateUp
 from ckptd.model.state import DeviceState
 from ckptd.tools.gate.models import STEPS
@@ -32,9 +32,9 @@ def _kept(shape: tuple[int, ...], fmt: str) -> QuantTensor:
 def meta_model(hf: dict, dtype: torch.dtype, fmt: str | None = None) -> CausalLM:
     """The model on the meta device: every weight in dtype, or (fmt) every 2-D weight and
     the experts kept in that GGUF format, as `--weights keep` serves a GGUF."""
-    cfg = ModelConfig.from_hf(hf)
+    cfg = config_from_hf(hf)
     with META:
-        shapes = {n: tuple(t.shape) for n, t in CausalLM(cfg).state_dict().items()}
+        shapes = {n: tuple(t.shape) for n, t in causal_lm(cfg).state_dict().items()}
 
     def recipe(name: str, shape: tuple[int, ...]):
         def make(dt, dev):
