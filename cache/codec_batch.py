@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import numpy as np
 import torch
@@ -38,32 +39,53 @@ from ckptd.cache.codec import (
 )
 
 _SMALL = 64 << 10          # bytes of a tensor decoded in a group (larger: alone)
-_FLUSH = 8 << 20           # bytes held in the groups before they are merged
+_FLUSH = 2 << 20           # bytes held in the groups before they are merged
 _plans: dict[bytes, tuple | bool] = {}     # header less its key -> _plan()
 _PLANS_KEPT = 4096
+_local = threading.local()
 
 
 class _Group:
-    """Values of one dtype and shape, waiting to be merged: their planes laid end to end."""
+    """Values of one dtype and shape, waiting to be merged: their planes laid end to end
+    in this thread's buffers for the shape (kept: fresh memory for every batch faulted
+    in at a cost like the merge's own)."""
 
-    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], k: int) -> None:
+    def __init__(self, dtype: torch.dtype, shape: torch.Size, k: int) -> None:
         self.dtype, self.shape, self.k = dtype, shape, k
-        self.lows = bytearray()       # per value: planes 0 .. k-2, as stored
-        self.tops = bytearray()       # per value: plane k-1, decompressed
+        self.count = math.prod(shape)
         self.dests: list[torch.Tensor] = []
+        bufs = getattr(_local, "bufs", None)
+        if bufs is None:
+            bufs = _local.bufs = {}
+        key = (dtype, shape)
+        if key not in bufs:
+            if len(bufs) >= 4:                           # a model has one or two shapes
+                bufs.clear()
+            n = _FLUSH // (k * self.count) + 1           # values a group holds at most
+            udt = codec._uints(torch.empty(0, dtype=dtype)).dtype
+            bufs[key] = (bytearray(n * (k - 1) * self.count), bytearray(n * self.count),
+                         np.empty(n * self.count, udt), np.empty(n * self.count, udt))
+        self.lows, self.tops, self.out, self.tmp = bufs[key]
+
+    def add(self, lows: memoryview, top, dest: torch.Tensor) -> None:
+        j, lo, c = len(self.dests), len(lows), self.count
+        self.lows[j * lo:(j + 1) * lo] = lows
+        self.tops[j * c:(j + 1) * c] = top
+        self.dests.append(dest)
 
     def merge(self) -> None:
-        n, k = len(self.dests), self.k
-        count = len(self.tops) // n
-        lows = np.frombuffer(self.lows, np.uint8).reshape(n, k - 1, count)
-        top = np.frombuffer(self.tops, np.uint8).reshape(n, count)
-        udt = codec._uints(torch.empty(0, dtype=self.dtype)).dtype
-        out = np.left_shift(top, 8 * (k - 1), dtype=udt)
-        for b in range(k - 1):
-            plane = lows[:, b]
-            np.bitwise_or(out, np.left_shift(plane, 8 * b, dtype=udt) if b else plane, out=out)
+        n, k, c = len(self.dests), self.k, self.count
+        lows = np.frombuffer(self.lows, np.uint8, n * (k - 1) * c).reshape(n, k - 1, c)
+        top = np.frombuffer(self.tops, np.uint8, n * c).reshape(n, c)
+        out, tmp = self.out[:n * c].reshape(n, c), self.tmp[:n * c].reshape(n, c)
+        np.left_shift(top, 8 * (k - 1), out=out, dtype=out.dtype)
+        np.bitwise_or(out, lows[:, 0], out=out)
+        for b in range(1, k - 1):
+            np.left_shift(lows[:, b], 8 * b, out=tmp, dtype=out.dtype)
+            np.bitwise_or(out, tmp, out=out)
         src = torch.from_numpy(out).view(self.dtype).view(n, *self.shape)
         torch._foreach_copy_(self.dests, list(src.unbind(0)))
+        del lows, top                  # the buffers' exports: they are written again
 
 
 def decode_many(values: list[tuple[memoryview | bytes | None, bytes | None, dict | None]],
@@ -167,9 +189,7 @@ def _append(blob, key: bytes | None, into: dict | None, fingerprint: str | None,
     g = groups.get((dtype, shape))
     if g is None:
         g = groups[(dtype, shape)] = _Group(dtype, shape, k)
-    g.lows += mv[pos:end]
-    g.tops += top
-    g.dests.append(dest)
+    g.add(mv[pos:end], top, dest)
     return {name: dest}, count * k
 
 
