@@ -28,13 +28,11 @@ from ckptd.kernels.paged_attention import layout
 SHAPE = (1, 2, 16, 2, 16)
 
 
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t0)
-    return best
+def _cpu(fn) -> float:
+    """This thread's CPU seconds in fn()."""
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
 
 
 def run(blocks: int, repeat: int) -> dict:
@@ -57,7 +55,7 @@ def run(blocks: int, repeat: int) -> dict:
     out = {"blocks": blocks, "stored_mb": round(nbytes / 1e6, 2)}
     for name, fn in (("one_by_one", one_by_one), ("grouped", grouped)):
         pool.zero_()
-        s = _best(fn, repeat)
+        s = min(_cpu(fn) for _ in range(repeat))
         assert all(torch.equal(p, t) for p, t in zip(pages, values)), name
         out[name] = {"cpu_s": round(s, 3), "us_per_value": round(s / blocks * 1e6, 1),
                      "mb_per_cpu_s": round(nbytes / 1e6 / s, 1)}
