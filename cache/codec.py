@@ -52,6 +52,10 @@ _local = threading.local()          # a decompressor per thread: they are not th
 _PLANE_ZSTD = zstandard.ZstdCompressionParameters.from_level(1, min_match=7, hash_log=8,
                                                              chain_log=6)
 _PLANES = {"plane16": 2, "plane32": 4}            # codec -> bytes per element
+_KEY_FIELD = b',"key":"'
+_HEX = b"0123456789abcdef"
+_headers: dict[bytes, dict] = {}                  # header without its key -> parsed
+_HEADERS_KEPT = 4096
 
 
 class CorruptValue(Exception):
@@ -121,12 +125,43 @@ def read_header(blob: bytes | memoryview) -> dict:
         raise CorruptValue("not a ckptd value")
     if version != VERSION:
         raise CorruptValue(f"format version {version}, this build reads {VERSION}")
+    raw = bytes(blob[_PREFIX.size:_PREFIX.size + hlen])
     try:
-        header = json.loads(bytes(blob[_PREFIX.size:_PREFIX.size + hlen]))
-        header["payload"] = _PREFIX.size + hlen
-        return header
+        header = _parse_header(raw)
     except ValueError:
         raise CorruptValue("bad header") from None
+    if not isinstance(header, dict):
+        raise CorruptValue("bad header")
+    header["payload"] = _PREFIX.size + hlen
+    return header
+
+
+def _parse_header(raw: bytes) -> dict:
+    """The header's JSON, parsed. A restore reads thousands of small values whose
+    headers differ only in their key (written last) and a compressed plane's size:
+    parsing them was a third of decoding a 4 KiB block, so the rest of a header is
+    parsed once and kept (what is returned is a copy: the caller may change it)."""
+    cut = raw.rfind(_KEY_FIELD)
+    keyhex = raw[cut + len(_KEY_FIELD):-2]
+    if cut < 0 or not raw.endswith(b'"}') or keyhex.strip(_HEX):
+        return json.loads(raw)                           # no key, or not as encode writes it
+    rest = raw[:cut] + b"}"
+    head = _headers.get(rest)
+    if head is None:
+        if len(_headers) >= _HEADERS_KEPT:
+            _headers.clear()
+        head = json.loads(rest)
+        if not isinstance(head, dict):
+            raise ValueError("header is not an object")
+        _headers[rest] = head
+    return {**_copy(head), "key": keyhex.decode()}
+
+
+def _copy(v):
+    """A copy of parsed JSON's dicts and lists (its strings and numbers are immutable)."""
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    return [_copy(x) for x in v] if isinstance(v, list) else v
 
 
 def verify(blob: bytes | memoryview, fingerprint: str | None, key: bytes | None = None) -> dict:
@@ -177,9 +212,7 @@ def decode(blob: bytes | memoryview, fingerprint: str | None,
     its output pages); they must have the stored dtype and shape."""
     header = verify(blob, fingerprint, key)
     mv = memoryview(blob)
-    dctx = getattr(_local, "dctx", None)
-    if dctx is None:
-        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    dctx = _decompressor()
     out = {}
     try:
         for e in header["tensors"]:
@@ -188,6 +221,14 @@ def decode(blob: bytes | memoryview, fingerprint: str | None,
     except (KeyError, TypeError, zstandard.ZstdError) as err:
         raise CorruptValue(f"undecodable value: {err}") from None
     return out
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor."""
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
 
 
 def _decode_one(mv: memoryview, pos: int, e: dict, dctx, dest: torch.Tensor | None):

@@ -1,5 +1,6 @@
 """Reading a restore plan's remote pieces: ranged GETs of only the bytes it needs, many
-in flight, each value decoded on a pool as soon as its bytes are in, within a deadline.
+in flight, the values of each range decoded together on a pool as soon as its bytes are in,
+within a deadline.
 
 Every piece has a location (an object, an offset, a length, and the object's size the
 plan was made against). Pieces adjacent in one object are read together: a run of
@@ -128,10 +129,12 @@ class Fetcher:
         """Request rounds a fetch of locs takes: its ranged GETs over the connections."""
         return math.ceil(len(plan_ranges(locs, self.cfg.range_bytes)) / self.cfg.concurrency)
 
-    def fetch(self, locs: list[Loc], timeout: float, decode: Callable[[int, memoryview], object],
+    def fetch(self, locs: list[Loc], timeout: float,
+              decode: Callable[[list[tuple[int, memoryview]]], list],
               pool: Executor, owner: str | None = None) -> list:
-        """decode(i, value) on `pool` for each location whose bytes came in; returns, per
-        location, what decode returned (CORRUPT for a bad value), or MISSING. owner: the
+        """decode([(i, value), ...]) on `pool` for the locations whose bytes came in with
+        one range (a result per value); returns, per location, what decode returned
+        (CORRUPT for a bad value), or MISSING. owner: the
         state object that named these locations: when one of them is corrupt or not
         there, it names what is not there, and is deleted too, with the other states
         that name it (the next daemon that computes it puts them again)."""
@@ -221,15 +224,17 @@ class Fetcher:
 
     def _decode(self, run: _Run, ready: list[tuple[int, memoryview]], decode, name: str
                 ) -> None:
-        for i, view in ready:
-            if run.cancelled:
-                return
-            try:
-                result = decode(i, view)
-            except Exception:                      # never a reason to fail the restore
-                log.exception("remote: decoding %s failed", name)
-                result = CORRUPT
-            with run.lock:
+        """One range's values, decoded together (a value's fixed cost, paid once for
+        all of them, was most of a small value's decoding)."""
+        if run.cancelled:
+            return
+        try:
+            results = decode(ready)
+        except Exception:                          # never a reason to fail the restore
+            log.exception("remote: decoding %s failed", name)
+            results = [CORRUPT] * len(ready)
+        with run.lock:
+            for (i, _), result in zip(ready, results):
                 if result == CORRUPT:
                     run.bad.add(name)
                 run.resolve(i, result)

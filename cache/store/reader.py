@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import lmdb
 import torch
 
-from ckptd.cache import codec
+from ckptd.cache import codec_batch
 from ckptd.cache.entry import BLOCK
 from ckptd.cache.lookup import DEVICE, DISK, HOST, REMOTE, PieceRef, RestoredState, RestorePlan
 from ckptd.cache.remote.fetch import CORRUPT, MISSING
@@ -154,20 +154,6 @@ class Reader:
         return RestoredState((first + good) * self.B, None, None, ok=False,
                              dropped=len(corrupt), first_block=first)
 
-    def _decode(self, key: bytes, buf: memoryview | None, dest: dict | None):
-        """A value's tensors, decoded into dest where given; _MISSING or _CORRUPT."""
-        if buf is None:
-            return _MISSING
-        try:
-            if dest is None or dest["kv"].is_contiguous():
-                return codec.decode(buf, self.fp, dest, key)
-            # a strided page of the caller's pool: decode beside it, then copy in
-            got = codec.decode(buf, self.fp, {"kv": _scratch(dest["kv"])}, key)
-            dest["kv"].copy_(got["kv"])
-            return dest
-        except codec.CorruptValue:
-            return _CORRUPT
-
     def _load_remote(self, plan: RestorePlan, idx: list[int], into: list, values: list,
                      timeout: float) -> None:
         """Fetch the remote pieces idx of the plan, each decoded on the reader pool as its
@@ -176,12 +162,13 @@ class Reader:
         pieces, found = plan.pieces(), plan.remote
         raw: dict[int, bytes] = {}
 
-        def decode(j: int, buf: memoryview):
-            i = idx[j]
-            v = self._decode(pieces[i].key, buf, into[i])
-            if isinstance(v, dict):
-                raw[i] = bytes(buf)          # written through into LMDB (adopt)
-            return v
+        def decode(ready: list[tuple[int, memoryview]]) -> list:
+            got = self._decode_many([(pieces[idx[j]].key, buf, into[idx[j]])
+                                     for j, buf in ready])
+            for (j, buf), v in zip(ready, got):
+                if isinstance(v, dict):
+                    raw[idx[j]] = bytes(buf)          # written through into LMDB (adopt)
+            return got
         got = self.fetcher.fetch(found.locs([pieces[i] for i in idx]), timeout, decode,
                                  self.pool, found.state)
         for i, v in zip(idx, got):
@@ -200,17 +187,24 @@ class Reader:
             self.promoter.submit(self.adopt, keep)
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
-        into = {ref.key: out for ref, out in job}
+        into = [out for _, out in job]
 
-        def decode(key: bytes, buf: memoryview | None):
-            return self._decode(key, buf, into[key])
+        def decode(got: list[tuple[bytes, memoryview | None]]) -> list:
+            return self._decode_many([(k, buf, d) for (k, buf), d in zip(got, into)])
         try:
-            return self.disk.read_many([(ref.key, ref.kind) for ref, _ in job], decode)
+            return self.disk.read_batch([(ref.key, ref.kind) for ref, _ in job], decode)
         except lmdb.Error as e:
             # A damaged file can break LMDB's own pages: serve nothing from this group
             # (the restore falls back to the good prefix) rather than fail the request.
             log.warning("cache: disk read failed: %s", e)
             return [_MISSING] * len(job)
+
+    def _decode_many(self, items: list[tuple[bytes, memoryview | None, dict | None]]) -> list:
+        """Values' tensors, decoded into their dests where given (cache/codec_batch.py);
+        _MISSING or _CORRUPT."""
+        got = codec_batch.decode_many([(buf, key, dest) for key, buf, dest in items], self.fp)
+        return [_MISSING if buf is None else _CORRUPT if v is None else v
+                for (_, buf, _), v in zip(items, got)]
 
     def _touch_and_promote(self, pieces: list[PieceRef], values: list, read: dict[int, str],
                            at_once: bool = False):
@@ -287,18 +281,6 @@ def _ahead(items: list, fn, done: threading.Event) -> None:
         if done.is_set():
             return
         fn(items[s:s + _AHEAD])
-
-
-_scratches = threading.local()
-
-
-def _scratch(like: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor of like's shape and dtype, kept per reader thread: decoded
-    into again and again, its memory stays resident."""
-    t = getattr(_scratches, "t", None)
-    if t is None or t.shape != like.shape or t.dtype != like.dtype:
-        t = _scratches.t = torch.empty(like.shape, dtype=like.dtype)
-    return t
 
 
 def _write_ready(pages: list[torch.Tensor]) -> None:

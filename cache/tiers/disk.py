@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 _DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
             lmdb.BadTxnError, lmdb.IncompatibleError)
 _MIN_MAP = 1 << 20
+# Values this small are not paged in one by one before they are decoded: the call cost
+# more than the fault it saves (a tiny model's 4 KiB block is one page), and a restore's
+# read-ahead helper has asked for them already.
+_PAGE_IN_MIN = 64 << 10
 
 
 class DiskFull(RuntimeError):
@@ -181,6 +185,17 @@ class DiskTier:
                     pagein.read_now(buf)
                 out.append(fn(key, buf))
         return out
+
+    def read_batch(self, items: Sequence[tuple[bytes, str]],
+                   fn: Callable[[list[tuple[bytes, memoryview | None]]], list[T]]) -> list[T]:
+        """fn over all the (key, value buffer or None) of items at once, in one read
+        transaction (the buffers are valid only inside fn), paged in as read_many's."""
+        with self._read(buffers=True) as txn:
+            got = [(key, txn.get(key, db=self._db(kind))) for key, kind in items]
+            for _, buf in got:
+                if buf is not None and len(buf) >= _PAGE_IN_MIN:
+                    pagein.read_now(buf)
+            return fn(got)
 
     def prefetch(self, items: Sequence[tuple[bytes, str]]) -> None:
         """Ask the kernel to start reading these values, in this order (madvise

@@ -143,3 +143,60 @@ def test_decode_into_given_tensors():
                   torch.zeros(4, 3, 2, dtype=torch.bfloat16).transpose(0, 2)):
         with pytest.raises(ValueError, match="output"):
             codec.decode(blob, "fp", into={"kv": wrong})
+
+
+def test_a_cached_header_is_never_another_values():
+    """Headers are parsed once per shape of header (cache): the key is still checked,
+    and a caller changing what it got changes nothing for the next read."""
+    t = torch.randn(2, 16, 8)
+    a, b = codec.encode({"kv": t}, "fp", key=b"\x01" * 32), codec.encode({"kv": t}, "fp",
+                                                                        key=b"\x02" * 32)
+    assert codec.verify(a, "fp", b"\x01" * 32)["key"] == "01" * 32
+    with pytest.raises(codec.CorruptValue, match="stored for key"):
+        codec.verify(b, "fp", b"\x01" * 32)
+    codec.read_header(b)["tensors"][0]["parts"][0] = 7
+    assert codec.read_header(b)["tensors"][0]["parts"][0] == t.numel()
+    assert torch.equal(codec.decode(b, "fp", key=b"\x02" * 32)["kv"], t)
+
+
+def _pool_pages(n: int, dtype) -> list[torch.Tensor]:
+    """Pages of a head-major CPU pool: strided views, as a restore decodes into."""
+    from ckptd.kernels.paged_attention import layout
+    pool = layout.new_pool(n + 1, (1, 2, 16, 2, 16), dtype, torch.device("cpu"), head_major=True)
+    return [pool[i + 1] for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_decoding_many_is_decoding_each(dtype):
+    """codec_batch: small blocks decoded in groups into strided pool pages, bit-exact;
+    what a group can't take (several tensors, all planes packed, a large tensor, no
+    output) decoded alone; a bad value is None and its output is left alone."""
+    from ckptd.cache import codec_batch
+    g = torch.Generator().manual_seed(3)
+    blocks = [(torch.randn((1, 2, 16, 2, 16), generator=g) * 10).to(dtype) for _ in range(40)]
+    blocks[3].view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -0.0], dtype=dtype)
+    blocks[4].zero_()                                    # every plane packs
+    keys = [bytes([i]) * 32 for i in range(40)]
+    blobs = [codec.encode({"kv": t}, "fp", key=k) for t, k in zip(blocks, keys)]
+    pages = _pool_pages(40, dtype)
+    for p in pages:
+        p.fill_(5)
+    bad = bytearray(blobs[7])
+    bad[len(bad) // 2] ^= 1
+    snap = {"conv": torch.randn(3, 4, generator=g), "ssm": torch.randn(70000, generator=g)}
+    items = [(memoryview(b), k, {"kv": p}) for b, k, p in zip(blobs, keys, pages)]
+    items[7] = (bytes(bad), keys[7], {"kv": pages[7]})
+    items[9] = (blobs[9], keys[8], {"kv": pages[9]})        # read for another key
+    items[11] = (None, keys[11], {"kv": pages[11]})         # not there
+    items += [(codec.encode(snap, "fp"), None, None), (blobs[12], None, None)]
+    got = codec_batch.decode_many(items, "fp")
+    assert got[7] is None and got[9] is None and got[11] is None
+    for i in (7, 9, 11):
+        assert bool((pages[i] == 5).all())                  # never written
+    for i, t in enumerate(blocks):
+        if i not in (7, 9, 11):
+            assert got[i]["kv"] is pages[i]
+            assert torch.equal(_bits(pages[i].contiguous()), _bits(t))
+    assert all(torch.equal(got[-2][n], snap[n]) for n in snap)
+    assert torch.equal(_bits(got[-1]["kv"]), _bits(blocks[12]))
+    assert codec_batch.decode_many(items[:2], "other-model") == [None, None]
