@@ -6,6 +6,11 @@
     cache.after_step(batch.work, logits)  publish pages, capture checkpoints
     postprocess(batch, logits)            each work by its outcome: sample, stop, stream
 
+Speculative decoding (daemon/speculation.py) is two calls of it in that loop and
+nothing more: `spec.propose` in schedule (a decoding sequence's drafted tokens count in
+its work) and `spec.verify` in postprocess (a drafted work's rows sampled in order,
+the rest taken back).
+
 `ckptd serve` runs `run()` on the process's main thread (it says why) and the
 HTTP side submits requests from its own; `ckptd generate` and the tests drive
 `step()` directly through `generate()`. Events go back through each request's

@@ -137,7 +137,7 @@ class Runtime:
         if self.runner.embedder is not None:
             self.runner.embedder.release()
         if self.engine.spec is not None:
-            self.engine.spec.drafter.runner.release()
+            self.engine.spec.unload()
 
     def reload(self) -> None:
         """Waking up: the same weights again (the store's entries are theirs: a file
@@ -154,7 +154,7 @@ class Runtime:
             self.runner.embedder.reload(self._vision_encoder(model))
         if self.engine.spec is not None:
             draft, _ = load(self.draft, self.where.dtype, self.where.device, weights=self.weights)
-            self.engine.spec.drafter.runner.reload(draft)
+            self.engine.spec.reload(draft)
 
     def _vision_encoder(self, model):
         """The vision tower loaded again on waking: the same one, or a ValueError."""

@@ -158,8 +158,6 @@ class Scheduler:
     def remove(self, live: Live) -> None:
         with self.cond:
             self.running.remove(live)
-        if self.spec is not None:
-            self.spec.release(live.seq.id)
 
     def take_cancelled(self) -> list[Request]:
         """Queued requests cancelled by stop(), taken off the queue."""

@@ -5,8 +5,8 @@ position after another, keeps the drafted tokens it would have drawn itself. The
 answer is the one decoding without a draft gives: the same sampler, seeded the same,
 sees the same logits in the same order; it only sees several of them a step.
 
-It enters the step in one place, the scheduler's decision of how many tokens each
-sequence computes:
+The loop calls it at two points, one before the model step and one after (engine.py's
+docstring names them):
 
     scheduler.schedule()     spec.propose: drafted tokens join their sequence, with
                              pages for them (else none this time), marked (runner.mark)
@@ -15,8 +15,12 @@ sequence computes:
     postprocess              spec.verify: sample over the rows, take back what was not
                              kept (runner.rewind)
 
-What a sequence did not keep never reaches the cache: the sequence is back at its last
-kept token before a page of it is published or finish takes its checkpoint.
+Nothing else: `propose` is given every decoding sequence each step, and what it keeps
+for one no longer among them (it ended: a sequence decodes until it ends) goes back
+there, the draft model's pages and cell included (`unload` lets all go when the
+daemon sleeps). What a sequence did not keep never reaches the cache: the sequence
+is back at its last kept token before a page of it is published or finish takes its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -59,12 +63,18 @@ class Speculation:
         self.rngs: dict[int, random.Random] = {}    # synthetic acceptance, per sequence
         self.stalled: set[int] = set()      # no pages for a draft last step: none this one
         self.drafts: dict[int, Draft] = {}  # this step's, by sequence id, until verified
+        self.decoding: set[int] = set()     # the ids propose was given last
 
     def propose(self, decoding: list[Live], cache: CacheManager) -> dict[int, int]:
-        """Draft for decoding sequences: each one's drafted tokens are appended to its
-        tokens, with pages for them and its state marked, or dropped when the pages are
-        not there (it then decodes its one token as without a draft). Returns the
-        number of tokens drafted, by sequence id."""
+        """Draft for the decoding sequences (every one, each step): each one's drafted
+        tokens are appended to its tokens, with pages for them and its state marked, or
+        dropped when the pages are not there (it then decodes its one token as without a
+        draft). What was kept for a sequence that decoded last step and is not here now
+        (it ended) goes back first. Returns the number of tokens drafted, by sequence id."""
+        ids = {live.seq.id for live in decoding}
+        for gone in self.decoding - ids:
+            self._forget(gone)
+        self.decoding = ids
         asks, whose, drafted = [], [], {}
         for live in decoding:
             seq = live.seq
@@ -131,11 +141,24 @@ class Speculation:
         st.draft_n_accepted += hits
         return events
 
-    def release(self, seq_id: int) -> None:
+    def _forget(self, seq_id: int) -> None:
+        """An ended sequence: its draft sequence's pages and cell go back, its state here."""
         self.drafter.release(seq_id)
         self.rngs.pop(seq_id, None)
         self.stalled.discard(seq_id)
         self.drafts.pop(seq_id, None)
+
+    def unload(self) -> None:
+        """The daemon sleeps (no sequence is live): what was kept for the last decoding
+        sequences goes, then the draft model (Runner.release)."""
+        for seq_id in self.decoding:
+            self._forget(seq_id)
+        self.decoding = set()
+        self.drafter.runner.release()
+
+    def reload(self, draft) -> None:
+        """Waking up: the draft model again."""
+        self.drafter.runner.reload(draft)
 
     def _synthetic(self, d: Draft, i: int) -> int | None:
         """llama.cpp's synthetic acceptance: the drafted token at i is kept with its

@@ -1,7 +1,7 @@
 """A chat request's prompt as llama-server and OpenAI take it: the messages, the tools
 a template describes to the model, and the template's options (add_generation_prompt,
-continue_final_message, chat_template_kwargs, reasoning). Service.render_chat turns it
-into text."""
+continue_final_message, chat_template_kwargs, reasoning). PromptBuilder.render_chat
+(daemon/prompt.py) turns it into text."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ async def create(request: web.Request) -> web.Response:
         raise ApiError(409, f"context {req.name!r} was registered under another cache_salt",
                        "name", "context_exists")
     ctx = Context(req.name, req.text, req.messages, req.salt, req.pin)
-    tokens = await blocking(svc.context_tokens, ctx)
+    tokens = await blocking(svc.prompts.context_tokens, ctx)
     params = svc.fit_to_context(tokens, 1, SamplingParams(max_tokens=1),
                         "text" if req.text is not None else "messages")
     # requests naming it part at its end, where its end-of-prompt snapshot is: no tails

@@ -141,7 +141,7 @@ async def apply_template(request: web.Request) -> web.Response:
     svc = ready(request)
     req = openai_chat(await read_json(request), svc.parse_openai)
     svc.check_model(req.model)
-    text = await blocking(svc.render_chat, req.chat, False)
+    text = await blocking(svc.prompts.render_chat, req.chat, False)
     return json_response({"prompt": text})
 
 

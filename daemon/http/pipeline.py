@@ -53,15 +53,15 @@ def _prompts(svc: Service, req: ApiRequest, anchors: bool
     where the next request will part (not needed to count tokens)."""
     cache = req.gen.cache
     if req.chat is not None:
-        prompt = svc.chat_prompt(req.chat, cache, anchors, req.prompt_param)
+        prompt = svc.prompts.chat_prompt(req.chat, cache, anchors, req.prompt_param)
         return [prompt], [""], prompt.salt
     if req.fill is not None:
         gap = req.prompts[0]
-        return [Prompt(svc.infill_tokens(req.fill, gap), cache.salt)], \
+        return [Prompt(svc.prompts.infill_tokens(req.fill, gap), cache.salt)], \
             [gap if isinstance(gap, str) else ""], cache.salt
     out, texts, salt = [], [], None
     for p in req.prompts:
-        prompt = svc.completion_prompt(p, cache)
+        prompt = svc.prompts.completion_prompt(p, cache)
         out.append(prompt)
         salt = prompt.salt
         texts.append(p if isinstance(p, str) else svc.tokenizer.decode(prompt.tokens))

@@ -18,7 +18,7 @@ from ckptd.model.text.tool_calls.reply import Delta, ReplySpec
 
 def reply_spec(svc, chat: ChatPrompt, tokens: list[int]) -> ReplySpec:
     """How to read the answer to `chat`, whose prompt is `tokens`."""
-    syntax = svc.tool_syntax()
+    syntax = svc.prompts.tool_syntax()
     open_thinking = syntax.thinking and opens_thinking(svc.tokenizer.decode(tokens[-8:]))
     calls = bool(chat.tools) and chat.tool_choice != "none" and syntax.fmt is not None
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {}

@@ -1,6 +1,6 @@
 """The cache page at / and the read-only JSON it reads (daemon/http/cacheview.py), from a
 real daemon with an admin key; and the cache's fields in every response. The page in
-a real browser: tests/daemon/test_page_browser.py."""
+a real browser: test_the_page_in_a_browser, below (tools/browser.py)."""
 
 from __future__ import annotations
 

@@ -321,3 +321,19 @@ def test_no_pages_for_a_draft_decodes_without_it(tiny_llama_dir):
     while not ends:
         eng.step()
     assert [ev.token for ev in got] == want[0] and ends[0].stats.draft_n > 0
+
+
+def test_what_a_draft_kept_goes_when_its_sequence_ends(tiny_llama_dir):
+    """Speculation follows the decoding sequences it is given each step: the next
+    step after the requests end, the draft model holds no sequence, cell or page of
+    theirs, and nothing of them is left in speculation (what sleeping needs)."""
+    tok = Tokenizer.from_dir(tiny_llama_dir)
+    model = load_model(tiny_llama_dir)
+    eng = engine(model, tok, model, synth=(0.9, 0.7, 0.5, 0.3))   # rngs too
+    _, stats = run(eng, PROMPTS, SEEDED)
+    assert all(st.draft_n > 0 for st in stats)
+    eng.step()                         # nothing runs: propose is given no sequence
+    spec, drafter = eng.spec, eng.spec.drafter
+    assert not drafter.tracks and not drafter.runner.live_cells()
+    assert len(drafter.free) == 256
+    assert not (spec.rngs or spec.stalled or spec.drafts or spec.decoding)

@@ -101,7 +101,7 @@ def llama_templates() -> Path:
 
 def _render(source: str):
     def render(messages: list[dict], tools: list[dict]) -> str:
-        # what Service.render_chat gives a template
+        # what PromptBuilder.render_chat (daemon/prompt.py) gives a template
         return render_chat(source, messages, True, tools=tools, functions=json.dumps(tools),
                            datetime="Nov 26 2026", date_string="26 Nov 2026",
                            bos_token="<s>", eos_token="</s>", enable_thinking=True)
