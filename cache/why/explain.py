@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import KeyChain, block_key
+from ckptd.cache.lookup import DEVICE
 from ckptd.cache.why.gone import BUDGET, CORRUPT, DELETED, EVICTED, THINNED, Departure, Gone
 from ckptd.cache.why.report import (
     COST,
@@ -125,7 +126,8 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
                            f"lies between {P:,} and {S:,} (a recurrent state can't be cut)")
     rec = _lost_here(tokens, n, chain, P, gone, now)
     if rec is not None:
-        return _departed(P, rec, now, None, "")
+        earlier = gone.earlier(chain.keys[P // B], rec) if rec.tier == DEVICE else None
+        return _departed(P, rec, now, None, "", earlier)
     if P < B:
         miss = _other_root(P, tokens[:min(n, B)], chain, view, salts, fingerprint, now)
         if miss is not None:
@@ -183,15 +185,21 @@ _LEFT = {EVICTED: "was evicted from {tier}", THINNED: "was thinned (at most --ma
          DELETED: "was deleted (cache admin)", BUDGET: "was never stored: {detail}"}
 
 
-def _departed(P: int, rec: Departure, now: float, recomputed: int | None, what: str) -> Miss:
+def _departed(P: int, rec: Departure, now: float, recomputed: int | None, what: str,
+              earlier: Departure | None = None) -> Miss:
     when = now - rec.at
-    verb = _LEFT.get(rec.reason, "left").format(tier=rec.tier or "the cache",
-                                                detail=rec.detail or "a budget refused it")
-    extra = f" ({rec.detail})" if rec.detail and rec.reason != BUDGET else ""
-    detail = f"{what or f'the {rec.kind} at {rec.position:,} '}{verb}{extra} {ago(when)}"
+    detail = f"{what or f'the {rec.kind} at {rec.position:,} '}{_left(rec)} {ago(when)}"
+    if earlier is not None:
+        detail += f"; its stored copy {_left(earlier)} {ago(now - earlier.at)}"
     if recomputed:
         detail += f"; restored from {P:,}, {_tokens(recomputed)} recomputed"
     return Miss(P, rec.reason, rec.tier, rec.at, when, recomputed, detail)
+
+
+def _left(rec: Departure) -> str:
+    verb = _LEFT.get(rec.reason, "left").format(tier=rec.tier or "the cache",
+                                                detail=rec.detail or "a budget refused it")
+    return verb + (f" ({rec.detail})" if rec.detail and rec.reason != BUDGET else "")
 
 
 def _other_root(P: int, tokens: list[int], chain: KeyChain, view: View,

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from ckptd.cache.entry import SNAPSHOT, EntryMeta
+from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ HISTORY = 4              # records kept per key: a miss is explained as of its r
 
 class Departure(NamedTuple):
     reason: str
-    tier: str                 # the tier it left: host, disk, remote; "" for every tier at once
+    tier: str                 # the tier it left: device, host, disk, remote; "" for every
+    #                           tier at once
     at: float                 # unix time
     kind: str                 # block or snapshot
     position: int             # tokens its state covered
@@ -62,17 +63,26 @@ class Gone:
              detail: str = "", unless: str | None = None) -> None:
         """Record entries that left. unless: keep a record with this reason (a host
         eviction does not hide that the disk refused the write first)."""
+        self._left(((key, m.kind, m.position, m.parent,
+                     tuple(m.tokens) if m.kind == SNAPSHOT else ())
+                    for key, m in items if m is not None), reason, tier, detail, unless)
+
+    def blocks_left(self, items: Iterable[tuple[bytes, bytes | None, int]], reason: str, tier: str,
+                    detail: str = "", unless: str | None = None) -> None:
+        """Record blocks that left a tier that keeps no EntryMeta (the device's prefix
+        table): (key, parent key or None, position) each; unless: as for left."""
+        self._left(((key, BLOCK, position, parent or b"", ()) for key, parent, position in items),
+                   reason, tier, detail, unless)
+
+    def _left(self, rows, reason: str, tier: str, detail: str, unless: str | None) -> None:
         now = time.time()
         with self.lock:
-            for key, meta in items:
-                if meta is None:
-                    continue
+            for key, kind, position, parent, tail in rows:
                 old = self.records.get(key)
                 if old and old[-1].reason == unless:
                     continue
-                tail = tuple(meta.tokens) if meta.kind == SNAPSHOT else ()
-                self._add(key, Departure(reason, tier, now, meta.kind, meta.position,
-                                         meta.parent, tail, detail))
+                self._add(key, Departure(reason, tier, now, kind, position, parent, tail,
+                                         detail))
 
     def _add(self, key: bytes, rec: Departure) -> None:
         self.changed = True
@@ -92,6 +102,14 @@ class Gone:
         """The latest departure of `key` at or before `before`."""
         hist = self.records.get(key)           # one dict lookup: atomic, no lock needed
         return None if hist is None else _latest(hist, before)
+
+    def earlier(self, key: bytes, rec: Departure) -> Departure | None:
+        """The departure of `key` from another tier before `rec` (a block the device
+        held on after the store's copy left: that one says why it was not stored)."""
+        for old in reversed(self.records.get(key, ())):
+            if old.at <= rec.at and old.tier != rec.tier:
+                return old
+        return None
 
     def snapshots_after(self, parent: bytes, before: float = math.inf) -> list[Departure]:
         """Departed snapshots whose parent block is `parent` (each one's latest departure
