@@ -134,6 +134,13 @@ def test_other_salt(llama, tmp_path):
     # a salt's own prefix restores
     _, report = ask(client, a, salt="alice")
     assert report["miss"] is None
+    # the deepest block another salt's entries share with the prompt is said, not the first
+    for shared, salt in ((3, "carol"), (1, "dave")):      # salts with nothing of their own
+        q = a[:shared * B] + [t + 1 for t in a[shared * B:]]
+        _, report = ask(client, q, salt=salt)
+        miss = _miss(report)
+        assert (miss["reason"], miss["recomputed"]) == ("other_salt", shared * B), miss
+        assert f"its first {shared * B} tokens are cached under another" in miss["detail"]
 
 
 def test_other_model_fingerprint(llama, hybrid, tmp_path):
