@@ -8,10 +8,12 @@ In order, the first that holds:
 2. the planner found more but chose to compute it (cost): reading was estimated
    slower than computing;
 3. cached entries go on past the restored position (`shared`), but no state to start
-   from lies between: a snapshot there departed (thinned, evicted, refused...), or
-   there never was one (no_snapshot: a recurrent state can't be cut);
+   from lies between: a snapshot there departed (thinned, evicted, refused...), or a
+   remote state further on (lost by the remote: cache/remote/lost.py), or there never
+   was one (no_snapshot: a recurrent state can't be cut);
 4. nothing cached continues the prompt: the entry that would have departed (evicted,
-   thinned, corrupt, deleted, budget), or the prompt is cached further under another
+   thinned, corrupt, deleted, budget; from the device too), a remote state further
+   on the path that departed, or the prompt is cached further under another
    root (other_model, other_salt, other_adapters: the deepest block it matches there),
    else unseen.
 """
@@ -25,7 +27,7 @@ from typing import NamedTuple, Protocol
 
 from ckptd.cache.entry import EntryMeta
 from ckptd.cache.keys import KeyChain, keys_under
-from ckptd.cache.lookup import DEVICE
+from ckptd.cache.lookup import DEVICE, REMOTE
 from ckptd.cache.why.gone import BUDGET, CORRUPT, DELETED, EVICTED, THINNED, Departure, Gone
 from ckptd.cache.why.report import (
     COST,
@@ -119,10 +121,10 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
                            f"(~{d.compute_s * 1000:.0f} ms)")
     S = min(a.shared, n)
     if S > P:
-        rec = _lost_on_path(tokens, n, chain, P, S, gone, now)
+        rec = _lost_on_path(tokens, n, chain, P, min(S // B, n // B), gone, now) \
+            or _lost_on_path(tokens, n, chain, P, n // B, gone, now, REMOTE)
         if rec is not None:
-            return _departed(P, rec, now, rec.position - P,
-                             f"the snapshot at {rec.position:,} ")
+            return _departed(P, rec, now, rec.position - P, _state(rec))
         return Miss(P, NO_SNAPSHOT, recomputed=S - P,
                     detail=f"cached entries go on to {S:,}, but no state to resume from "
                            f"lies between {P:,} and {S:,} (a recurrent state can't be cut)")
@@ -130,18 +132,23 @@ def explain(tokens: list[int], chain: KeyChain, a: Attempt, view: View, gone: Go
     if rec is not None:
         earlier = gone.earlier(chain.keys[P // B], rec) if rec.tier == DEVICE else None
         return _departed(P, rec, now, None, "", earlier)
+    # the remote keeps a state per snapshot, naming every block below it: one that
+    # departed anywhere on the path is what would have restored that far
+    rec = _lost_on_path(tokens, n, chain, P, n // B, gone, now, REMOTE)
+    if rec is not None:
+        return _departed(P, rec, now, rec.position - P, _state(rec))
     miss = _other_root(P, tokens, n, chain, view, salts, fingerprint, now)
     if miss is not None:
         return miss
     return Miss(P, UNSEEN, detail=_UNSEEN)
 
 
-def _lost_on_path(tokens: list[int], n: int, chain: KeyChain, P: int, S: int, gone: Gone,
-                  now: float) -> Departure | None:
-    """The deepest departed snapshot on the prompt's path past P, at a depth the cached
-    entries reach (its tail may go past S: a departed tail no longer counts in S)."""
+def _lost_on_path(tokens: list[int], n: int, chain: KeyChain, P: int, top: int, gone: Gone,
+                  now: float, tier: str | None = None) -> Departure | None:
+    """The deepest departed snapshot on the prompt's path past P, at a block depth up to
+    `top` (the depth the cached entries reach: its tail may go past them, as a departed
+    tail no longer counts in what they share); tier: only those that left it."""
     B = chain.block_size
-    top = min(S // B, n // B)
     low = max(P // B, top - _PATH_DEPTHS)
     # the parent of depth d is keys[d - 1] (the root for d = 0)
     found = gone.snapshots_after_any(([chain.root] if low == 0 else [])
@@ -153,6 +160,7 @@ def _lost_on_path(tokens: list[int], n: int, chain: KeyChain, P: int, S: int, go
         for rec in found.get(chain.parent(depth), ()):
             pos = depth * B + len(rec.tail)
             if P < pos <= n and rec.position == pos and list(rec.tail) == tokens[depth * B:pos] \
+                    and (tier is None or rec.tier == tier) \
                     and (best is None or pos > best.position):
                 best = rec
         if best is not None:
@@ -195,6 +203,10 @@ def _departed(P: int, rec: Departure, now: float, recomputed: int | None, what: 
     if recomputed:
         detail += f"; restored from {P:,}, {_tokens(recomputed)} recomputed"
     return Miss(P, rec.reason, rec.tier, rec.at, when, recomputed, detail)
+
+
+def _state(rec: Departure) -> str:
+    return f"the {'remote state' if rec.tier == REMOTE else 'snapshot'} at {rec.position:,} "
 
 
 def _left(rec: Departure) -> str:
