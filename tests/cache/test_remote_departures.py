@@ -24,6 +24,12 @@ B = 4        # tests/cache/conftest.py's block size: TOKENS is 20 blocks and 2 t
 pytestmark = pytest.mark.usefixtures("aws")
 
 
+def _patient(spec, url):
+    """The remote tier as a daemon has it, with a lookup that outlasts a loaded machine
+    (a lookup that times out finds nothing, and loses nothing)."""
+    return remote(spec, url, lookup_timeout=30.0)
+
+
 def _restore(store, tokens):
     """A restore as the restorer makes it: the plan with the remote's pieces, loaded;
     what the request is told (its own failure)."""
@@ -56,7 +62,7 @@ def test_a_corrupt_segment_fails_the_restore_and_is_reported_lost_after(
     h = segment.read_header(body)
     body[h.header_bytes + sum(h.lengths[:2]) + h.lengths[2] // 2] ^= 0x01     # block 10
     s3.put_object(Bucket=BUCKET, Key=bad, Body=bytes(body))
-    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    b = open_store(spec, path=tmp_path / "b", remote=_patient(spec, url))
     miss = _restore(b, TOKENS)
     assert (miss.reason, miss.tier, miss.position) == ("corrupt", REMOTE, 0)
     # blocks 0-9 were kept; the remote lost the rest of that segment and the state
@@ -78,7 +84,7 @@ def test_a_segment_gone_from_the_bucket_is_evicted_from_the_remote(
     # what gc on another machine does: this daemon learns of it when it reads it
     s3_server.client().delete_object(
         Bucket=BUCKET, Key=a.remote.layout.segment(chain.keys[15], chain.keys[19]))
-    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    b = open_store(spec, path=tmp_path / "b", remote=_patient(spec, url))
     miss = _restore(b, TOKENS)
     assert (miss.reason, miss.tier) == ("tier_fault", REMOTE)
     assert "remote tier could not serve" in miss.detail
@@ -98,7 +104,7 @@ def test_a_state_head_found_bad_is_reported_dropped_from_the_remote(
     body = bytearray(s3.get_object(Bucket=BUCKET, Key=name)["Body"].read())
     body[12] ^= 0x01                       # inside the head: its checksum fails
     s3.put_object(Bucket=BUCKET, Key=name, Body=bytes(body))
-    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    b = open_store(spec, path=tmp_path / "b", remote=_patient(spec, url))
     assert b.lookup_remote(TOKENS, len(TOKENS), chain).position == 0
     assert not b.remote.states()                    # deleted: it is the index of nothing
     miss = _later(b, TOKENS)
