@@ -65,7 +65,7 @@ class Catalog:
         without the locks, as for a departure's record (a racing put at worst leaves a
         record of an entry that is there, and records are read only for entries that
         are not)."""
-        index, queued, ram = self.index, self.queued, self.host.items
+        index, queued, ram = self.index.rows, self.queued, self.host.items  # dicts: no calls
         return [r for r in rows if r[0] not in index and r[0] not in queued and r[0] not in ram]
 
     def take_touched(self) -> dict[bytes, EntryMeta]:
