@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from ckptd.cache.children import Children
 from ckptd.cache.keys import KeyChain
@@ -30,8 +31,15 @@ class OutOfPages(RuntimeError):
     """Not enough free pages: the request waits or fails, nothing crashes."""
 
 
+# What the table forgot, for the records of departed entries (cache/why/gone.py):
+# on_evict(rows, why), rows (key, parent key or None, tokens covered), called outside
+# the table's lock, on the thread that reclaimed
+OnEvict = Callable[[list[tuple[bytes, bytes | None, int]], str], None]
+RECLAIMED = "least recently used, its page reclaimed for new tokens"
+
+
 class DevicePages:
-    def __init__(self, num_pages: int, block_size: int) -> None:
+    def __init__(self, num_pages: int, block_size: int, on_evict: OnEvict | None = None) -> None:
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         self.num_pages, self.B = num_pages, block_size
@@ -42,6 +50,8 @@ class DevicePages:
         self._by_key: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
         self._parent_of: dict[bytes, bytes | None] = {}   # key -> its parent block's key
+        self._position: dict[bytes, int] = {}         # key -> tokens its block ends at
+        self.on_evict = on_evict
         self._children = Children()                  # key -> registered keys naming it parent
         self._tokens: dict[int, bytes] = {}          # page -> its block's tokens (uint32 LE)
         self._used = [0] * num_pages                 # page -> clock of its last use
@@ -69,15 +79,18 @@ class DevicePages:
         that is not enough."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
+        evicted = None
         with self._lock:
             short = n - len(self._free)
             if short > 0:
                 # reclaim a little more than needed: each reclaim walks the table
-                self._reclaim(max(short, min(self.num_pages // 64, 256)), short)
+                evicted = self._reclaim(max(short, min(self.num_pages // 64, 256)), short)
             pages = [heapq.heappop(self._free) for _ in range(n)]
             for p in pages:
                 self.refs[p] = 1
-            return pages
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted, RECLAIMED)
+        return pages
 
     def incref(self, pages: list[int]) -> None:
         with self._lock:
@@ -118,6 +131,7 @@ class DevicePages:
             self._by_key[key] = page
             self._key_of[page] = key
             self._parent_of[key] = parent
+            self._position[key] = (0 if parent is None else self._position[parent]) + self.B
             self._children.add(key, parent)
             self._tokens[page] = tokens
             self._clock += 1
@@ -156,17 +170,21 @@ class DevicePages:
         with self._lock:
             return [k in self._by_key for k in keys]
 
-    def evict_cached(self) -> int:
-        """Forget every page held only by the table; returns how many were freed."""
+    def evict_cached(self, why: str = "every cached page dropped") -> int:
+        """Forget every page held only by the table; returns how many were freed. why:
+        what the departures' records say."""
         with self._lock:
             before = len(self._free)
-            self._reclaim(self.num_pages, 0)
-            return len(self._free) - before
+            evicted = self._reclaim(self.num_pages, 0)
+            freed = len(self._free) - before
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted, why)
+        return freed
 
-    def _reclaim(self, want: int, need: int) -> None:
+    def _reclaim(self, want: int, need: int) -> list[tuple[bytes, bytes | None, int]]:
         """Free up to `want` cached leaves, least recently used first; OutOfPages (freeing
-        nothing) when fewer than `need` can be freed. Under the lock, as _unregister and
-        _drop are."""
+        nothing) when fewer than `need` can be freed. Returns what left: (key, parent,
+        position) each. Under the lock, as _unregister and _drop are."""
         refs, children = self.refs, self._children
         # Every cached page is a leaf or above cached pages only (a sequence holding a
         # block holds all blocks before it), so peeling leaves reaches all of them.
@@ -176,10 +194,12 @@ class DevicePages:
                              f"and {len(cached)} reclaimable of {self.num_pages}")
         heap = [(self._used[p], p) for p in cached if not children.of(self._key_of[p])]
         heapq.heapify(heap)
-        freed = 0
+        freed, evicted = 0, []
         while heap and freed < want:
             used, p = heapq.heappop(heap)
-            parent = self._unregister(p)
+            left = self._unregister(p)
+            evicted.append(left)
+            parent = left[1]
             self._drop(p)
             freed += 1
             up = None if parent is None else self._by_key.get(parent)
@@ -187,14 +207,15 @@ class DevicePages:
                 # its child was used more recently: it was, through it
                 self._used[up] = max(self._used[up], used)
                 heapq.heappush(heap, (self._used[up], up))
+        return evicted
 
-    def _unregister(self, page: int) -> bytes | None:
+    def _unregister(self, page: int) -> tuple[bytes, bytes | None, int]:
         key = self._key_of.pop(page)
         del self._by_key[key]
         del self._tokens[page]
         parent = self._parent_of.pop(key)
         self._children.remove(key, parent)
-        return parent
+        return key, parent, self._position.pop(key)
 
     def _drop(self, page: int) -> None:
         assert self.refs[page] > 0, f"decref of free page {page}"
@@ -214,7 +235,8 @@ class DevicePages:
                 assert self.refs[p] == want, \
                     f"page {p}: {self.refs[p]} references, {want} holders (a leaked page)"
                 assert (want == 0) == (p in free), f"page {p}: free list and holders disagree"
-            assert len(self._by_key) == len(self._key_of) == len(self._tokens)
+            assert len(self._by_key) == len(self._key_of) == len(self._tokens) \
+                == len(self._position)
             self._children.check(((k, p, False) for k, p in self._parent_of.items()),
                                  "the prefix table")
             for parent in self._parent_of.values():

@@ -221,17 +221,34 @@ class KeyChain:
         keys = self.keys
         if plain and not have:
             keys = _recent.longest(self.root, B, data)
-        w = 4 * B
-        k = keys[-1] if keys else self.root
         start = len(keys)
-        for i in range(start, n):
-            k = _h(1, k, data[i * w:(i + 1) * w],
-                   ctx.positions_part(i * B, (i + 1) * B), ctx.extra(i))
-            keys.append(k)
+        _hash_blocks(keys, self.root, data, n, B, ctx)
         _hashed.blocks += n - start
         self.keys, self.data = keys, data
         if plain:
             _recent.add(self.root, B, data, keys)
+
+
+def _hash_blocks(keys: list[bytes], root: bytes, data: bytes, n: int, B: int,
+                 ctx: KeyContext) -> None:
+    """Extend keys (the first blocks' of `data`, uint32 LE tokens, under root) to n."""
+    w = 4 * B
+    k = keys[-1] if keys else root
+    for i in range(len(keys), n):
+        k = _h(1, k, data[i * w:(i + 1) * w], ctx.positions_part(i * B, (i + 1) * B),
+               ctx.extra(i))
+        keys.append(k)
+
+
+def keys_under(chain: KeyChain, root: bytes, n: int, keys: list[bytes] | None = None
+               ) -> list[bytes]:
+    """The chain's first n block keys as they would be under another root (another
+    salt, adapter set or model), extending `keys` (those hashed so far): what a miss
+    compares with the entries of other roots. The recent chains are neither read nor
+    filled."""
+    keys = [] if keys is None else keys
+    _hash_blocks(keys, root, chain.data, min(n, len(chain)), chain.block_size, chain.ctx)
+    return keys
 
 
 class _RecentKeys:
@@ -299,19 +316,6 @@ _hashed = _Hashed()
 def blocks_hashed() -> int:
     """Block keys hashed so far in this process (tests count hashing per request)."""
     return _hashed.blocks
-
-
-def block_key(parent: bytes, tokens: Sequence[int], depth: int, block_size: int,
-              ctx: KeyContext | None = None) -> bytes:
-    """Key of block `depth` = tokens (B of them) after `parent`: one step of
-    KeyChain.extend, for a key under another root (a miss looks for the prompt's first
-    block under the other salts there are, without a chain)."""
-    ctx = ctx or KeyContext()
-    if len(tokens) != block_size:
-        raise ValueError(f"a block holds {block_size} tokens, got {len(tokens)}")
-    start = depth * block_size
-    return _h(1, parent, encode_tokens(tokens), ctx.positions_part(start, start + block_size),
-              ctx.extra(depth))
 
 
 def snapshot_key(parent: bytes, tail_tokens: Sequence[int], depth: int, block_size: int,

@@ -34,8 +34,10 @@ from ckptd.cache.checkpoints import (
 from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.entry import BRANCH, END, INTERVAL, TAIL
 from ckptd.cache.keys import KeyChain
+from ckptd.cache.lookup import DEVICE
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
+from ckptd.cache.why.gone import BUDGET, EVICTED
 from ckptd.cache.work import Deferred, Failed, RestoreInfo, Stalled, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
 from ckptd.model.spec import StateIO, StateSpec, StepLogits
@@ -67,7 +69,7 @@ class CacheManager:
             raise ValueError(f"snapshot_budget must be positive, got {snapshot_budget}")
         self.interval, self.max_snapshots = snapshot_interval, max_snapshots
         self.snapshot_ratio = snapshot_budget
-        self.device = DevicePages(num_pages, B)
+        self.device = DevicePages(num_pages, B, None if store is None else self._device_evicted)
         self.restorer = Restorer(self.device, store, io, spec)
         self.checkpoints = Checkpointer(io, spec, store, max_snapshots)
         self.rates = self.restorer.rates
@@ -356,6 +358,13 @@ class CacheManager:
                 dev.decref([page])
                 seq.pages[i] = held
         rec.published = n
+
+    def _device_evicted(self, rows: list[tuple[bytes, bytes | None, int]], why: str) -> None:
+        """The device forgot these blocks: a departure for each the store lacks (its copy
+        restores the others), unless a budget refused its write first (cache/why/)."""
+        lost = self.store.catalog.lacking(rows)
+        if lost:
+            self.store.gone.blocks_left(lost, EVICTED, DEVICE, why, unless=BUDGET)
 
     def sanity_check(self) -> None:
         """Check what must always hold, between steps: every page reference has a holder

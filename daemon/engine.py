@@ -348,7 +348,7 @@ class Engine(InProcess):
         checkpoints are stored first and the device's prefix pages forgotten: the store
         holds what they held."""
         self.cache.store_pending()
-        self.cache.device.evict_cached()
+        self.cache.device.evict_cached("the daemon went to sleep (model unloaded)")
         for req in self.sleep.doze(self.scheduler):      # the model did not load again
             self.counters["errors"] += 1
             req.emit(Finished(FinishReason.ERROR, req.stats, EngineError(

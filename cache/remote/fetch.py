@@ -27,9 +27,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ckptd.cache.remote.client import RemoteClient, RemoteError
+from ckptd.cache.remote.state import StateHead
 
 log = logging.getLogger(__name__)
 MISSING, CORRUPT = "missing", "corrupt"
@@ -40,6 +42,19 @@ class Loc(NamedTuple):
     offset: int
     length: int
     size: int          # the object's size, as the plan knows it
+
+
+@dataclass
+class Lost:
+    """What one fetch found gone from the remote (a caller records them: lost.py)."""
+    objects: dict[str, str] = field(default_factory=dict)   # name -> CORRUPT or MISSING
+    owner: str | None = None          # the state deleted for naming one of them
+    swept: list[StateHead] = field(default_factory=list)    # other states deleted with it
+
+    @property
+    def cause(self) -> str:
+        """CORRUPT when any object was bad, else MISSING: why the states went."""
+        return CORRUPT if CORRUPT in self.objects.values() else MISSING
 
 
 class Chunk(NamedTuple):
@@ -112,10 +127,10 @@ class _Run:
 
 class Fetcher:
     def __init__(self, client: RemoteClient, forget: Callable[[str], object] | None = None,
-                 sweep: Callable[[str, set[str]], object] | None = None) -> None:
+                 sweep: Callable[[str, set[str]], list[StateHead]] | None = None) -> None:
         """forget(name): an object found missing, or bad (and deleted). sweep(state,
         segments): delete the other states that name segments a state read named and
-        that are bad or gone (cache/remote/sweep.py)."""
+        that are bad or gone, returning their heads (cache/remote/sweep.py)."""
         self.client, self.cfg, self.forget, self.sweep = client, client.config, forget, sweep
         self.lock = threading.Lock()
         self.restores = self.pieces = self.missing = self.corrupt = self.late = 0
@@ -131,13 +146,14 @@ class Fetcher:
 
     def fetch(self, locs: list[Loc], timeout: float,
               decode: Callable[[list[tuple[int, memoryview]]], list],
-              pool: Executor, owner: str | None = None) -> list:
+              pool: Executor, owner: str | None = None, lost: Lost | None = None) -> list:
         """decode([(i, value), ...]) on `pool` for the locations whose bytes came in with
         one range (a result per value); returns, per location, what decode returned
         (CORRUPT for a bad value), or MISSING. owner: the
         state object that named these locations: when one of them is corrupt or not
         there, it names what is not there, and is deleted too, with the other states
-        that name it (the next daemon that computes it puts them again)."""
+        that name it (the next daemon that computes it puts them again). lost: filled
+        with what was found gone (deleted here, or before)."""
         t0 = time.perf_counter()
         chunks = plan_ranges(locs, self.cfg.range_bytes)
         run = _Run(locs, chunks)
@@ -159,11 +175,15 @@ class Fetcher:
         if self.forget is not None:
             for name in run.gone:
                 self.forget(name)
+        if lost is not None:
+            lost.objects.update(dict.fromkeys(run.gone, MISSING))
+            lost.objects.update(dict.fromkeys(run.bad, CORRUPT))
         if owner is not None and (run.bad | run.gone) - {owner}:
             log.warning("remote: state %s names a segment that is not there; deleted", owner)
             self._delete(owner)
-            if self.sweep is not None:
-                self.sweep(owner, (run.bad | run.gone) - {owner})
+            swept = self.sweep(owner, (run.bad | run.gone) - {owner}) if self.sweep else []
+            if lost is not None:
+                lost.owner, lost.swept = owner, swept
         out = run.out
         got = sum(locs[i].length for i, v in enumerate(out) if v not in (MISSING, CORRUPT))
         seconds = time.perf_counter() - t0

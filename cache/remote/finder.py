@@ -47,6 +47,8 @@ class Found:
     requests: int = 0
     seconds: float = 0.0
     failed: bool = False          # a request failed: what was found may be partial
+    bad: set[str] = field(default_factory=set)      # state objects whose head was bad
+    dropped: list[tuple[bytes, EntryMeta]] = field(default_factory=list)   # their states
     deadline: float = 0.0         # perf_counter time the search gives up
 
     @property
@@ -109,6 +111,9 @@ class Finder:
                 head = self._head(obj, out)
                 d, B = P // chain.block_size, chain.block_size
                 if head is None:
+                    if obj.name in out.bad:               # deleted: a departure (lost.py)
+                        out.dropped.append((key, EntryMeta(
+                            SNAPSHOT, chain.parent(d), P, tokens[d * B:P], self.layout.fp)))
                     continue
                 if (head.key, head.position, head.parent, head.tokens, head.blocks) != \
                         (key, P, chain.parent(d), tokens[d * B:P], d):
@@ -169,6 +174,7 @@ class Finder:
         except codec.CorruptValue:
             self.corrupt += 1
             self.client.delete([obj.name])
+            out.bad.add(obj.name)
             return None
 
     def _fill(self, chain: KeyChain, tokens: list[int], first: int, head: StateHead,

@@ -22,10 +22,12 @@ from ckptd.cache.remote.layout import SEGMENT, STATE, Layout
 log = logging.getLogger(__name__)
 
 
-def sweep(client: RemoteClient, layout: Layout, owner: str, segments: set[str]) -> list[str]:
+def sweep(client: RemoteClient, layout: Layout, owner: str, segments: set[str]
+          ) -> list[state.StateHead]:
     """Delete the states of the cells that can name `segments` whose heads name one
-    of them; owner: the state that named them (read by a restore). Returns the names
-    deleted. Best effort: a remote that fails leaves the rest to the next reader."""
+    of them; owner: the state that named them (read by a restore). Returns the heads
+    of those deleted (their departures: lost.py). Best effort: a remote that fails
+    leaves the rest to the next reader."""
     cells = set()
     for name in {owner, *segments}:
         parsed = layout.parse(name)
@@ -41,12 +43,12 @@ def sweep(client: RemoteClient, layout: Layout, owner: str, segments: set[str]) 
                 except codec.CorruptValue:
                     continue                   # the finder deletes a bad head it reads
                 if head is not None and any(s.name in segments for s in head.segments):
-                    doomed.append(o.name)
+                    doomed.append((o.name, head))
         if doomed:
-            client.delete(doomed)
+            client.delete([name for name, _ in doomed])
     except RemoteError as e:
         log.warning("remote: states naming %s not all deleted: %s", sorted(segments), e)
         return []
     if doomed:
         log.warning("remote: deleted %d states naming %s", len(doomed), sorted(segments))
-    return doomed
+    return [head for _, head in doomed]

@@ -7,6 +7,7 @@
     fetcher    a plan's pieces by ranged GETs, decoded as they come (fetch.py)
     known      segments known to be there: what uploads name instead of putting again
     sweep      states naming a segment a reader found corrupt or gone, deleted with it
+    lost       what a fetch or a lookup found gone, recorded as departures (cache/why/)
 
 The store consults it last: a plan reads device, RAM and LMDB first, and the remote
 only for the blocks and snapshot beyond them (cache/restorer.py decides whether that
@@ -18,14 +19,16 @@ from __future__ import annotations
 import logging
 
 from ckptd.cache.keys import KeyChain
-from ckptd.cache.lookup import IndexView, RestorePlan, plan_restore
+from ckptd.cache.lookup import REMOTE, IndexView, RestorePlan, plan_restore
 from ckptd.cache.remote.client import RemoteClient, RemoteConfig, RemoteError
 from ckptd.cache.remote.fetch import Fetcher
 from ckptd.cache.remote.finder import Finder, LayeredView
 from ckptd.cache.remote.layout import STATE, Layout, grid_for
+from ckptd.cache.remote.lost import BAD_HEAD
 from ckptd.cache.remote.publish import Chain, Known, ReadValues
 from ckptd.cache.remote.sweep import sweep
 from ckptd.cache.remote.uploader import Uploader
+from ckptd.cache.why.gone import CORRUPT, Gone
 from ckptd.model.spec import StateSpec
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ class RemoteTier:
         self.finder = Finder(self.client, self.layout, self.fetcher)
         self.uploader: Uploader | None = None
         self.skipped = 0             # lookups that did not ask the remote (cooling off)
+        self.gone: Gone | None = None    # the store's records of departed entries
 
     def available(self) -> bool:
         return self.client.available()
@@ -78,6 +82,8 @@ class RemoteTier:
                 break
             first += 1
         found = self.finder.find(chain, tokens, limit, first, floor)
+        if found.dropped and self.gone is not None:
+            self.gone.left(found.dropped, CORRUPT, REMOTE, BAD_HEAD)
         for ref, keys, _ in found.segments:
             self.known.add(ref, keys)          # named by a state: an upload names it too
         plan = plan_restore(tokens, limit, chain, self.spec.is_hybrid,

@@ -60,6 +60,14 @@ class Catalog:
         """In RAM, on disk or on its way there."""
         return self.known(key) or self.host.contains(key)
 
+    def lacking(self, rows: list[tuple]) -> list[tuple]:
+        """The rows (key first) whose key is neither in RAM, on disk nor on its way: read
+        without the locks, as for a departure's record (a racing put at worst leaves a
+        record of an entry that is there, and records are read only for entries that
+        are not)."""
+        index, queued, ram = self.index.rows, self.queued, self.host.items  # dicts: no calls
+        return [r for r in rows if r[0] not in index and r[0] not in queued and r[0] not in ram]
+
     def take_touched(self) -> dict[bytes, EntryMeta]:
         """Hits recorded since the last call, to be written back with the next commit."""
         with self.lock:

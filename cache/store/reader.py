@@ -18,7 +18,8 @@ import torch
 from ckptd.cache import codec_batch
 from ckptd.cache.entry import BLOCK
 from ckptd.cache.lookup import DEVICE, DISK, HOST, REMOTE, PieceRef, RestoredState, RestorePlan
-from ckptd.cache.remote.fetch import CORRUPT, MISSING
+from ckptd.cache.remote import lost as remote_lost
+from ckptd.cache.remote.fetch import CORRUPT, MISSING, Lost
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.tiers import pagein
@@ -169,8 +170,9 @@ class Reader:
                 if isinstance(v, dict):
                     raw[idx[j]] = bytes(buf)          # written through into LMDB (adopt)
             return got
+        lost = Lost()
         got = self.fetcher.fetch(found.locs([pieces[i] for i in idx]), timeout, decode,
-                                 self.pool, found.state)
+                                 self.pool, found.state, lost)
         for i, v in zip(idx, got):
             values[i] = v
         keep = []
@@ -185,6 +187,9 @@ class Reader:
             # Off the restore's path, as disk reads' promotions are: queueing ~16K
             # blocks for the writer took longer than reading them.
             self.promoter.submit(self.adopt, keep)
+        if lost.objects:
+            remote_lost.record(self.gone, lost, found.where, found.metas,
+                               {k for k, _, _, _ in keep}, self.fp)
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = [out for _, out in job]

@@ -97,6 +97,8 @@ class CacheStore:
         # see): a map smaller than the budget caps what is stored at 2/3 of it.
         self.budget = min(cfg.disk_budget, self.disk.map_bytes() * 2 // 3)
         self.gone = Gone.load(self.path)
+        if remote is not None:
+            remote.gone = self.gone          # what it finds gone (cache/remote/lost.py)
         self.host = HostTier(0 if readonly else cfg.host_budget, self._host_evicted)
         self.catalog = Catalog(self._read_index(), self.host)
         self.why = Ledger(self.catalog, self.gone, fingerprint)

@@ -21,12 +21,12 @@ import math
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from ckptd.cache.entry import SNAPSHOT, EntryMeta
+from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,15 @@ log = logging.getLogger(__name__)
 EVICTED, THINNED, CORRUPT, DELETED, BUDGET = "evicted", "thinned", "corrupt", "deleted", "budget"
 FILE = "gone.json"
 LIMIT = 1 << 15          # keys with records kept (~150 bytes a record)
+PENDING = 64             # blocks_left's lists kept before they are recorded
 HISTORY = 4              # records kept per key: a miss is explained as of its restore, and
 #                          the same entry may depart again before that is read
 
 
 class Departure(NamedTuple):
     reason: str
-    tier: str                 # the tier it left: host, disk, remote; "" for every tier at once
+    tier: str                 # the tier it left: device, host, disk, remote; "" for every
+    #                           tier at once
     at: float                 # unix time
     kind: str                 # block or snapshot
     position: int             # tokens its state covered
@@ -57,22 +59,53 @@ class Gone:
         self.snaps: dict[bytes, set[bytes]] = {}        # parent key -> snapshot keys
         self.changed = False                            # since the last save
         self.save_lock = threading.Lock()               # one save at a time
+        # blocks_left's rows, as given, until the next read or write records them
+        self.pending: deque[tuple] = deque()
 
     def left(self, items: Iterable[tuple[bytes, EntryMeta | None]], reason: str, tier: str,
              detail: str = "", unless: str | None = None) -> None:
         """Record entries that left. unless: keep a record with this reason (a host
         eviction does not hide that the disk refused the write first)."""
+        self._left(((key, m.kind, m.position, m.parent,
+                     tuple(m.tokens) if m.kind == SNAPSHOT else ())
+                    for key, m in items if m is not None), reason, tier, detail, unless)
+
+    def blocks_left(self, items: list[tuple[bytes, bytes | None, int]], reason: str, tier: str,
+                    detail: str = "", unless: str | None = None) -> None:
+        """Record blocks that left a tier that keeps no EntryMeta (the device's prefix
+        table): (key, parent key or None, position) each; unless: as for left. The list
+        is kept as it is and recorded at the next read or write: a reclaim inside an
+        admission pays one append, not a record a page."""
+        self.pending.append((items, reason, tier, detail, unless, time.time()))
+        self.changed = True
+        if len(self.pending) >= PENDING:       # nothing read them for a while: bounded
+            self._settle()
+
+    def _left(self, rows, reason: str, tier: str, detail: str, unless: str | None) -> None:
         now = time.time()
         with self.lock:
-            for key, meta in items:
-                if meta is None:
-                    continue
-                old = self.records.get(key)
-                if old and old[-1].reason == unless:
-                    continue
-                tail = tuple(meta.tokens) if meta.kind == SNAPSHOT else ()
-                self._add(key, Departure(reason, tier, now, meta.kind, meta.position,
-                                         meta.parent, tail, detail))
+            self._drain()
+            self._record(rows, reason, tier, detail, unless, now)
+
+    def _drain(self) -> None:
+        """Record blocks_left's rows, in order (under the lock)."""
+        while self.pending:
+            items, reason, tier, detail, unless, at = self.pending.popleft()
+            self._record(((key, BLOCK, position, parent or b"", ())
+                          for key, parent, position in items), reason, tier, detail, unless, at)
+
+    def _settle(self) -> None:
+        if self.pending:
+            with self.lock:
+                self._drain()
+
+    def _record(self, rows, reason: str, tier: str, detail: str, unless: str | None,
+                at: float) -> None:
+        for key, kind, position, parent, tail in rows:
+            old = self.records.get(key)
+            if old and old[-1].reason == unless:
+                continue
+            self._add(key, Departure(reason, tier, at, kind, position, parent, tail, detail))
 
     def _add(self, key: bytes, rec: Departure) -> None:
         self.changed = True
@@ -90,8 +123,18 @@ class Gone:
 
     def get(self, key: bytes, before: float = math.inf) -> Departure | None:
         """The latest departure of `key` at or before `before`."""
+        self._settle()
         hist = self.records.get(key)           # one dict lookup: atomic, no lock needed
         return None if hist is None else _latest(hist, before)
+
+    def earlier(self, key: bytes, rec: Departure) -> Departure | None:
+        """The departure of `key` from another tier before `rec` (a block the device
+        held on after the store's copy left: that one says why it was not stored)."""
+        self._settle()
+        for old in reversed(self.records.get(key, ())):
+            if old.at <= rec.at and old.tier != rec.tier:
+                return old
+        return None
 
     def snapshots_after(self, parent: bytes, before: float = math.inf) -> list[Departure]:
         """Departed snapshots whose parent block is `parent` (each one's latest departure
@@ -115,6 +158,7 @@ class Gone:
         return {p: found for p in hits if (found := self.snapshots_after(p, before))}
 
     def __len__(self) -> int:
+        self._settle()
         return len(self.records)
 
     # ---- beside the store ----------------------------------------------------------------
@@ -123,6 +167,7 @@ class Gone:
         only_changed: unless nothing was recorded since the last save."""
         with self.save_lock:
             with self.lock:                # a copy (records are immutable): recorders,
+                self._drain()
                 if only_changed and not self.changed:      # the engine's thread among them,
                     return                                 # never wait for the encoding
                 self.changed = False

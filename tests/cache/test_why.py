@@ -90,6 +90,20 @@ def test_departures_are_bounded_kept_per_key_and_saved(tmp_path):
     assert len(Gone.load(tmp_path)) == 0                      # a bad file: none, no error
 
 
+def test_device_departures_are_recorded_in_order_when_next_read(tmp_path):
+    gone = Gone()
+    a, b = b"a" * 16, b"b" * 16
+    gone.blocks_left([(a, None, B), (b, a, 2 * B)], EVICTED, "device", "reclaimed")
+    assert gone.pending                        # the reclaim paid an append
+    gone.left([(a, _meta(BLOCK, B))], EVICTED, "host")          # later: recorded after it
+    assert [r.tier for r in gone.records[a]] == ["device", "host"] and not gone.pending
+    assert gone.get(b).position == 2 * B and gone.get(b).tier == "device"
+    assert gone.earlier(a, gone.get(a)).tier == "device"
+    gone.blocks_left([(b"c" * 16, b, 3 * B)], BUDGET, "device", "x", unless=BUDGET)
+    gone.save(tmp_path)                        # what waits is saved too
+    assert Gone.load(tmp_path).get(b"c" * 16).reason == BUDGET
+
+
 def test_a_report_is_explained_once_when_read(open_store):
     s = open_store(attention_spec())
     tokens = list(range(2 * B + 3))

@@ -4,10 +4,14 @@ timings.cache carries), and the answer always the uncached one."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
+from ckptd.daemon.request import Finished, Request
 from ckptd.model.loader import load_model
+from ckptd.model.sampling.sampler import SamplingParams
 from ckptd.model.text.tokenizer import Tokenizer
 from tests.cache.conftest import flip_value
 from tests.daemon.engines import Client
@@ -80,15 +84,25 @@ def test_evicted_from_disk(llama, tmp_path):
     probe.close()
     # room for one and a half prompts: b's entries evict a's least recently used ones
     client = Client(make(llama, tmp_path / "store", host_budget=0, disk_budget=size * 3 // 2))
+    device = client.engine.cache.device
     ask(client, a)
+    device.evict_cached()              # so the store is all there is (it holds them: no record)
     ask(client, b)
-    client.engine.cache.device.evict_cached()          # so the store is all there is
+    device.evict_cached()
     tokens, report = ask(client, a)
     miss = _miss(report)
     assert miss["reason"] == "evicted" and miss["tier"] == "disk", miss
     assert 0 <= miss["ago_s"] < 120 and miss["at"] is not None
     assert "evicted from disk" in miss["detail"]
     assert report["restored"] < len(a) - 1 and tokens == want
+    # the disk evicts a's blocks again while the device still holds them: the device's
+    # eviction is the last, and the disk's is said beside it
+    ask(client, b)
+    device.evict_cached()
+    tokens, report = ask(client, a)
+    miss = _miss(report)
+    assert (miss["reason"], miss["tier"]) == ("evicted", "device"), miss
+    assert "its stored copy was evicted from disk" in miss["detail"] and tokens == want
 
 
 def test_thinned_snapshot_restores_the_one_before(hybrid, tmp_path):
@@ -120,6 +134,13 @@ def test_other_salt(llama, tmp_path):
     # a salt's own prefix restores
     _, report = ask(client, a, salt="alice")
     assert report["miss"] is None
+    # the deepest block another salt's entries share with the prompt is said, not the first
+    for shared, salt in ((3, "carol"), (1, "dave")):      # salts with nothing of their own
+        q = a[:shared * B] + [t + 1 for t in a[shared * B:]]
+        _, report = ask(client, q, salt=salt)
+        miss = _miss(report)
+        assert (miss["reason"], miss["recomputed"]) == ("other_salt", shared * B), miss
+        assert f"its first {shared * B} tokens are cached under another" in miss["detail"]
 
 
 def test_other_model_fingerprint(llama, hybrid, tmp_path):
@@ -190,8 +211,8 @@ def test_deleted_by_the_admin_api(llama, tmp_path):
     ask(client, a)
     store = client.engine.cache.store
     first_block = store.lookup(a).blocks[0].key.hex()
+    client.engine.cache.device.evict_cached()      # first: the delete is the last departure
     assert store.delete(first_block) > 0
-    client.engine.cache.device.evict_cached()
     _, report = ask(client, a)
     assert report["restored"] == 0 and _miss(report)["reason"] == "deleted"
 
@@ -207,3 +228,47 @@ def test_departures_survive_a_restart(llama, tmp_path):
     assert _miss(report)["reason"] == "budget"
     _, report = ask(client, b)
     assert _miss(report)["reason"] == "unseen"
+
+
+def _timed_out(client: Client, prompt: list[int]) -> None:
+    """A request whose time runs out after its first step (64 tokens): an errored
+    request stores no checkpoint, so the pages it computed are on the device only."""
+    done, finished = threading.Event(), []
+
+    def emit(ev):
+        if isinstance(ev, Finished):
+            finished.append(ev)
+            done.set()
+    client.engine.submit(Request(list(prompt), SamplingParams(max_tokens=4, ignore_eos=True),
+                                 emit, timeout_s=1e-6))
+    assert done.wait(120) and finished[0].reason == "error"
+    cache = client.engine.cache
+    keys = cache.chain(prompt, None).keys
+    assert cache.device.holds(keys[:4]) == [True] * 4
+    assert not any(cache.store.has(k) for k in keys)
+
+
+def test_evicted_from_the_device_the_only_tier_that_held_it(llama, tmp_path):
+    """Pages only the device held, reclaimed for another prompt: the next request for
+    that prefix is told so (and when), not that it was never seen."""
+    a, b, c = _prompt(160, 14), _prompt(350, 15), _prompt(160, 16)
+    want = uncached(llama, a)
+    client = Client(make(llama, tmp_path, pages=24))      # 384 tokens of KV
+    _timed_out(client, a)
+    ask(client, b)                     # 23 pages: the pool takes some of a's back
+    tokens, report = ask(client, a)
+    miss = _miss(report)
+    assert miss["reason"] == "evicted" and miss["tier"] == "device", miss
+    assert 0 < report["restored"] < 4 * B and report["tiers"] == {"device": report["restored"]}
+    assert "evicted from device (least recently used" in miss["detail"]
+    assert 0 <= miss["ago_s"] < 120 and tokens == want
+    # every cached page forgotten at once (the daemon going to sleep) says why too
+    _timed_out(client, c)
+    client.engine.cache.device.evict_cached("the daemon went to sleep (model unloaded)")
+    _, report = ask(client, c)
+    miss = _miss(report)
+    assert report["restored"] == 0 and (miss["reason"], miss["tier"]) == ("evicted", "device")
+    assert "went to sleep" in miss["detail"]
+    # a block the store holds too left the device, not the cache: no record of it
+    gone = client.engine.cache.store.gone
+    assert not any(gone.get(k) for k in client.engine.cache.chain(b, None).keys)

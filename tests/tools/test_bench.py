@@ -183,3 +183,4 @@ def test_admission_bench_measures_the_miss_accounting_side_by_side(tmp_path):
         assert r["admit_ms_without_why"] > 0 and r["admit_ms"] > 0
         assert 0 < r["why_us"] < 1000 * r["admit_ms"] and r["explain_us"] > 0
         assert r["restored"] == [2048]              # a snapshot at the context's end
+        assert phase == "device" or 0 < r["evict_record_us_per_page"] < 1000   # dropped first

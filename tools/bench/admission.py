@@ -20,6 +20,10 @@ new questions:
 
 Reported per phase: the median time of keys + admit (ms), and of the keys alone.
 
+In the host and disk phases the device's pages are dropped before each question:
+evict_record_us_per_page is what recording those departures costs (DevicePages.on_evict:
+which pages the store lacks; here it holds them all, as it mostly does), per page.
+
 --why-cost: the cost of explaining each restore (cache/why/: the miss reason, its
 counts, the report), side by side in the same run: every question is paired with
 one admitted with the explanation skipped (the ledger's report not made), in
@@ -103,6 +107,27 @@ def _without_why(ledger):
 
 
 @contextlib.contextmanager
+def _timed_evictions(device, seconds: list[float], pages: list[int]):
+    """The time the device's eviction records take (DevicePages.on_evict: which of the
+    pages the store lacks, and their departures), appended to `seconds`, with the pages
+    each call was given."""
+    record = device.on_evict
+
+    def timed(rows, why):
+        t0 = time.perf_counter()
+        try:
+            record(rows, why)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+            pages.append(len(rows))
+    device.on_evict = timed
+    try:
+        yield
+    finally:
+        device.on_evict = record
+
+
+@contextlib.contextmanager
 def _timed_why(ledger, seconds: list[float]):
     """The time inside each report call, appended to `seconds`."""
     report = ledger.report
@@ -151,12 +176,13 @@ def bench(length: int, n_snapshots: int, repeat: int, root: Path, model,
             cache = manager(host_budget=0)
         # the prompts outlive the phase: freeing one (a list of L ints, ~1 ms at 64K) is
         # not the accounting's cost, and a filed report would otherwise be the last to hold it
-        runs, bare, why_s, prompts = [], [], [], []
+        runs, bare, why_s, prompts, evict_s, evicted = [], [], [], [], [], []
         for i in range(repeat):
             order = ((True, False) if i % 2 == 0 else (False, True)) if why_cost else (True,)
             for explained in order:
                 if phase != "device":
-                    cache.device.evict_cached()
+                    with _timed_evictions(cache.device, evict_s, evicted):
+                        cache.device.evict_cached()
                 if why_cost:
                     gc.collect()
                     gc.freeze()
@@ -173,6 +199,9 @@ def bench(length: int, n_snapshots: int, repeat: int, root: Path, model,
                       "why_us": round(statistics.median(why_s) * 1e6, 1),
                       "explain_us": round((time.perf_counter() - t0) / filed * 1e6, 1),
                       "restored": sorted(restored)}
+        if evict_s:           # what the device's departures cost whoever evicts (per page)
+            row[phase]["evict_record_us_per_page"] = round(
+                sum(evict_s) / max(1, sum(evicted)) * 1e6, 3)
         if why_cost:          # the least too: on a busy machine a median moves with the load
             row[phase].update(
                 admit_ms_without_why=round(statistics.median(r[0] for r in bare), 3),
