@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from ckptd.tools.openmp import wait_passively
+
 COMMANDS = {
     "serve": ("ckptd.daemon.serve", "run the HTTP daemon"),
     "generate": ("ckptd.tools.generate", "generate text from a prompt (no daemon)"),
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     name, rest = argv[0], argv[1:]
+    wait_passively()            # before the command's module imports torch
     module = importlib.import_module(COMMANDS[name][0])
     cmd = argparse.ArgumentParser(prog=f"ckptd {name}", description=COMMANDS[name][1])
     module.add_arguments(cmd)

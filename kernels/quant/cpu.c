@@ -4,8 +4,10 @@
  *
  * Each block is dequantized with ggml-quants.c's dequantize_row_* formulas, in the
  * same fp32 operations: built with -ffp-contract=off, so d * q + m is never fused into
- * an fma and the values equal the gguf package's dequantize bit for bit. The dot
- * products use explicit fmaf over 16 lanes (vectorized by the compiler).
+ * an fma and the values equal the gguf package's dequantize bit for bit (with AVX2, the
+ * 32-value formats in intrinsics: the same operations on 8 lanes). The dot products fuse
+ * their multiply-adds over four 8-lane accumulators: a 16-lane GCC vector spilled to
+ * the stack every step on AVX2 (1.7 ns a Q4_1 value against 0.2 now, docs/BENCHMARKS.md).
  * Rows are split over OpenMP threads: the process's one libgomp (torch's), since it
  * is loaded first under the same soname. */
 #include <stdint.h>
@@ -17,6 +19,16 @@
 
 enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#ifdef __F16C__
+static inline float h2f(const uint8_t *p) {       /* exact: the hardware conversion */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+#else
 static inline float h2f(const uint8_t *p) {
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
     uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
@@ -36,6 +48,7 @@ static inline float h2f(const uint8_t *p) {
     memcpy(&f, &u, 4);
     return f;
 }
+#endif
 
 static inline float bf2f(const uint8_t *p) {
     uint32_t u = (uint32_t)(p[0] | (p[1] << 8)) << 16;
@@ -55,6 +68,36 @@ static inline void k_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) 
 /* one block -> y[block size] */
 static inline __attribute__((always_inline)) void deq_block(int t, const uint8_t *restrict b, float *restrict y) {
     switch (t) {
+#ifdef __AVX2__
+    /* the same operations, 8 lanes at a time (an int -> float conversion, a multiply, an
+     * add: each rounded as the scalar code rounds it) */
+    case Q4_0: case Q4_1: {
+        const __m256 d = _mm256_set1_ps(h2f(b));
+        const __m256 m = _mm256_set1_ps(t == Q4_1 ? h2f(b + 2) : 0.f);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + (t == Q4_1 ? 4 : 2)));
+        const __m128i nib = _mm_set1_epi8(0xF);
+        const __m128i half[2] = {_mm_and_si128(q, nib),
+                                 _mm_and_si128(_mm_srli_epi16(q, 4), nib)};
+        for (int h = 0; h < 2; h++) {
+            for (int e = 0; e < 2; e++) {
+                __m256i qi = _mm256_cvtepu8_epi32(e ? _mm_srli_si128(half[h], 8) : half[h]);
+                if (t == Q4_0) qi = _mm256_sub_epi32(qi, _mm256_set1_epi32(8));
+                __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(qi));
+                if (t == Q4_1) v = _mm256_add_ps(v, m);
+                _mm256_storeu_ps(y + 16 * h + 8 * e, v);
+            }
+        }
+        break;
+    }
+    case Q8_0: {
+        const __m256 d = _mm256_set1_ps(h2f(b));
+        for (int e = 0; e < 4; e++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * e));
+            _mm256_storeu_ps(y + 8 * e, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+        break;
+    }
+#else
     case Q4_0: {
         const float d = h2f(b);
         for (int l = 0; l < 16; l++) y[l] = d * (float)((int)(b[2 + l] & 0xF) - 8);
@@ -72,6 +115,7 @@ static inline __attribute__((always_inline)) void deq_block(int t, const uint8_t
         for (int l = 0; l < 32; l++) y[l] = (float)(int8_t)b[2 + l] * d;
         break;
     }
+#endif
     case Q4_K: case Q5_K: {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *sc = b + 4, *qh = b + 16, *ql = b + (t == Q4_K ? 16 : 48);
@@ -142,22 +186,25 @@ static void deq_row(int t, const uint8_t *restrict row, int64_t K, float *restri
     }
 }
 
-typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
 
-/* sum a[k] b[k]: 16 lanes of GCC vector extensions (AVX-512, or two AVX2 halves);
- * this function alone may fuse its multiply-adds */
+/* sum a[k] b[k]: four accumulators of 8 lanes (AVX2 registers; GCC splits or joins
+ * them on other widths); this function alone may fuse its multiply-adds */
 __attribute__((optimize("fp-contract=fast")))
-static inline float dot(const float *restrict a, const float *restrict b, int64_t K) {
-    v16 acc = {0}, va, vb;
+static float dot(const float *restrict a, const float *restrict b, int64_t K) {
+    v8 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, va, vb;
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        memcpy(&va, a + k, 64);
-        memcpy(&vb, b + k, 64);
-        acc += va * vb;
+    for (; k + 32 <= K; k += 32) {
+        memcpy(&va, a + k, 32); memcpy(&vb, b + k, 32); acc0 += va * vb;
+        memcpy(&va, a + k + 8, 32); memcpy(&vb, b + k + 8, 32); acc1 += va * vb;
+        memcpy(&va, a + k + 16, 32); memcpy(&vb, b + k + 16, 32); acc2 += va * vb;
+        memcpy(&va, a + k + 24, 32); memcpy(&vb, b + k + 24, 32); acc3 += va * vb;
     }
+    for (; k + 8 <= K; k += 8) { memcpy(&va, a + k, 32); memcpy(&vb, b + k, 32); acc0 += va * vb; }
+    acc0 = (acc0 + acc1) + (acc2 + acc3);
     float s = 0.f;
     for (; k < K; k++) s += a[k] * b[k];
-    for (int l = 0; l < 16; l++) s += acc[l];
+    for (int l = 0; l < 8; l++) s += acc0[l];
     return s;
 }
 
