@@ -8,7 +8,14 @@ import inspect
 import os
 
 import pytest
-import torch
+
+from ckptd.tools.openmp import wait_passively
+
+# The test session and the daemons it starts wait for OpenMP work passively, as ckptd's
+# commands do (tools/openmp.py): libgomp reads the policy when torch loads it
+wait_passively()
+
+import torch  # noqa: E402
 
 # Triton reads TRITON_INTERPRET when it is first imported, and the conftest below imports
 # fla (through transformers), which imports Triton: set it first where there is no GPU,
@@ -16,7 +23,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from ckptd.tools.make_tiny import make_tiny
+from ckptd.tools.make_tiny import make_tiny  # noqa: E402
 
 # Every daemon a test starts (a child process inherits this) checks the cache's
 # invariants whenever it goes idle, and exits non-zero at shutdown if one broke:
