@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 from ckptd.kernels.launch import GATE_TARGETS
@@ -55,8 +54,6 @@ def main(argv=None) -> int:
     plan = Plan(models=split(a.models), dtypes=split(a.dtypes), formats=split(a.formats),
                 kept_dtypes=split(a.kept_dtypes), targets=targets, external=a.external,
                 ptxas=tuple(int(cc) for cc in split(a.ptxas)))
-    # Triton's own cache: the launches' compiles go around it, its JIT functions do not
-    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="ckptd-gate-"))
     t0, c0 = time.perf_counter(), time.process_time()
     gate = gate_mod.collect(plan)
     if a.kernels:
