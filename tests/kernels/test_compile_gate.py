@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from importlib.util import find_spec
 
 import pytest
@@ -59,9 +60,14 @@ def gate(tmp_path_factory, cache) -> dict:
 
 def test_every_launch_compiles_and_fits(gate):
     assert gate["failures"] == [], "\n".join(map(str, gate["failures"]))
+    # every kernel each dtype / format launches is compiled for every target (a launch
+    # form may be one target's: fp32 attention at head dim 256 on sm_86/89's blocks)
+    targets = defaultdict(set)
     for row in gate["rows"]:
-        assert sorted(int(cc) for cc in row["shared"]) == sorted(SHARED_LIMIT), row
         assert row["ok"], row
+        for label in row["labels"]:
+            targets[row["kernel"], label] |= {int(cc) for cc in row["shared"]}
+    assert targets and all(ccs == set(SHARED_LIMIT) for ccs in targets.values()), targets
 
 
 def test_every_kernel_model_dtype_and_format_is_covered(gate):
