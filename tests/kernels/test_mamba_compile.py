@@ -1,16 +1,18 @@
-"""The Mamba kernels build real cubins for the GPUs ckptd targets, without a GPU.
+"""The Mamba kernels compile for the GPUs ckptd targets, without a GPU.
 
-Each kernel is compiled by Triton's own compiler and ptxas (shipped in the triton
-wheel) for sm_80 (A100), sm_86 / sm_89 (3090, 4090, L4) and sm_90 (H100, H200), in
+Each kernel is compiled by Triton's own compiler for sm_80 (A100), sm_86 / sm_89
+(3090, 4090, L4) and sm_90 (H100, H200) as far as its shared memory (and, in bf16 on
+sm_90, into a cubin by the ptxas shipped in the triton wheel), in
 bf16, fp16 and fp32, with the launch parameters its dispatch uses (the kernel
 module's *_launch function), at the models' shape that needs the most shared memory.
-The cubin's shared memory must fit the target's per-block limit: a kernel that
+The shared memory must fit the target's per-block limit: a kernel that
 compiles on the CPU interpreter can still fail to launch on a GPU (ENVIRONMENT.md,
 "Compiling for a GPU you don't have"). A mixed-dtype product fails here too, as the
 compiler's type checks run.
 
-Compiling runs in child processes without TRITON_INTERPRET (the kernel tests'
-interpreter patches triton's language in this one), two at a time.
+Compiling runs in a child process without TRITON_INTERPRET (the kernel tests'
+interpreter patches triton's language in this one), by the compile gate's compile.py:
+Triton's stages for the target as far as the shared memory allocation, two at a time.
 """
 
 from __future__ import annotations
@@ -41,20 +43,23 @@ KERNELS = {
                        {"D": 8192, "N": 16}),
 }
 
-# Runs in a child: compile each job of stdin's JSON list, print the shared bytes of each.
+# Runs in a child: each job of stdin's JSON list as the gate's Launch, compiled by the
+# gate (tools/gate/compile.py: Triton's stages for the target as far as the shared memory
+# allocation, two processes); prints the shared bytes of each.
 _CHILD = r"""
 import importlib, json, sys
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import torch
+from ckptd.tools.gate.capture import Launch
+from ckptd.tools.gate.compile import CUBIN, SHARED, compile_all
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # pointer arguments: the activations' dtype ("act"), fp32, or the index types
 POINTERS = {"x": "act", "B": "act", "C": "act", "y": "act", "dt": "fp32", "A": "fp32",
             "D": "fp32", "Dskip": "fp32", "pool": "fp32", "state_idx": "i64",
             "cu_seqlens": "i32"}
-out = []
-for job in json.loads(sys.stdin.read()):
+launches = []
+jobs = json.loads(sys.stdin.read())
+for job in jobs:
     module = importlib.import_module(job["module"])
     kernel = getattr(module, job["kernel"])
     shape = job["shape"]
@@ -72,35 +77,36 @@ for job in json.loads(sys.stdin.read()):
     consts["NS"] = shape["N"]
     if "PREC" in kernel.arg_names:
         consts["PREC"] = module.precision(TORCH[job["dtype"]])
-    signature = {}
+    signature = []
     for name in kernel.arg_names:
         kind = POINTERS.get(name)
-        signature[name] = "constexpr" if name in consts else "i32" if kind is None else \
-            "*" + (job["dtype"] if kind == "act" else kind)
-    ck = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
-                        target=GPUTarget("cuda", job["cc"], 32), options=options)
-    out.append({**job, "shared": ck.metadata.shared, "launch": {**lp, **options}})
-print(json.dumps(out))
+        if name not in consts:
+            signature.append((name, "i32" if kind is None else
+                              "*" + (job["dtype"] if kind == "act" else kind)))
+    launches.append(Launch(job["module"], job["kernel"], tuple(signature),
+                           tuple(consts.items()), options["num_warps"],
+                           options["num_stages"], job["cc"]))
+    job["launch"] = {**lp, **options}
+# each kernel once through ptxas: bf16 on sm_90 (the users' GPU and dtype)
+full = {l for l, j in zip(launches, jobs) if j["cc"] == 90 and j["dtype"] == "bf16"}
+results = compile_all(launches, 2, depth=lambda l: CUBIN if l in full else SHARED)
+for job, launch in zip(jobs, launches):
+    r = results[launch]
+    if r.error is not None:
+        sys.exit(f"{job}: {r.error}")
+    job["shared"], job["depth"] = r.shared, r.depth
+print(json.dumps(jobs))
 """
 
 
 def _compile(jobs: list[dict]) -> list[dict]:
-    """Compile jobs in two child processes; the result of each, in order."""
+    """Compile jobs in a child process (it forks two compiling ones); each job's result."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    halves = [jobs[0::2], jobs[1::2]]
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for _ in halves]
-    results = []
-    for p, half in zip(procs, halves):
-        stdout, stderr = p.communicate(json.dumps(half), timeout=1800)
-        if p.returncode != 0:
-            raise RuntimeError(f"compiling failed:\n{stderr[-4000:]}")
-        results.append(json.loads(stdout.strip().splitlines()[-1]))
-    merged = []
-    for i in range(len(jobs)):
-        merged.append(results[i % 2][i // 2])
-    return merged
+    r = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(jobs), text=True,
+                       capture_output=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"compiling failed:\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +124,4 @@ def compiled() -> dict[tuple[str, int, str], dict]:
 def test_kernel_compiles_within_shared_memory(compiled, name, cc, dtype):
     r = compiled[name, cc, dtype]
     assert 0 <= r["shared"] <= SHARED_LIMIT[cc], r
+    assert r["depth"] == ("cubin" if (cc, dtype) == (90, "bf16") else "shared"), r

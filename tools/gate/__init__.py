@@ -6,8 +6,9 @@ and fit its target's shared memory per block.
     python -m ckptd.tools.gate [--workers 2] [--json out.json] [--markdown]
 
 capture.py records the launches (the models' forward on the meta device, per target),
-compile.py compiles each distinct one once (a pool of processes), report.py prints the
-table docs/BENCHMARKS.md holds. tests/kernels/test_compile_gate.py runs it in CI.
+compile.py compiles each distinct one once (a pool of processes) as far as its shared
+memory (and one launch of each kernel through ptxas, on Plan.ptxas), report.py prints
+the table docs/BENCHMARKS.md holds. tests/kernels/test_compile_gate.py runs it in CI.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from ckptd.kernels.launch import GATE_TARGETS, SHARED_LIMIT, Target
 from ckptd.kernels.quant.formats import FORMATS
 from ckptd.tools.gate.capture import capture
-from ckptd.tools.gate.compile import compile_all
+from ckptd.tools.gate.compile import CUBIN, SHARED, compile_all, size
 from ckptd.tools.gate.models import KEPT_MODELS, MODELS
 from ckptd.tools.gate.steps import meta_model, run_all
 
@@ -38,6 +39,9 @@ class Plan:
     kept_dtypes: tuple[str, ...] = tuple(DTYPES)
     targets: tuple[Target, ...] = GATE_TARGETS
     external: bool = False      # fla's kernels through kernels/external/fla.py too
+    # targets on which one launch of each kernel is compiled through ptxas (the rest stop
+    # where shared memory is known: compile.py)
+    ptxas: tuple[int, ...] = (90,)
 
     def __post_init__(self) -> None:
         self.models = self.models or tuple(MODELS)
@@ -93,8 +97,29 @@ def collect(plan: Plan, gate: Gate | None = None) -> Gate:
     return gate
 
 
+def through_ptxas(gate: Gate, targets: tuple[int, ...]) -> set:
+    """One launch of each kernel per target of `targets` to compile through ptxas: of
+    those bf16 runs make (else any), the one of smallest blocks (ptxas's failures are
+    the compiler's, not the shape's; its time grows with the blocks)."""
+    chosen: dict[tuple, object] = {}
+    for job in sorted(gate.uses, key=lambda j: (size(j), str(j))):
+        if job.cc in targets:
+            bf16 = any(label.split(".")[0] == "bf16" for _, label in gate.uses[job])
+            key = job.module, job.name, job.cc
+            if key not in chosen or (bf16 and not chosen[key][0]):
+                chosen[key] = (bf16, job)
+    return {job for _, job in chosen.values()}
+
+
+def compile_gate(gate: Gate, plan: Plan, workers: int = 2,
+                 progress=lambda done, total: None, cache: str | None = None) -> Gate:
+    """Compile the captured launches: each to its shared memory, some through ptxas."""
+    full = through_ptxas(gate, plan.ptxas)
+    gate.results = compile_all(list(gate.uses), workers, progress,
+                               lambda job: CUBIN if job in full else SHARED, cache)
+    return gate
+
+
 def run(plan: Plan, workers: int = 2, progress=lambda done, total: None) -> Gate:
 
-    gate = collect(plan)
-    gate.results = compile_all(list(gate.uses), workers, progress)
-    return gate
+    return compile_gate(collect(plan), plan, workers, progress)

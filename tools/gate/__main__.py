@@ -7,14 +7,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 from ckptd.kernels.launch import GATE_TARGETS
 from ckptd.kernels.quant.formats import FORMATS
 from ckptd.tools import gate as gate_mod
 from ckptd.tools.gate import DTYPES, Plan
-from ckptd.tools.gate.compile import compile_all
+from ckptd.tools.gate.compile import CUBIN
 from ckptd.tools.gate.models import MODELS
 from ckptd.tools.gate.report import markdown, rows
 
@@ -34,8 +33,12 @@ def _args(argv):
     p.add_argument("--kernels", default="",
                    help="compile only kernels whose module.name contains one of these "
                         "(comma-separated; default: all)")
-    p.add_argument("--cache-dir", help="Triton's cache (default: a new empty one, so every "
-                                       "compile runs)")
+    p.add_argument("--ptxas", default="90",
+                   help="targets on which one launch of each kernel is compiled through "
+                        "ptxas (comma-separated; '' for none; the rest stop where shared "
+                        "memory is known)")
+    p.add_argument("--cache-dir", help="keep each compile's result here, for the next run "
+                                       "(default: none, every compile runs)")
     p.add_argument("--json", help="write the rows and timings here")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     return p.parse_args(argv)
@@ -49,36 +52,38 @@ def main(argv=None) -> int:
     split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
     targets = tuple(t for t in GATE_TARGETS if str(t.cc) in split(a.targets))
     plan = Plan(models=split(a.models), dtypes=split(a.dtypes), formats=split(a.formats),
-                kept_dtypes=split(a.kept_dtypes), targets=targets, external=a.external)
-    cache = a.cache_dir or tempfile.mkdtemp(prefix="ckptd-gate-")
-    os.environ["TRITON_CACHE_DIR"] = cache          # inherited by the compiling processes
-    t0 = time.perf_counter()
+                kept_dtypes=split(a.kept_dtypes), targets=targets, external=a.external,
+                ptxas=tuple(int(cc) for cc in split(a.ptxas)))
+    t0, c0 = time.perf_counter(), time.process_time()
     gate = gate_mod.collect(plan)
     if a.kernels:
         gate.uses = {j: u for j, u in gate.uses.items()
                      if any(k in j.kernel for k in split(a.kernels))}
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
 
     def progress(done, total):
         if done % 25 == 0 or done == total:
             print(f"  compiled {done}/{total} ({time.perf_counter() - t1:.0f} s)",
                   file=sys.stderr, flush=True)
 
-    gate.results = compile_all(list(gate.uses), a.workers, progress)
+    gate_mod.compile_gate(gate, plan, a.workers, progress, a.cache_dir)
     t2 = time.perf_counter()
     cpu = sum(r.cpu_s for r in gate.results.values())
+    ptxas = sum(r.depth == CUBIN for r in gate.results.values())
     failures = gate.failures()
-    summary = (f"{len(gate.results)} compiles ({len(rows(gate))} launch forms x targets) in "
-               f"{t2 - t1:.0f} s on {a.workers} process(es), {cpu:.0f} CPU-s; launches "
-               f"captured in {t1 - t0:.0f} s; {len(failures)} failed")
+    summary = (f"{len(gate.results)} compiles ({ptxas} through ptxas; {len(rows(gate))} "
+               f"launch forms) in {t2 - t1:.0f} s on {a.workers} process(es), {cpu:.0f} "
+               f"CPU-s; launches captured in {t1 - t0:.0f} s, {c1 - c0:.0f} CPU-s; "
+               f"{len(failures)} failed")
     print(markdown(gate) if a.markdown else "")
     print(summary)
     for job, why in failures:
         print(f"FAILED {job.kernel} sm_{job.cc} {dict(job.constexprs)}: {why}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"summary": summary, "capture_s": t1 - t0, "compile_s": t2 - t1,
-                       "cpu_s": cpu, "workers": a.workers, "rows": rows(gate),
+            json.dump({"summary": summary, "capture_s": t1 - t0, "capture_cpu_s": c1 - c0,
+                       "compile_s": t2 - t1, "cpu_s": cpu, "ptxas": ptxas,
+                       "workers": a.workers, "rows": rows(gate),
                        "failures": [[j.kernel, j.cc, why] for j, why in failures]},
                       f, indent=1, default=str)
     return 1 if failures else 0
