@@ -67,6 +67,12 @@ CASES = [
                         '"Oslo"}}, {"name": "ping", "arguments": {}}]',
      "Checking.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
     ("firefunction_v2", "No functools here.", "No functools here.", []),
+    ("apriel", 'Checking.\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}, '
+               '"id": "abc123def"}, {"name": "ping", "arguments": {}}]</tool_calls>',
+     "Checking.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
+    ("apriel", "A list: <tool_calls> are [1, 2]", "A list: <tool_calls> are [1, 2]", []),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "get_weather", "arguments": {"days": 2}}]</TOOLCALL>',
+     "", [("get_weather", {"days": 2})]),
 ]
 
 
@@ -151,7 +157,9 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("glm", "<tool_call>rm_rf\n</tool_call>"),
     ("functionary_v3_1", "<function=rm_rf>{}</function>"),
     ("functionary_v3_2", "rm_rf\n{}"),
-    ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]')])
+    ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]'),
+    ("apriel", '<tool_calls>[{"name": "rm_rf", "arguments": {}}]</tool_calls>'),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "rm_rf", "arguments": {}}]</TOOLCALL>')])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -180,7 +188,9 @@ PING = '{"name": "ping", "arguments": {}}'
     ("glm", "<tool_call>ping\n</tool_call>", None),
     ("functionary_v3_1", "<function=ping>{}</function>", None),
     ("functionary_v3_2", "ping\n{}", None),
-    ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]")])
+    ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]"),
+    ("apriel", f"<tool_calls>[{PING}]</tool_calls>", f"<tool_calls>[{PING}, {PING}]</tool_calls>"),
+    ("nemotron_v2", f"<TOOLCALL>[{PING}]</TOOLCALL>", f"<TOOLCALL>[{PING}, {PING}]</TOOLCALL>")])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

@@ -18,7 +18,7 @@ from ckptd.tools import llama_suite
 # template -> format; None: its calls are in a syntax of none of ckptd's formats
 EXPECTED = {
     "Apertus-8B-Instruct": None,
-    "Apriel-1.6-15b-Thinker-fixed": None,
+    "Apriel-1.6-15b-Thinker-fixed": "apriel",
     "Bielik-11B-v3.0-Instruct": "hermes",
     "ByteDance-Seed-OSS": None,
     "Cohere2MoE": None,
@@ -41,7 +41,7 @@ EXPECTED = {
     "MiniMax-M3": None,
     "Mistral-Small-3.2-24B-Instruct-2506": None,
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml",
-    "NVIDIA-Nemotron-Nano-v2": None,
+    "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes",
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
     "Qwen-QwQ-32B": "hermes",
@@ -84,7 +84,7 @@ EXPECTED = {
     "poolside-Laguna-XS-2.1": "generic",
     "poolside-Laguna-XS.2": "generic",
     "tencent-Hy3": None,
-    "unsloth-Apriel-1.5": None,
+    "unsloth-Apriel-1.5": "apriel",
     "unsloth-mistral-Devstral-Small-2507": None,
     "upstage-Solar-Open-100B": None,
 }

@@ -15,16 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.firefunction import FireFunctionV2
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.hermes import Hermes
+from ckptd.model.text.tool_calls.json_list import Apriel, FireFunctionV2, NemotronV2
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
-                               FunctionaryV32(), FireFunctionV2(), Generic())}
+                               FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
+                               Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -39,6 +40,8 @@ _SHAPES = [
     ("functionary_v3_1", r'<function=ckptd_probe_tool>\s*\{"probe_arg"'),
     ("functionary_v3_2", r'>>>\s*ckptd_probe_tool\n\{"probe_arg"'),
     ("firefunction_v2", r'functools\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("apriel", r'<tool_calls>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("nemotron_v2", r'<TOOLCALL>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
 
