@@ -39,6 +39,8 @@ FORMATS = {
     "nemotron_v2": ("NVIDIA-Nemotron-Nano-v2",
                     '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
                     "</TOOLCALL>"),
+    "mistral": ("unsloth-mistral-Devstral-Small-2507",
+                '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance

@@ -73,6 +73,13 @@ CASES = [
     ("apriel", "A list: <tool_calls> are [1, 2]", "A list: <tool_calls> are [1, 2]", []),
     ("nemotron_v2", '<TOOLCALL>[{"name": "get_weather", "arguments": {"days": 2}}]</TOOLCALL>',
      "", [("get_weather", {"days": 2})]),
+    ("mistral", 'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris [FR]", "days": 3}'
+                "[TOOL_CALLS]ping[ARGS]{}",
+     "Let me check.", [("get_weather", {"city": "Paris [FR]", "days": 3}), ("ping", {})]),
+    ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]{"zip": "x"}', "",
+     [("get_weather", {"zip": "x"})]),
+    ("mistral", "Mistral writes [TOOL_CALLS] then [ARGS].", "Mistral writes [TOOL_CALLS] then "
+     "[ARGS].", []),
 ]
 
 
@@ -159,7 +166,8 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("functionary_v3_2", "rm_rf\n{}"),
     ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]'),
     ("apriel", '<tool_calls>[{"name": "rm_rf", "arguments": {}}]</tool_calls>'),
-    ("nemotron_v2", '<TOOLCALL>[{"name": "rm_rf", "arguments": {}}]</TOOLCALL>')])
+    ("nemotron_v2", '<TOOLCALL>[{"name": "rm_rf", "arguments": {}}]</TOOLCALL>'),
+    ("mistral", "[TOOL_CALLS]rm_rf[ARGS]{}")])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -190,7 +198,8 @@ PING = '{"name": "ping", "arguments": {}}'
     ("functionary_v3_2", "ping\n{}", None),
     ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]"),
     ("apriel", f"<tool_calls>[{PING}]</tool_calls>", f"<tool_calls>[{PING}, {PING}]</tool_calls>"),
-    ("nemotron_v2", f"<TOOLCALL>[{PING}]</TOOLCALL>", f"<TOOLCALL>[{PING}, {PING}]</TOOLCALL>")])
+    ("nemotron_v2", f"<TOOLCALL>[{PING}]</TOOLCALL>", f"<TOOLCALL>[{PING}, {PING}]</TOOLCALL>"),
+    ("mistral", "[TOOL_CALLS]ping[ARGS]{}", None)])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

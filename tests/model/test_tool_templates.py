@@ -39,7 +39,7 @@ EXPECTED = {
     "MiniMax-M1": None,
     "MiniMax-M2": None,
     "MiniMax-M3": None,
-    "Mistral-Small-3.2-24B-Instruct-2506": None,
+    "Mistral-Small-3.2-24B-Instruct-2506": "mistral",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml",
     "NVIDIA-Nemotron-Nano-v2": "nemotron_v2",
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "hermes",
@@ -74,7 +74,7 @@ EXPECTED = {
     "meta-llama-Llama-3.2-3B-Instruct": "llama3",
     "meta-llama-Llama-3.3-70B-Instruct": "llama3",
     "microsoft-Phi-3.5-mini-instruct": "generic",
-    "mistralai-Ministral-3-14B-Reasoning-2512": None,
+    "mistralai-Ministral-3-14B-Reasoning-2512": "mistral",
     "mistralai-Mistral-Nemo-Instruct-2407": None,
     "moonshotai-Kimi-K2": None,
     "muse-glimmer": None,
@@ -85,7 +85,7 @@ EXPECTED = {
     "poolside-Laguna-XS.2": "generic",
     "tencent-Hy3": None,
     "unsloth-Apriel-1.5": "apriel",
-    "unsloth-mistral-Devstral-Small-2507": None,
+    "unsloth-mistral-Devstral-Small-2507": "mistral",
     "upstage-Solar-Open-100B": None,
 }
 

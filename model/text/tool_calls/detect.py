@@ -21,11 +21,12 @@ from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.json_list import Apriel, FireFunctionV2, NemotronV2
 from ckptd.model.text.tool_calls.llama3 import Llama3
+from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
-                               Generic())}
+                               Mistral(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -42,6 +43,7 @@ _SHAPES = [
     ("firefunction_v2", r'functools\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("apriel", r'<tool_calls>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("nemotron_v2", r'<TOOLCALL>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
 
