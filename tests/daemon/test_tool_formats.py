@@ -41,6 +41,9 @@ FORMATS = {
                     "</TOOLCALL>"),
     "mistral": ("unsloth-mistral-Devstral-Small-2507",
                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
+    "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+                    '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}}\n]<|END_ACTION|>'),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance

@@ -78,6 +78,12 @@ CASES = [
      "Let me check.", [("get_weather", {"city": "Paris [FR]", "days": 3}), ("ping", {})]),
     ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]{"zip": "x"}', "",
      [("get_weather", {"zip": "x"})]),
+    ("command_r7b", '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}},\n    {"tool_call_id": "1", "tool_name": '
+                    '"ping", "parameters": {}}\n]<|END_ACTION|>', "",
+     [("get_weather", {"city": "Paris"}), ("ping", {})]),
+    ("command_r7b", 'An action: <|START_ACTION|>[{"name": "ping", "parameters": {}}]',
+     'An action: <|START_ACTION|>[{"name": "ping", "parameters": {}}]', []),
     ("mistral", "Mistral writes [TOOL_CALLS] then [ARGS].", "Mistral writes [TOOL_CALLS] then "
      "[ARGS].", []),
 ]
@@ -167,7 +173,9 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]'),
     ("apriel", '<tool_calls>[{"name": "rm_rf", "arguments": {}}]</tool_calls>'),
     ("nemotron_v2", '<TOOLCALL>[{"name": "rm_rf", "arguments": {}}]</TOOLCALL>'),
-    ("mistral", "[TOOL_CALLS]rm_rf[ARGS]{}")])
+    ("mistral", "[TOOL_CALLS]rm_rf[ARGS]{}"),
+    ("command_r7b", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "rm_rf", '
+                    '"parameters": {}}]<|END_ACTION|>')])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -186,6 +194,7 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
 
 
 PING = '{"name": "ping", "arguments": {}}'
+R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
 
 
 @pytest.mark.parametrize("fmt,call,twice", [
@@ -199,7 +208,9 @@ PING = '{"name": "ping", "arguments": {}}'
     ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]"),
     ("apriel", f"<tool_calls>[{PING}]</tool_calls>", f"<tool_calls>[{PING}, {PING}]</tool_calls>"),
     ("nemotron_v2", f"<TOOLCALL>[{PING}]</TOOLCALL>", f"<TOOLCALL>[{PING}, {PING}]</TOOLCALL>"),
-    ("mistral", "[TOOL_CALLS]ping[ARGS]{}", None)])
+    ("mistral", "[TOOL_CALLS]ping[ARGS]{}", None),
+    ("command_r7b", f"<|START_ACTION|>[{R7B_PING}]<|END_ACTION|>",
+     f"<|START_ACTION|>[{R7B_PING}, {R7B_PING}]<|END_ACTION|>")])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

@@ -2,8 +2,8 @@
 with one past call of a probe tool is rendered, and the shape the template writes that
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
-message; one that writes calls in a syntax of none of these formats (Mistral's
-[TOOL_CALLS], Command R's actions, DeepSeek's, GPT-OSS's channels...) has no format
+message; one that writes calls in a syntax of none of these formats (Mistral
+Nemo's [TOOL_CALLS] list, DeepSeek's DSML, GPT-OSS's channels, Kimi's sections...) has no format
 here: tools are refused with it rather than read wrong.
 """
 
@@ -19,14 +19,19 @@ from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.hermes import Hermes
-from ckptd.model.text.tool_calls.json_list import Apriel, FireFunctionV2, NemotronV2
+from ckptd.model.text.tool_calls.json_list import (
+    Apriel,
+    CommandR7B,
+    FireFunctionV2,
+    NemotronV2,
+)
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
-                               Mistral(), Generic())}
+                               Mistral(), CommandR7B(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -43,6 +48,8 @@ _SHAPES = [
     ("firefunction_v2", r'functools\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("apriel", r'<tool_calls>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("nemotron_v2", r'<TOOLCALL>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("command_r7b", r'<\|START_ACTION\|>\[\s*\{"tool_call_id":\s*"0",\s*"tool_name":\s*'
+                    r'"ckptd_probe_tool",\s*"parameters":'),
     ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]

@@ -5,7 +5,9 @@ before it:
   {...}}, ...]`, no closing mark;
 - ServiceNow's Apriel 1.5 / 1.6: `<tool_calls>[...]</tool_calls>` (the model may add an
   "id" to each call: it is not read);
-- NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`.
+- NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`;
+- Cohere's Command R7B and Command A (Cohere2): `<|START_ACTION|>[{"tool_call_id": "0",
+  "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class JsonList(ToolFormat):
     """`open` is the mark up to the list's `[`, `close` what follows its `]`."""
     open = ""
     close = ""
+    name_key = "name"
     separator = ", "
 
     def parse(self, text: str, partial: bool,
@@ -30,7 +33,8 @@ class JsonList(ToolFormat):
             return (text[:len(text) - held(text, mark)] if partial else text), []
         try:
             items, end = array_items(text, i + len(mark) - 1)
-            calls = [c for c, _ in (json_call(text, a, schemas) for a, _ in items)
+            calls = [c for c, _ in (json_call(text, a, schemas, self.name_key)
+                                          for a, _ in items)
                      if c is not None]
         except ValueError:                  # not a list of calls: it stays text
             return text, []
@@ -45,8 +49,11 @@ class JsonList(ToolFormat):
         return text[:i] + text[end:], calls
 
     def tag(self, name: str, schema: dict) -> dict:
-        return {"type": "tag", "begin": f'{{"name": {json.dumps(name)}, "arguments": ',
-                "content": schema_content(schema), "end": "}"}
+        return {"type": "tag", "begin": self.begin(name), "content": schema_content(schema),
+                "end": "}"}
+
+    def begin(self, name: str) -> str:
+        return f'{{"name": {json.dumps(name)}, "arguments": '
 
     def wrap(self, calls: dict) -> dict:
         return {"type": "sequence", "elements": [
@@ -67,3 +74,14 @@ class Apriel(JsonList):
 class NemotronV2(JsonList):
     name = "nemotron_v2"
     open, close = "<TOOLCALL>", "</TOOLCALL>"
+
+
+class CommandR7B(JsonList):
+    """The grammar numbers every call "0": the ids are not read back (ckptd gives its
+    own), and a tag's opening text is fixed."""
+    name = "command_r7b"
+    open, close = "<|START_ACTION|>", "<|END_ACTION|>"
+    name_key = "tool_name"
+
+    def begin(self, name: str) -> str:
+        return f'{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": '
