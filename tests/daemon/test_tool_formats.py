@@ -44,6 +44,10 @@ FORMATS = {
     "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use",
                     '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
                     '"parameters": {"city": "Paris"}}\n]<|END_ACTION|>'),
+    "deepseek_v3_2": ("deepseek-ai-DeepSeek-V3.2",
+                      '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+                      '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+                      '</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance
@@ -57,6 +61,9 @@ QUESTION = "What is the weather in Paris?"
 NO_THINKING_WORD = {"nemotron_v2": " /no_think"}
 RESULT = "sunny, 25 C"
 NO_THINKING = {"enable_thinking": False}
+# Enough for the longest forced call (DSML's full-width bars are several tokens each in
+# SmolLM2's vocabulary); the grammar ends every answer at its call's end
+MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
@@ -81,7 +88,7 @@ def _ask(d, **kw):
     client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=300)
     return client.chat.completions.create(
         model="smollm2", messages=_asked(d), tools=[TOOL], tool_choice="required",
-        parallel_tool_calls=False, temperature=0, max_tokens=80,
+        parallel_tool_calls=False, temperature=0, max_tokens=MAX_TOKENS,
         extra_body={"chat_template_kwargs": NO_THINKING}, **kw)
 
 
@@ -129,7 +136,7 @@ def _prompt_holds_the_round_trip(d, prompt: str) -> None:
 def test_anthropic_tool_use_round_trip(served):
     tools = [{"name": "get_weather", "description": "The weather in a city",
               "input_schema": SCHEMA}]
-    body = {"model": "m", "max_tokens": 80, "temperature": 0, "tools": tools,
+    body = {"model": "m", "max_tokens": MAX_TOKENS, "temperature": 0, "tools": tools,
             "thinking": {"type": "disabled"}}
     r = served.post("/v1/messages", {**body, "messages": _asked(served),
                                      "tool_choice": {"type": "tool", "name": "get_weather"}},
@@ -150,7 +157,7 @@ def test_anthropic_tool_use_round_trip(served):
 def test_responses_function_call_round_trip(served):
     tools = [{"type": "function", "name": "get_weather", "description": "The weather",
               "parameters": SCHEMA}]
-    body = {"model": "m", "max_output_tokens": 80, "temperature": 0, "tools": tools,
+    body = {"model": "m", "max_output_tokens": MAX_TOKENS, "temperature": 0, "tools": tools,
             "reasoning": {"effort": "none"}}
     r = served.post("/v1/responses", {**body, "input": _asked(served), "tool_choice": "required",
                                       "parallel_tool_calls": False}, timeout=300)

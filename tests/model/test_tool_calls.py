@@ -84,6 +84,16 @@ CASES = [
      [("get_weather", {"city": "Paris"}), ("ping", {})]),
     ("command_r7b", 'An action: <|START_ACTION|>[{"name": "ping", "parameters": {}}]',
      'An action: <|START_ACTION|>[{"name": "ping", "parameters": {}}]', []),
+    ("deepseek_v3_2", 'Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+                      '<｜DSML｜parameter name="city" string="true">a <b> "c"</｜DSML｜parameter>\n'
+                      '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+                      '</｜DSML｜invoke>\n<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
+                      '</｜DSML｜function_calls>',
+     "Checking.", [("get_weather", {"city": 'a <b> "c"', "days": 3}), ("ping", {})]),
+    ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter '
+                    'name="zip" string="true">007</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+                    '</｜DSML｜tool_calls>', "", [("get_weather", {"zip": "007"})]),
+    ("deepseek_v4", "About <｜DSML｜tool_calls> tags.", "About <｜DSML｜tool_calls> tags.", []),
     ("mistral", "Mistral writes [TOOL_CALLS] then [ARGS].", "Mistral writes [TOOL_CALLS] then "
      "[ARGS].", []),
 ]
@@ -175,7 +185,9 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("nemotron_v2", '<TOOLCALL>[{"name": "rm_rf", "arguments": {}}]</TOOLCALL>'),
     ("mistral", "[TOOL_CALLS]rm_rf[ARGS]{}"),
     ("command_r7b", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "rm_rf", '
-                    '"parameters": {}}]<|END_ACTION|>')])
+                    '"parameters": {}}]<|END_ACTION|>'),
+    ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n'
+                    '</｜DSML｜tool_calls>')])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -194,6 +206,7 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
 
 
 PING = '{"name": "ping", "arguments": {}}'
+DS_PING = '<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
 R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
 
 
@@ -210,7 +223,9 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
     ("nemotron_v2", f"<TOOLCALL>[{PING}]</TOOLCALL>", f"<TOOLCALL>[{PING}, {PING}]</TOOLCALL>"),
     ("mistral", "[TOOL_CALLS]ping[ARGS]{}", None),
     ("command_r7b", f"<|START_ACTION|>[{R7B_PING}]<|END_ACTION|>",
-     f"<|START_ACTION|>[{R7B_PING}, {R7B_PING}]<|END_ACTION|>")])
+     f"<|START_ACTION|>[{R7B_PING}, {R7B_PING}]<|END_ACTION|>"),
+    ("deepseek_v3_2", f"<｜DSML｜function_calls>\n{DS_PING}</｜DSML｜function_calls>",
+     f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>")])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

@@ -3,7 +3,7 @@ with one past call of a probe tool is rendered, and the shape the template write
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
 message; one that writes calls in a syntax of none of these formats (Mistral
-Nemo's [TOOL_CALLS] list, DeepSeek's DSML, GPT-OSS's channels, Kimi's sections...) has no format
+Nemo's [TOOL_CALLS] list, MiniMax's invokes, GPT-OSS's channels, Kimi's sections...) has no format
 here: tools are refused with it rather than read wrong.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptd.model.text.tool_calls.base import ToolFormat
+from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.glm import Glm
@@ -31,7 +32,8 @@ from ckptd.model.text.tool_calls.qwen_xml import QwenXml
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
-                               Mistral(), CommandR7B(), Generic())}
+                               Mistral(), CommandR7B(), DeepSeekV32(),
+                               DeepSeekV4(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -50,6 +52,8 @@ _SHAPES = [
     ("nemotron_v2", r'<TOOLCALL>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("command_r7b", r'<\|START_ACTION\|>\[\s*\{"tool_call_id":\s*"0",\s*"tool_name":\s*'
                     r'"ckptd_probe_tool",\s*"parameters":'),
+    ("deepseek_v3_2", r'<｜DSML｜function_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
+    ("deepseek_v4", r'<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
     ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
