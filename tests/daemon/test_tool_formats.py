@@ -48,6 +48,8 @@ FORMATS = {
                       '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
                       '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
                       '</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
+    "gigachat_v3_1": ("GigaChat3.1-10B-A1.8B",
+                      '<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}'),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance

@@ -94,6 +94,12 @@ CASES = [
                     'name="zip" string="true">007</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
                     '</｜DSML｜tool_calls>', "", [("get_weather", {"zip": "007"})]),
     ("deepseek_v4", "About <｜DSML｜tool_calls> tags.", "About <｜DSML｜tool_calls> tags.", []),
+    ("gigachat_v3_1", 'Checking.<|function_call|>{"name": "get_weather", "arguments": '
+                      '{"city": "Paris", "days": 3}}',
+     "Checking.", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("gigachat_v3", 'Checking.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "ping", '
+                    '"arguments": {}}', "Checking.", [("ping", {})]),
+    ("gigachat_v3_1", "No <|function_call|> here.", "No <|function_call|> here.", []),
     ("mistral", "Mistral writes [TOOL_CALLS] then [ARGS].", "Mistral writes [TOOL_CALLS] then "
      "[ARGS].", []),
 ]
@@ -187,7 +193,8 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("command_r7b", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "rm_rf", '
                     '"parameters": {}}]<|END_ACTION|>'),
     ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n'
-                    '</｜DSML｜tool_calls>')])
+                    '</｜DSML｜tool_calls>'),
+    ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}')])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -225,7 +232,9 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
     ("command_r7b", f"<|START_ACTION|>[{R7B_PING}]<|END_ACTION|>",
      f"<|START_ACTION|>[{R7B_PING}, {R7B_PING}]<|END_ACTION|>"),
     ("deepseek_v3_2", f"<｜DSML｜function_calls>\n{DS_PING}</｜DSML｜function_calls>",
-     f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>")])
+     f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>"),
+    ("gigachat_v3_1", f"<|function_call|>{PING}", None),
+    ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None)])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

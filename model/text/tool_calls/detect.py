@@ -18,6 +18,7 @@ from ckptd.model.text.tool_calls.base import ToolFormat
 from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
+from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
 from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.json_list import (
@@ -33,7 +34,7 @@ from ckptd.model.text.tool_calls.qwen_xml import QwenXml
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
-                               DeepSeekV4(), Generic())}
+                               DeepSeekV4(), GigaChat3(), GigaChat31(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -54,6 +55,9 @@ _SHAPES = [
                     r'"ckptd_probe_tool",\s*"parameters":'),
     ("deepseek_v3_2", r'<｜DSML｜function_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
     ("deepseek_v4", r'<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
+    ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'
+                    r'"ckptd_probe_tool",\s*"arguments":'),
+    ("gigachat_v3_1", r'<\|function_call\|>\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
