@@ -50,6 +50,9 @@ FORMATS = {
                       '</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
     "gigachat_v3_1": ("GigaChat3.1-10B-A1.8B",
                       '<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}'),
+    "seed_oss": ("ByteDance-Seed-OSS",
+                 "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+                 "</function>\n</seed:tool_call>"),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance

@@ -100,6 +100,11 @@ CASES = [
     ("gigachat_v3", 'Checking.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "ping", '
                     '"arguments": {}}', "Checking.", [("ping", {})]),
     ("gigachat_v3_1", "No <|function_call|> here.", "No <|function_call|> here.", []),
+    ("seed_oss", "Sure.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
+                 "</parameter>\n<parameter=days>2</parameter>\n</function>\n</seed:tool_call>",
+     "Sure.", [("get_weather", {"city": "Paris", "days": 2})]),
+    ("seed_oss", "<tool_call>\n<function=ping>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=ping>\n</function>\n</tool_call>", []),
     ("mistral", "Mistral writes [TOOL_CALLS] then [ARGS].", "Mistral writes [TOOL_CALLS] then "
      "[ARGS].", []),
 ]
@@ -194,7 +199,8 @@ def test_thinking_goes_to_reasoning(open_at_start):
                     '"parameters": {}}]<|END_ACTION|>'),
     ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n'
                     '</｜DSML｜tool_calls>'),
-    ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}')])
+    ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}'),
+    ("seed_oss", "<seed:tool_call>\n<function=rm_rf>\n</function>\n</seed:tool_call>")])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -234,7 +240,8 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
     ("deepseek_v3_2", f"<｜DSML｜function_calls>\n{DS_PING}</｜DSML｜function_calls>",
      f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>"),
     ("gigachat_v3_1", f"<|function_call|>{PING}", None),
-    ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None)])
+    ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None),
+    ("seed_oss", "<seed:tool_call>\n<function=ping>\n\n</function>\n</seed:tool_call>", None)])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

@@ -20,7 +20,7 @@ EXPECTED = {
     "Apertus-8B-Instruct": None,
     "Apriel-1.6-15b-Thinker-fixed": "apriel",
     "Bielik-11B-v3.0-Instruct": "hermes",
-    "ByteDance-Seed-OSS": None,
+    "ByteDance-Seed-OSS": "seed_oss",
     "Cohere2MoE": "command_r7b",
     "CohereForAI-c4ai-command-r-plus-tool_use": "generic",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command_r7b",

@@ -29,12 +29,13 @@ from ckptd.model.text.tool_calls.json_list import (
 )
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.mistral import Mistral
-from ckptd.model.text.tool_calls.qwen_xml import QwenXml
+from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
-                               DeepSeekV4(), GigaChat3(), GigaChat31(), Generic())}
+                               DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
+                               Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -44,6 +45,7 @@ _TOOL = {"type": "function", "function": {
 # How each format writes the probe call, most specific first
 _SHAPES = [
     ("qwen_xml", r"<tool_call>\s*<function=ckptd_probe_tool>\s*<parameter=probe_arg>"),
+    ("seed_oss", r"<seed:tool_call>\s*<function=ckptd_probe_tool>\s*<parameter=probe_arg>"),
     ("glm", r"<tool_call>\s*ckptd_probe_tool\s*<arg_key>probe_arg</arg_key>"),
     ("hermes", r'<tool_call>\s*\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("functionary_v3_1", r'<function=ckptd_probe_tool>\s*\{"probe_arg"'),
