@@ -34,6 +34,25 @@ FORMATS = {
                          '>>>get_weather\n{"city": "Paris"}'),
     "firefunction_v2": ("fireworks-ai-llama-3-firefunction-v2",
                         'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    "apriel": ("unsloth-Apriel-1.5",
+               '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "'),
+    "nemotron_v2": ("NVIDIA-Nemotron-Nano-v2",
+                    '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+                    "</TOOLCALL>"),
+    "mistral": ("unsloth-mistral-Devstral-Small-2507",
+                '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
+    "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+                    '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}}\n]<|END_ACTION|>'),
+    "deepseek_v3_2": ("deepseek-ai-DeepSeek-V3.2",
+                      '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+                      '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+                      '</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
+    "gigachat_v3_1": ("GigaChat3.1-10B-A1.8B",
+                      '<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}'),
+    "seed_oss": ("ByteDance-Seed-OSS",
+                 "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+                 "</function>\n</seed:tool_call>"),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance
@@ -42,9 +61,14 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["
 TOOL = {"type": "function", "function": {"name": "get_weather",
                                          "description": "The weather in a city",
                                          "parameters": SCHEMA}}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+QUESTION = "What is the weather in Paris?"
+# Templates that turn thinking off by a word in the messages, not enable_thinking
+NO_THINKING_WORD = {"nemotron_v2": " /no_think"}
 RESULT = "sunny, 25 C"
 NO_THINKING = {"enable_thinking": False}
+# Enough for the longest forced call (DSML's full-width bars are several tokens each in
+# SmolLM2's vocabulary); the grammar ends every answer at its call's end
+MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
@@ -61,11 +85,15 @@ def served(request, tmp_path_factory):
     assert d.stop() == 0, d.output()
 
 
+def _asked(d) -> list[dict]:
+    return [{"role": "user", "content": QUESTION + NO_THINKING_WORD.get(d.fmt, "")}]
+
+
 def _ask(d, **kw):
     client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=300)
     return client.chat.completions.create(
-        model="smollm2", messages=ASK, tools=[TOOL], tool_choice="required",
-        parallel_tool_calls=False, temperature=0, max_tokens=80,
+        model="smollm2", messages=_asked(d), tools=[TOOL], tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=MAX_TOKENS,
         extra_body={"chat_template_kwargs": NO_THINKING}, **kw)
 
 
@@ -113,16 +141,16 @@ def _prompt_holds_the_round_trip(d, prompt: str) -> None:
 def test_anthropic_tool_use_round_trip(served):
     tools = [{"name": "get_weather", "description": "The weather in a city",
               "input_schema": SCHEMA}]
-    body = {"model": "m", "max_tokens": 80, "temperature": 0, "tools": tools,
+    body = {"model": "m", "max_tokens": MAX_TOKENS, "temperature": 0, "tools": tools,
             "thinking": {"type": "disabled"}}
-    r = served.post("/v1/messages", {**body, "messages": ASK,
+    r = served.post("/v1/messages", {**body, "messages": _asked(served),
                                      "tool_choice": {"type": "tool", "name": "get_weather"}},
                     timeout=300)
     assert r.status == 200, r.text
     assert r.json["stop_reason"] == "tool_use", r.json
     [use] = [b for b in r.json["content"] if b["type"] == "tool_use"]
     assert use["name"] == "get_weather" and use["input"] == {"city": "Paris"}
-    history = [*ASK, {"role": "assistant", "content": r.json["content"]},
+    history = [*_asked(served), {"role": "assistant", "content": r.json["content"]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
                                              "content": RESULT}]}]
     r = served.post("/v1/messages", {**body, "max_tokens": 1, "messages": history,
@@ -134,14 +162,14 @@ def test_anthropic_tool_use_round_trip(served):
 def test_responses_function_call_round_trip(served):
     tools = [{"type": "function", "name": "get_weather", "description": "The weather",
               "parameters": SCHEMA}]
-    body = {"model": "m", "max_output_tokens": 80, "temperature": 0, "tools": tools,
+    body = {"model": "m", "max_output_tokens": MAX_TOKENS, "temperature": 0, "tools": tools,
             "reasoning": {"effort": "none"}}
-    r = served.post("/v1/responses", {**body, "input": ASK, "tool_choice": "required",
+    r = served.post("/v1/responses", {**body, "input": _asked(served), "tool_choice": "required",
                                       "parallel_tool_calls": False}, timeout=300)
     assert r.status == 200, r.text
     [call] = [o for o in r.json["output"] if o["type"] == "function_call"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
-    items = [*ASK, call, {"type": "function_call_output", "call_id": call["call_id"],
+    items = [*_asked(served), call, {"type": "function_call_output", "call_id": call["call_id"],
                           "output": RESULT}]
     r = served.post("/v1/responses", {**body, "max_output_tokens": 1, "input": items,
                                       "verbose": True}, timeout=300)

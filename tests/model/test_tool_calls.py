@@ -67,6 +67,46 @@ CASES = [
                         '"Oslo"}}, {"name": "ping", "arguments": {}}]',
      "Checking.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
     ("firefunction_v2", "No functools here.", "No functools here.", []),
+    ("apriel", 'Checking.\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}, '
+               '"id": "abc123def"}, {"name": "ping", "arguments": {}}]</tool_calls>',
+     "Checking.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
+    ("apriel", "A list: <tool_calls> are [1, 2]", "A list: <tool_calls> are [1, 2]", []),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "get_weather", "arguments": {"days": 2}}]</TOOLCALL>',
+     "", [("get_weather", {"days": 2})]),
+    ("mistral", 'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris [FR]", "days": 3}'
+                "[TOOL_CALLS]ping[ARGS]{}",
+     "Let me check.", [("get_weather", {"city": "Paris [FR]", "days": 3}), ("ping", {})]),
+    ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]{"zip": "x"}', "",
+     [("get_weather", {"zip": "x"})]),
+    ("command_r7b", '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}},\n    {"tool_call_id": "1", "tool_name": '
+                    '"ping", "parameters": {}}\n]<|END_ACTION|>', "",
+     [("get_weather", {"city": "Paris"}), ("ping", {})]),
+    ("command_r7b", 'An action: <|START_ACTION|>[{"name": "ping", "parameters": {}}]',
+     'An action: <|START_ACTION|>[{"name": "ping", "parameters": {}}]', []),
+    ("deepseek_v3_2", 'Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+                      '<｜DSML｜parameter name="city" string="true">a <b> "c"</｜DSML｜parameter>\n'
+                      '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+                      '</｜DSML｜invoke>\n<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
+                      '</｜DSML｜function_calls>',
+     "Checking.", [("get_weather", {"city": 'a <b> "c"', "days": 3}), ("ping", {})]),
+    ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter '
+                    'name="zip" string="true">007</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+                    '</｜DSML｜tool_calls>', "", [("get_weather", {"zip": "007"})]),
+    ("deepseek_v4", "About <｜DSML｜tool_calls> tags.", "About <｜DSML｜tool_calls> tags.", []),
+    ("gigachat_v3_1", 'Checking.<|function_call|>{"name": "get_weather", "arguments": '
+                      '{"city": "Paris", "days": 3}}',
+     "Checking.", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("gigachat_v3", 'Checking.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "ping", '
+                    '"arguments": {}}', "Checking.", [("ping", {})]),
+    ("gigachat_v3_1", "No <|function_call|> here.", "No <|function_call|> here.", []),
+    ("seed_oss", "Sure.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
+                 "</parameter>\n<parameter=days>2</parameter>\n</function>\n</seed:tool_call>",
+     "Sure.", [("get_weather", {"city": "Paris", "days": 2})]),
+    ("seed_oss", "<tool_call>\n<function=ping>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=ping>\n</function>\n</tool_call>", []),
+    ("mistral", "Mistral writes [TOOL_CALLS] then [ARGS].", "Mistral writes [TOOL_CALLS] then "
+     "[ARGS].", []),
 ]
 
 
@@ -151,7 +191,16 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("glm", "<tool_call>rm_rf\n</tool_call>"),
     ("functionary_v3_1", "<function=rm_rf>{}</function>"),
     ("functionary_v3_2", "rm_rf\n{}"),
-    ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]')])
+    ("firefunction_v2", 'functools[{"name": "rm_rf", "arguments": {}}]'),
+    ("apriel", '<tool_calls>[{"name": "rm_rf", "arguments": {}}]</tool_calls>'),
+    ("nemotron_v2", '<TOOLCALL>[{"name": "rm_rf", "arguments": {}}]</TOOLCALL>'),
+    ("mistral", "[TOOL_CALLS]rm_rf[ARGS]{}"),
+    ("command_r7b", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "rm_rf", '
+                    '"parameters": {}}]<|END_ACTION|>'),
+    ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n'
+                    '</｜DSML｜tool_calls>'),
+    ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}'),
+    ("seed_oss", "<seed:tool_call>\n<function=rm_rf>\n</function>\n</seed:tool_call>")])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     assert spec.parse(text).calls == () and spec.parse(text).content == text.strip()
@@ -170,6 +219,8 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
 
 
 PING = '{"name": "ping", "arguments": {}}'
+DS_PING = '<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
+R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
 
 
 @pytest.mark.parametrize("fmt,call,twice", [
@@ -180,7 +231,17 @@ PING = '{"name": "ping", "arguments": {}}'
     ("glm", "<tool_call>ping\n</tool_call>", None),
     ("functionary_v3_1", "<function=ping>{}</function>", None),
     ("functionary_v3_2", "ping\n{}", None),
-    ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]")])
+    ("firefunction_v2", f"functools[{PING}]", f"functools[{PING}, {PING}]"),
+    ("apriel", f"<tool_calls>[{PING}]</tool_calls>", f"<tool_calls>[{PING}, {PING}]</tool_calls>"),
+    ("nemotron_v2", f"<TOOLCALL>[{PING}]</TOOLCALL>", f"<TOOLCALL>[{PING}, {PING}]</TOOLCALL>"),
+    ("mistral", "[TOOL_CALLS]ping[ARGS]{}", None),
+    ("command_r7b", f"<|START_ACTION|>[{R7B_PING}]<|END_ACTION|>",
+     f"<|START_ACTION|>[{R7B_PING}, {R7B_PING}]<|END_ACTION|>"),
+    ("deepseek_v3_2", f"<｜DSML｜function_calls>\n{DS_PING}</｜DSML｜function_calls>",
+     f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>"),
+    ("gigachat_v3_1", f"<|function_call|>{PING}", None),
+    ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None),
+    ("seed_oss", "<seed:tool_call>\n<function=ping>\n\n</function>\n</seed:tool_call>", None)])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
     f = FORMATS[fmt]

@@ -89,15 +89,16 @@ def scan_tagged(text: str, partial: bool, start: str, read) -> tuple[str, list[T
     return "".join(content), calls
 
 
-def json_call(s: str, i: int, names=()) -> tuple[ToolCall | None, int | None]:
-    """A call written as a JSON object at s[i] — {"name": ..., "arguments" (or
-    "parameters"): {...}} — as far as it goes, and the object's end (None: unfinished).
+def json_call(s: str, i: int, names=(),
+              name_key: str = "name") -> tuple[ToolCall | None, int | None]:
+    """A call written as a JSON object at s[i] — {"name" (or `name_key`): ..., "arguments"
+    (or "parameters"): {...}} — as far as it goes, and the object's end (None: unfinished).
     The call is None until its name is complete. The arguments are the model's own
     JSON text (a JSON string holding JSON is read as that text); ValueError when s[i]
     is not an object with a string name, or (given `names`) one that names no tool:
     text that only looks like a call stays content."""
     fields, end = object_fields(s, i)
-    span = fields.get("name")
+    span = fields.get(name_key)
     if span is None or span[1] is None:
         if end is not None:
             raise ValueError("a call object without a name")

@@ -2,8 +2,8 @@
 with one past call of a probe tool is rendered, and the shape the template writes that
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
-message; one that writes calls in a syntax of none of these formats (Mistral's
-[TOOL_CALLS], Command R's actions, DeepSeek's, GPT-OSS's channels...) has no format
+message; one that writes calls in a syntax of none of these formats (Mistral
+Nemo's [TOOL_CALLS] list, MiniMax's invokes, GPT-OSS's channels, Kimi's sections...) has no format
 here: tools are refused with it rather than read wrong.
 """
 
@@ -15,16 +15,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.firefunction import FireFunctionV2
+from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
+from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
 from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.hermes import Hermes
+from ckptd.model.text.tool_calls.json_list import (
+    Apriel,
+    CommandR7B,
+    FireFunctionV2,
+    NemotronV2,
+)
 from ckptd.model.text.tool_calls.llama3 import Llama3
-from ckptd.model.text.tool_calls.qwen_xml import QwenXml
+from ckptd.model.text.tool_calls.mistral import Mistral
+from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
-                               FunctionaryV32(), FireFunctionV2(), Generic())}
+                               FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
+                               Mistral(), CommandR7B(), DeepSeekV32(),
+                               DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
+                               Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -34,11 +45,22 @@ _TOOL = {"type": "function", "function": {
 # How each format writes the probe call, most specific first
 _SHAPES = [
     ("qwen_xml", r"<tool_call>\s*<function=ckptd_probe_tool>\s*<parameter=probe_arg>"),
+    ("seed_oss", r"<seed:tool_call>\s*<function=ckptd_probe_tool>\s*<parameter=probe_arg>"),
     ("glm", r"<tool_call>\s*ckptd_probe_tool\s*<arg_key>probe_arg</arg_key>"),
     ("hermes", r'<tool_call>\s*\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("functionary_v3_1", r'<function=ckptd_probe_tool>\s*\{"probe_arg"'),
     ("functionary_v3_2", r'>>>\s*ckptd_probe_tool\n\{"probe_arg"'),
     ("firefunction_v2", r'functools\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("apriel", r'<tool_calls>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("nemotron_v2", r'<TOOLCALL>\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("command_r7b", r'<\|START_ACTION\|>\[\s*\{"tool_call_id":\s*"0",\s*"tool_name":\s*'
+                    r'"ckptd_probe_tool",\s*"parameters":'),
+    ("deepseek_v3_2", r'<｜DSML｜function_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
+    ("deepseek_v4", r'<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
+    ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'
+                    r'"ckptd_probe_tool",\s*"arguments":'),
+    ("gigachat_v3_1", r'<\|function_call\|>\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
 

@@ -29,7 +29,7 @@ SEP = ">>>"
 _NAME_MAX = 128
 
 
-def _json_args(s: str, a: int) -> tuple[str, int | None]:
+def json_args(s: str, a: int) -> tuple[str, int | None]:
     """The arguments object at s[a] as far as written, and its end (None: unfinished);
     ValueError when s[a] starts something else."""
     if a < len(s) and s[a] != "{":
@@ -53,7 +53,7 @@ class FunctionaryV31(ToolFormat):
             name = text[j:close]
             if not name or any(c.isspace() for c in name) or (schemas and name not in schemas):
                 raise ValueError(f"{name!r} is not a tool")
-            arguments, end = _json_args(text, skip_ws(text, close + 1))
+            arguments, end = json_args(text, skip_ws(text, close + 1))
             if end is None:
                 return ToolCall(name, arguments, False), None
             k = skip_ws(text, end)
@@ -89,7 +89,7 @@ class FunctionaryV32(ToolFormat):
             who = text[pos:nl].strip()
             if who != "all" and who in schemas:
                 try:
-                    arguments, end = _json_args(text, skip_ws(text, nl + 1))
+                    arguments, end = json_args(text, skip_ws(text, nl + 1))
                 except ValueError:
                     end = -1                # not a call after all: the message is text
                 if end is None:

@@ -11,7 +11,8 @@
 A value is text; it becomes a JSON string when the function's schema types the
 parameter as a string, else the JSON it reads as (text when it reads as none). The
 arguments are written as JSON one whole parameter at a time, so a stream sends each
-parameter once it is closed."""
+parameter once it is closed. ByteDance's Seed-OSS writes the same calls in
+`<seed:tool_call>` tags."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ PARAM, PARAM_END = "<parameter=", "</parameter>"
 
 class QwenXml(ToolFormat):
     name = "qwen_xml"
+    start, end = START, END
 
     def _call(self, s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall | None, int]:
         """The call after START at s[i] and the index after it. When the text ends
@@ -71,7 +73,7 @@ class QwenXml(ToolFormat):
             j = end + len(PARAM_END)
         call = ToolCall(name, args(parts, True))
         try:
-            j = expect(s, j, END)
+            j = expect(s, j, self.end)
         except Incomplete:
             raise Incomplete(call) from None
         return call, j
@@ -86,9 +88,14 @@ class QwenXml(ToolFormat):
                 if so_far is not None and so_far.done:
                     return so_far, len(text)    # only the closing tag is missing
                 return so_far, None
-        return scan_tagged(text, partial, START, read)
+        return scan_tagged(text, partial, self.start, read)
 
     def tag(self, name: str, schema: dict) -> dict:
-        return {"type": "tag", "begin": f"{START}\n{FUNC}{name}>\n",
+        return {"type": "tag", "begin": f"{self.start}\n{FUNC}{name}>\n",
                 "content": schema_content(schema, "qwen_xml"),
-                "end": f"\n{FUNC_END}\n{END}"}
+                "end": f"\n{FUNC_END}\n{self.end}"}
+
+
+class SeedOss(QwenXml):
+    name = "seed_oss"
+    start, end = "<seed:tool_call>", "</seed:tool_call>"

@@ -1,0 +1,87 @@
+"""Formats that write all of an answer's calls as one JSON list between two marks, text
+before it:
+
+- Fireworks' FireFunction v2 (a Llama 3 model): `functools[{"name": ..., "arguments":
+  {...}}, ...]`, no closing mark;
+- ServiceNow's Apriel 1.5 / 1.6: `<tool_calls>[...]</tool_calls>` (the model may add an
+  "id" to each call: it is not read);
+- NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`;
+- Cohere's Command R7B and Command A (Cohere2): `<|START_ACTION|>[{"tool_call_id": "0",
+  "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, json_call, schema_content
+from ckptd.model.text.tool_calls.jsonscan import array_items, skip_ws
+
+
+class JsonList(ToolFormat):
+    """`open` is the mark up to the list's `[`, `close` what follows its `]`."""
+    open = ""
+    close = ""
+    name_key = "name"
+    separator = ", "
+
+    def parse(self, text: str, partial: bool,
+              schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
+        mark = self.open + "["
+        i = text.find(mark)
+        if i < 0:
+            return (text[:len(text) - held(text, mark)] if partial else text), []
+        try:
+            items, end = array_items(text, i + len(mark) - 1)
+            calls = [c for c, _ in (json_call(text, a, schemas, self.name_key)
+                                          for a, _ in items)
+                     if c is not None]
+        except ValueError:                  # not a list of calls: it stays text
+            return text, []
+        if end is None:
+            return (text[:i], calls) if partial else (text, [])  # cut off: it stays text
+        if self.close:
+            k = skip_ws(text, end)
+            if text.startswith(self.close, k):
+                end = k + len(self.close)
+            elif self.close.startswith(text[k:]):
+                end = len(text)             # the text ends in (or before) the closing mark
+        return text[:i] + text[end:], calls
+
+    def tag(self, name: str, schema: dict) -> dict:
+        return {"type": "tag", "begin": self.begin(name), "content": schema_content(schema),
+                "end": "}"}
+
+    def begin(self, name: str) -> str:
+        return f'{{"name": {json.dumps(name)}, "arguments": '
+
+    def wrap(self, calls: dict) -> dict:
+        return {"type": "sequence", "elements": [
+            {"type": "const_string", "value": self.open + "["}, calls,
+            {"type": "const_string", "value": "]" + self.close}]}
+
+
+class FireFunctionV2(JsonList):
+    name = "firefunction_v2"
+    open = "functools"
+
+
+class Apriel(JsonList):
+    name = "apriel"
+    open, close = "<tool_calls>", "</tool_calls>"
+
+
+class NemotronV2(JsonList):
+    name = "nemotron_v2"
+    open, close = "<TOOLCALL>", "</TOOLCALL>"
+
+
+class CommandR7B(JsonList):
+    """The grammar numbers every call "0": the ids are not read back (ckptd gives its
+    own), and a tag's opening text is fixed."""
+    name = "command_r7b"
+    open, close = "<|START_ACTION|>", "<|END_ACTION|>"
+    name_key = "tool_name"
+
+    def begin(self, name: str) -> str:
+        return f'{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": '
