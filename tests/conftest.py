@@ -15,6 +15,19 @@ from ckptd.tools.openmp import wait_passively
 # commands do (tools/openmp.py): libgomp reads the policy when torch loads it
 wait_passively()
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist each worker takes its share of the cores for OpenMP (torch's
+    ops and the daemons a test starts, which inherit the variable), rather than each
+    running as many threads as there are cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+
+
+_share_the_cores()
+
 import torch  # noqa: E402
 
 # Triton reads TRITON_INTERPRET when it is first imported, and the conftest below imports
