@@ -51,33 +51,42 @@ def _check_weight(weight: torch.Tensor, D: int) -> None:
                          f"{weight.dtype} {tuple(weight.shape)}")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
-             ) -> torch.Tensor:
-    """x [..., D] / rms * (weight + offset): a new tensor."""
+def _out(out: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32)
+    if out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"an output of {shape} contiguous fp32 values, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., D] / rms * (weight + offset), into `out` (x's shape) or a new tensor."""
     rows, D = _rows(x)
     _check_weight(weight, D)
-    out = torch.empty_like(x)
+    out = _out(out, x.shape)
     library.lib.ckn_rms_norm(x.data_ptr(), weight.data_ptr(), offset, eps, rows, D,
                              out.data_ptr())
     return out
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float = 0.0) -> torch.Tensor:
-    """x += delta (in place), then rms_norm(x)."""
+                 offset: float = 0.0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x += delta (in place), then rms_norm(x) (into `out` when given)."""
     rows, D = _rows(x)
     if _rows(delta) != (rows, D):
         raise ValueError(f"delta {tuple(delta.shape)} for x {tuple(x.shape)}")
     _check_weight(weight, D)
-    out = torch.empty_like(x)
+    out = _out(out, x.shape)
     library.lib.ckn_add_rms_norm(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), offset,
                                  eps, rows, D, out.data_ptr())
     return out
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [..., 2 I] = [gate | up] -> silu(gate) * up [..., I]."""
+def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gate_up [..., 2 I] = [gate | up] -> silu(gate) * up [..., I] (into `out`)."""
     rows, two_i = _rows(gate_up)
-    out = torch.empty(*gate_up.shape[:-1], two_i // 2, dtype=torch.float32)
+    out = _out(out, (*gate_up.shape[:-1], two_i // 2))
     library.lib.ckn_silu_mul(gate_up.data_ptr(), rows, two_i // 2, out.data_ptr())
     return out

@@ -18,7 +18,7 @@ tests/model/test_decode_cpu.py holds this one to (fp32, within 1e-5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,7 +34,8 @@ _F32 = torch.float32
 
 @dataclass
 class DecodeStep:
-    """A decode step's shared arguments, as the C calls read them."""
+    """A decode step's shared arguments, as the C calls read them, and the buffers its
+    layers reuse (each layer's values are used up before the next layer writes them)."""
     memory: torch.Tensor     # the KV pool, head-major [n_attn, 2, Hkv, P * B, D]
     cos: torch.Tensor        # fp32 [N, rotary_dim], contiguous
     sin: torch.Tensor
@@ -43,14 +44,17 @@ class DecodeStep:
     lens: torch.Tensor       # int32 [N]: keys each token sees (its own included)
     block_size: int
     splits: int              # runs of pages per (sequence, kv head)
+    buffers: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, batch: StepBatch, kv: torch.Tensor | None, cos: torch.Tensor,
-              sin: torch.Tensor) -> DecodeStep | None:
-        """The step's arguments, or None where this path does not apply."""
+    def build(cls, batch: StepBatch, x: torch.Tensor, kv: torch.Tensor | None,
+              cos: torch.Tensor, sin: torch.Tensor) -> DecodeStep | None:
+        """The step's arguments for the residual stream x, or None where this path does
+        not apply."""
         varlen = batch.varlen
         if (not varlen.decode_only or batch.mrope is not None or kv is None
                 or kv.device.type != "cpu" or kv.dtype != _F32 or cos.dtype != _F32
+                or x.dtype != _F32 or not x.is_contiguous()
                 or dispatch.MODE == "torch" or dispatch.use_triton(kv)):
             return None
         memory = layout.head_major(kv)
@@ -67,6 +71,13 @@ class DecodeStep:
                    varlen.page_tables.contiguous(), torch.tensor(lens, dtype=torch.int32),
                    B, splits)
 
+    def buffer(self, name: str, *shape: int) -> torch.Tensor:
+        """An fp32 tensor of `shape` for `name`, the same one for every layer that asks."""
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self.buffers[name] = torch.empty(shape, dtype=_F32)
+        return buf
+
 
 def applies(attn: Attention) -> bool:
     """Whether a layer's attention is the plain kind this path computes."""
@@ -76,17 +87,23 @@ def applies(attn: Attention) -> bool:
 
 
 def decoder_layer(layer, x: torch.Tensor, step: DecodeStep) -> torch.Tensor:
-    """DecoderLayer.forward (model/arch/decoder.py) of a decode step: x [N, hidden] fp32
-    (not modified). Returns the layer's output, a new tensor."""
+    """DecoderLayer.forward (model/arch/decoder.py) of a decode step: x [N, hidden] fp32,
+    contiguous, the model's residual stream, which it updates in place and returns."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    h = norm_cpu.rms_norm(x, norm1.weight, norm1.eps, norm1.offset)
-    a = attn_cpu.decode_step(attn.qkv(h).contiguous(), step.memory, attn.attn_index,
-                             step.cos, step.sin, step.kv_index, step.tables, step.lens,
-                             (attn.h, attn.hkv), attn.scale, step.block_size, step.splits)
-    x = x.clone()
+    N, H = x.shape
+    h = norm_cpu.rms_norm(x, norm1.weight, norm1.eps, norm1.offset,
+                          out=step.buffer("h", N, H))
+    heads, D = (attn.h, attn.hkv), attn.d
+    a = attn_cpu.decode_step(
+        attn.qkv(h).contiguous(), step.memory, attn.attn_index, step.cos, step.sin,
+        step.kv_index, step.tables, step.lens, heads, attn.scale, step.block_size,
+        step.splits, out=step.buffer("attn", N, attn.h * D),
+        scratch=step.buffer("scratch", attn_cpu.decode_scratch(N, heads, D, step.splits)))
     h = norm_cpu.add_rms_norm(x, attn.out(a).contiguous(), norm2.weight, norm2.eps,
-                              norm2.offset)
+                              norm2.offset, out=h)
     if isinstance(mlp, MLP) and mlp.gate_up is not None:
-        return x.add_(mlp.down(norm_cpu.silu_and_mul(mlp.gate_up(h).contiguous())))
+        gu = mlp.gate_up(h).contiguous()
+        act = norm_cpu.silu_and_mul(gu, out=step.buffer("act", N, gu.shape[1] // 2))
+        return x.add_(mlp.down(act))
     return x.add_(mlp(h))

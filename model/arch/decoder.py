@@ -40,7 +40,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext,
                 decode: decode_cpu.DecodeStep | None = None) -> torch.Tensor:
         """decode: a CPU decode step's shared arguments, where its fused path applies
-        (model/arch/decode_cpu.py); a plain attention layer then takes it."""
+        (model/arch/decode_cpu.py); a plain attention layer then takes it, and updates
+        the residual stream x in place."""
         if decode is not None and self.kind == "full_attention" \
                 and decode_cpu.applies(self.self_attn):
             return decode_cpu.decoder_layer(self, x, decode)
@@ -118,7 +119,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(batch.input_ids)
         if batch.images is not None:      # image placeholders: the vision encoder's rows
             x = x.index_copy(0, batch.images.index, batch.images.values.to(x.dtype))
-        decode = decode_cpu.DecodeStep.build(batch, state.kv, ctx.cos, ctx.sin)
+        decode = decode_cpu.DecodeStep.build(batch, x, state.kv, ctx.cos, ctx.sin)
         for layer in self.model.layers:
             x = layer(x, ctx, decode)
         x = self.model.norm(x[batch.logits_index])
