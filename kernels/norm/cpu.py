@@ -53,7 +53,7 @@ def _check_weight(weight: torch.Tensor, D: int) -> None:
 
 def _out(out: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
     if out is None:
-        return torch.empty(shape, dtype=torch.float32)
+        return torch.empty(shape, dtype=torch.float32, device="cpu")   # not a meta default
     if out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"an output of {shape} contiguous fp32 values, got "
                          f"{out.dtype} {tuple(out.shape)}")

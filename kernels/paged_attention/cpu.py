@@ -119,9 +119,10 @@ def decode_step(qkv: torch.Tensor, memory: torch.Tensor, layer: int, cos: torch.
     Hq, Hkv = heads
     N, D = qkv.shape[0], memory.shape[-1]
     if out is None:
-        out = torch.empty(N, Hq * D, dtype=torch.float32)
+        out = torch.empty(N, Hq * D, dtype=torch.float32, device=qkv.device)
     if scratch is None:
-        scratch = torch.empty(decode_scratch(N, heads, D, splits), dtype=torch.float32)
+        scratch = torch.empty(decode_scratch(N, heads, D, splits), dtype=torch.float32,
+                              device=qkv.device)
     q = scratch.data_ptr()
     work = q + N * Hq * D * 4
     k = memory.data_ptr() + layer * memory.stride(0) * 4       # no views: a step asks

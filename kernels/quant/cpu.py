@@ -61,7 +61,7 @@ def _scratch(n: int) -> torch.Tensor:
     multiplies ~100 times, and the rows are scratch, read only after written."""
     buf = getattr(_local, "scratch", None)
     if buf is None or buf.numel() < n:
-        buf = _local.scratch = torch.empty(n, dtype=torch.float32)
+        buf = _local.scratch = torch.empty(n, dtype=torch.float32, device="cpu")
     return buf
 
 

@@ -30,6 +30,8 @@ from ckptd.model.arch.layers import MLP, Attention
 from ckptd.model.batch import StepBatch
 
 _F32 = torch.float32
+# by name: under a meta default device a bare torch.empty hands the C code a null pointer
+_CPU = torch.device("cpu")
 
 
 @dataclass
@@ -68,14 +70,14 @@ class DecodeStep:
         splits = attn_cpu.decode_splits(varlen.n, max(lens), memory.shape[2], B,
                                         torch.get_num_threads())
         return cls(memory, cos.contiguous(), sin.contiguous(), batch.kv_index.contiguous(),
-                   varlen.page_tables.contiguous(), torch.tensor(lens, dtype=torch.int32),
-                   B, splits)
+                   varlen.page_tables.contiguous(),
+                   torch.tensor(lens, dtype=torch.int32, device=_CPU), B, splits)
 
     def buffer(self, name: str, *shape: int) -> torch.Tensor:
         """An fp32 tensor of `shape` for `name`, the same one for every layer that asks."""
         buf = self.buffers.get(name)
         if buf is None or buf.shape != shape:
-            buf = self.buffers[name] = torch.empty(shape, dtype=_F32)
+            buf = self.buffers[name] = torch.empty(shape, dtype=_F32, device=_CPU)
         return buf
 
 
