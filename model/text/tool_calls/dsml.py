@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, schema_content
+from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, scan_tagged, schema_content
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member
 
@@ -81,44 +81,24 @@ class Dsml(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        start, close = f"<{D}{self.block}>", f"</{D}{self.block}>"
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            i = text.find(start, pos)
-            if i < 0:
-                tail = text[pos:]
-                content.append(tail[:len(tail) - held(tail, start)] if partial else tail)
-                break
-            content.append(text[pos:i])
-            j, found = i + len(start), []
+        close = f"</{D}{self.block}>"
+
+        def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
+            found: list[ToolCall] = []
             try:
                 while True:
                     k = skip_ws(text, j)
                     if text.startswith(close, k):
-                        j = k + len(close)
-                        break
+                        return found, k + len(close)
                     if close.startswith(text[k:]):      # (also: nothing after it yet)
-                        raise Incomplete(None)
+                        # with its invokes written, only the closing mark is missing
+                        return found, (len(text) if found else None)
                     call, j = _invoke(text, k, schemas)
                     found.append(call)
-            except ValueError:              # no call after all: the block is text
-                content.append(text[i:i + len(start)])
-                pos = i + len(start)
-                continue
-            except Incomplete as e:         # the text ends inside the block
+            except Incomplete as e:         # the text ends inside an invoke
                 so_far = e.args[0] if e.args else None
-                if partial:
-                    calls += found + ([so_far] if so_far is not None else [])
-                elif found and so_far is None:
-                    calls += found          # only the closing mark is missing
-                else:
-                    content.append(text[i:])    # cut off: its text stays text
-                break
-            calls += found
-            pos = j
-        return "".join(content), calls
+                return found + ([so_far] if so_far is not None else []), None
+        return scan_tagged(text, partial, f"<{D}{self.block}>", read)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{INVOKE}{name}">\n',
