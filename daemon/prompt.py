@@ -44,7 +44,7 @@ from ckptd.model.runner import Runner
 from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.model.text.tool_calls import generic
 from ckptd.model.text.tool_calls.detect import ToolSyntax, detect
-from ckptd.model.text.tool_calls.reasoning import uses_thinking
+from ckptd.model.text.tool_calls.reasoning import THINK, marks_of
 
 # between the other files of an /infill request when the vocabulary has no file separator
 _SNIPPET = "\n\n--- snippet ---\n\n"
@@ -135,7 +135,9 @@ class PromptBuilder:
             src = self.tokenizer.chat_template
             render = lambda msgs, tools: self.tokenizer.apply_chat_template(   # noqa: E731
                 msgs, True, **self._variables(tools, None))
-            self._syntax = replace(detect(render), thinking=uses_thinking(src))
+            marks = marks_of(src)
+            self._syntax = replace(detect(render), thinking=marks is not None,
+                                   marks=marks or THINK)
         return self._syntax
 
     def context_tokens(self, ctx: Context) -> list[int]:

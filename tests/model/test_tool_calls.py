@@ -9,6 +9,7 @@ import random
 import pytest
 
 from ckptd.model.text.tool_calls.detect import FORMATS
+from ckptd.model.text.tool_calls.reasoning import APRIEL, Marks, opens_thinking
 from ckptd.model.text.tool_calls.reply import Delta, ReplyParser, ReplySpec
 
 SCHEMAS = {"get_weather": {"type": "object", "properties": {
@@ -181,6 +182,51 @@ def test_thinking_goes_to_reasoning(open_at_start):
     assert _calls(whole) == [("ping", {})]
     got = _stream(spec, text, random.Random(1))
     assert got["reasoning"] == "first, the city." and got["content"] == ""
+
+
+# Thinking blocks in other marks than <think>, each before a call of its template's
+# format: (format, marks, whether the prompt opened the block, the answer)
+OTHER_THINKING = [
+    ("command_r7b", Marks("<|START_THINKING|>", "<|END_THINKING|>"), True,
+     'first, the city.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", '
+     '"tool_name": "ping", "parameters": {}}]<|END_ACTION|>'),
+    ("command_r7b", Marks("<|START_THINKING|>", "<|END_THINKING|>"), False,
+     '<|START_THINKING|>first, the city.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": '
+     '"0", "tool_name": "ping", "parameters": {}}]<|END_ACTION|>'),
+    ("mistral", Marks("[THINK]", "[/THINK]"), False,
+     "[THINK]first, the city.[/THINK][TOOL_CALLS]ping[ARGS]{}"),
+    ("apriel", APRIEL, False,
+     'first, the city.\n[BEGIN FINAL RESPONSE]\n<tool_calls>[{"name": "ping", '
+     '"arguments": {}}]</tool_calls>'),
+]
+
+
+@pytest.mark.parametrize("fmt,marks,opened,text", OTHER_THINKING)
+def test_other_thinking_marks_go_to_reasoning(fmt, marks, opened, text):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS, thinking=True,
+                     open_thinking=opened or opens_thinking("", marks), marks=marks)
+    whole = spec.parse(text)
+    assert whole.reasoning == "first, the city." and whole.content == ""
+    assert _calls(whole) == [("ping", {})]
+    for seed in range(10):
+        got = _stream(spec, text, random.Random(seed))
+        assert got["reasoning"] == "first, the city." and got["content"] == "", seed
+
+
+def test_apriel_answer_without_calls_after_its_reasoning():
+    spec = ReplySpec(None, thinking=True, open_thinking=True, marks=APRIEL)
+    got = spec.parse("Two and two.\n[BEGIN FINAL RESPONSE]\nFour.")
+    assert (got.reasoning, got.content) == ("Two and two.", "Four.")
+
+
+@pytest.mark.parametrize("fmt,marks,opened,text", OTHER_THINKING)
+def test_required_grammar_after_other_thinking_marks(fmt, marks, opened, text):
+    from ckptd.model.text.tool_calls.constrain import structural_tag
+    open_at_start = opened or opens_thinking("", marks)
+    src = structural_tag(FORMATS[fmt], TOOLS, "required", None, False, open_at_start, True,
+                         marks=marks)
+    assert _accepts(src, text)
+    assert not _accepts(src, text.replace(marks.close, "</think>"))
 
 
 @pytest.mark.parametrize("fmt,text", [

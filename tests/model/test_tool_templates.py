@@ -13,6 +13,7 @@ import pytest
 
 from ckptd.model.text.chat import render_chat
 from ckptd.model.text.tool_calls.detect import detect
+from ckptd.model.text.tool_calls.reasoning import APRIEL, THINK, marks_of, opens_thinking
 from ckptd.tools import llama_suite
 
 # template -> format; None: its calls are in a syntax of none of ckptd's formats
@@ -119,3 +120,29 @@ def test_format_per_template_family(llama_templates, name):
     assert got == EXPECTED[name]
     if got is None:                  # refused with what the template writes, as a hint
         assert syntax.shows_tools
+
+
+# Thinking marks other than <think>, as llama.cpp's parsers read them (common/chat.cpp,
+# common/parsers/): template -> (opening, closing mark), whether its prompt opens it
+OTHER_THINKING = {
+    "Cohere2MoE": (("<|START_THINKING|>", "<|END_THINKING|>"), True),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": (
+        ("<|START_THINKING|>", "<|END_THINKING|>"), False),
+    "mistralai-Ministral-3-14B-Reasoning-2512": (("[THINK]", "[/THINK]"), False),
+    "Apriel-1.6-15b-Thinker-fixed": (("", "[BEGIN FINAL RESPONSE]"), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_thinking_marks_per_template(llama_templates, name):
+    source = (llama_templates / f"{name}.jinja").read_text()
+    marks = marks_of(source)
+    if name in OTHER_THINKING:
+        (open_mark, close_mark), opened = OTHER_THINKING[name]
+        assert (marks.open, marks.close) == (open_mark, close_mark)
+        prompt = _render(source)([{"role": "user", "content": "hi"}], [])
+        assert opens_thinking(prompt, marks) == opened
+    elif "</think>" in source:
+        assert marks == THINK
+    else:                   # Apriel 1.5 only asks for the final response's mark
+        assert marks is None and (APRIEL.close not in source or name == "unsloth-Apriel-1.5")

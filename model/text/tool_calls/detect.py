@@ -30,6 +30,7 @@ from ckptd.model.text.tool_calls.json_list import (
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
+from ckptd.model.text.tool_calls.reasoning import THINK, Marks
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
@@ -78,6 +79,7 @@ class ToolSyntax:
     string_arguments: bool = False
     sample: str = ""
     thinking: bool = False      # answers may open with a thinking block
+    marks: Marks = THINK        # ... written in these marks
 
 
 def _conversation(arguments: object) -> list[dict]:
