@@ -53,6 +53,13 @@ FORMATS = {
     "seed_oss": ("ByteDance-Seed-OSS",
                  "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
                  "</function>\n</seed:tool_call>"),
+    "kimi_k2": ("moonshotai-Kimi-K2",
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+                "<|tool_calls_section_end|>"),
+    "minimax_m2": ("MiniMax-M2",
+                   '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
+                   "Paris</parameter>\n</invoke>\n</minimax:tool_call>"),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance

@@ -95,6 +95,21 @@ CASES = [
                     'name="zip" string="true">007</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
                     '</｜DSML｜tool_calls>', "", [("get_weather", {"zip": "007"})]),
     ("deepseek_v4", "About <｜DSML｜tool_calls> tags.", "About <｜DSML｜tool_calls> tags.", []),
+    ("minimax_m2", 'Checking.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+                   '<parameter name="city">a <b> "c"</parameter>\n<parameter name="days">3'
+                   '</parameter>\n<parameter name="zip">007</parameter>\n</invoke>\n'
+                   '<invoke name="ping">\n</invoke>\n</minimax:tool_call>',
+     "Checking.", [("get_weather", {"city": 'a <b> "c"', "days": 3, "zip": "007"}),
+                   ("ping", {})]),
+    ("kimi_k2", "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+                "<|tool_call_begin|>functions.ping:1<|tool_call_argument_begin|>{}"
+                "<|tool_call_end|><|tool_calls_section_end|>",
+     "Checking.", [("get_weather", {"city": "Paris", "days": 3}), ("ping", {})]),
+    ("kimi_k2", "The <|tool_calls_section_begin|> mark.", "The <|tool_calls_section_begin|> mark.",
+     []),
+    ("minimax_m2", "About <minimax:tool_call> and <invoke name=\"x\">.",
+     "About <minimax:tool_call> and <invoke name=\"x\">.", []),
     ("gigachat_v3_1", 'Checking.<|function_call|>{"name": "get_weather", "arguments": '
                       '{"city": "Paris", "days": 3}}',
      "Checking.", [("get_weather", {"city": "Paris", "days": 3})]),
@@ -246,6 +261,9 @@ def test_required_grammar_after_other_thinking_marks(fmt, marks, opened, text):
     ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n'
                     '</｜DSML｜tool_calls>'),
     ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}'),
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.rm_rf:0"
+                "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"),
+    ("minimax_m2", '<minimax:tool_call>\n<invoke name="rm_rf">\n</invoke>\n</minimax:tool_call>'),
     ("seed_oss", "<seed:tool_call>\n<function=rm_rf>\n</function>\n</seed:tool_call>")])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
@@ -266,6 +284,9 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
 
 PING = '{"name": "ping", "arguments": {}}'
 DS_PING = '<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
+KIMI, KIMI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KIMI_PING = "<|tool_call_begin|>functions.ping:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+MM_PING = '<invoke name="ping">\n</invoke>\n'
 R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
 
 
@@ -287,6 +308,9 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
      f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>"),
     ("gigachat_v3_1", f"<|function_call|>{PING}", None),
     ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None),
+    ("kimi_k2", f"{KIMI}{KIMI_PING}{KIMI_END}", f"{KIMI}{KIMI_PING}{KIMI_PING}{KIMI_END}"),
+    ("minimax_m2", f"<minimax:tool_call>\n{MM_PING}</minimax:tool_call>",
+     f"<minimax:tool_call>\n{MM_PING}{MM_PING}</minimax:tool_call>"),
     ("seed_oss", "<seed:tool_call>\n<function=ping>\n\n</function>\n</seed:tool_call>", None)])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
@@ -301,4 +325,7 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
     assert _accepts(one, call) and not _accepts(one, twice)
     thinking = structural_tag(f, TOOLS, "required", None, False, True, True)
     assert _accepts(thinking, "let me see</think>\n\n" + call)
+    closed = structural_tag(f, TOOLS, "required", None, False, True, False)   # thinking off
+    assert _accepts(closed, "</think>\n\n" + call)
+    assert not _accepts(closed, "let me see</think>\n\n" + call)
     assert structural_tag(f, TOOLS, "auto", None, True, False, False) is None

@@ -9,7 +9,8 @@ held to the function's JSON schema.
   triggered tags, a decode step's time again on the CPU: auto answers are read, not
   constrained, as vLLM's.)
 
-A template whose answer starts inside a thinking block may finish thinking first."""
+A template whose answer starts inside a thinking block may finish thinking first, or,
+with thinking turned off, closes it at once (MiniMax-M2's prompt opens one always)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def structural_tag(fmt: ToolFormat, tools: list[dict], choice: str, named: str |
     think = {"type": "tag", "begin": "" if open_thinking else marks.open,
              "content": {"type": "any_text"}, "end": marks.close}
     ws = {"type": "regex", "pattern": r"\s*"}
-    if open_thinking:
-        body = {"type": "sequence", "elements": [think, ws, body]}
+    if open_thinking:       # (thinking turned off: the block the prompt opened is closed)
+        first = think if thinking else {"type": "const_string", "value": marks.close}
+        body = {"type": "sequence", "elements": [first, ws, body]}
     elif thinking:
         body = {"type": "sequence", "elements": [
             {"type": "optional", "content": {"type": "sequence", "elements": [think, ws]}},

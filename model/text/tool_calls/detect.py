@@ -3,7 +3,7 @@ with one past call of a probe tool is rendered, and the shape the template write
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
 message; one that writes calls in a syntax of none of these formats (Mistral
-Nemo's [TOOL_CALLS] list, MiniMax's invokes, GPT-OSS's channels, Kimi's sections...) has no format
+Nemo's [TOOL_CALLS] list, GPT-OSS's channels...) has no format
 here: tools are refused with it rather than read wrong.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32
+from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32, MiniMaxM2
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
@@ -27,6 +27,7 @@ from ckptd.model.text.tool_calls.json_list import (
     FireFunctionV2,
     NemotronV2,
 )
+from ckptd.model.text.tool_calls.kimi import KimiK2
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
@@ -36,7 +37,7 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
-                               Generic())}
+                               MiniMaxM2(), KimiK2(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -58,6 +59,10 @@ _SHAPES = [
                     r'"ckptd_probe_tool",\s*"parameters":'),
     ("deepseek_v3_2", r'<｜DSML｜function_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
     ("deepseek_v4", r'<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
+    ("kimi_k2", r"<\|tool_calls_section_begin\|>\s*<\|tool_call_begin\|>\s*"
+                r"functions\.ckptd_probe_tool:\d+\s*<\|tool_call_argument_begin\|>"),
+    ("minimax_m2", r'<minimax:tool_call>\s*<invoke name="ckptd_probe_tool">\s*'
+                   r'<parameter name="probe_arg">'),
     ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'
                     r'"ckptd_probe_tool",\s*"arguments":'),
     ("gigachat_v3_1", r'<\|function_call\|>\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
