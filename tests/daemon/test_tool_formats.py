@@ -53,6 +53,9 @@ FORMATS = {
     "seed_oss": ("ByteDance-Seed-OSS",
                  "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
                  "</function>\n</seed:tool_call>"),
+    "gpt_oss": ("openai-gpt-oss-120b",
+                "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+                '{"city": "Paris"}<|call|>'),
     "kimi_k2": ("moonshotai-Kimi-K2",
                 "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                 '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'

@@ -108,6 +108,14 @@ CASES = [
      "Checking.", [("get_weather", {"city": "Paris", "days": 3}), ("ping", {})]),
     ("kimi_k2", "The <|tool_calls_section_begin|> mark.", "The <|tool_calls_section_begin|> mark.",
      []),
+    ("gpt_oss", "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>"
+                'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+                "<|call|><|start|>assistant to=functions.ping<|channel|>commentary json"
+                "<|message|>{}<|call|>",
+     "Checking.", [("get_weather", {"city": "Paris"}), ("ping", {})]),
+    ("gpt_oss", "<|channel|>final<|message|>It is {sunny}.<|return|>", "It is {sunny}.", []),
+    ("gpt_oss", "No harmony at all, to=functions.ping.", "No harmony at all, to=functions.ping.",
+     []),
     ("minimax_m2", "About <minimax:tool_call> and <invoke name=\"x\">.",
      "About <minimax:tool_call> and <invoke name=\"x\">.", []),
     ("gigachat_v3_1", 'Checking.<|function_call|>{"name": "get_weather", "arguments": '
@@ -210,6 +218,9 @@ OTHER_THINKING = [
      '"0", "tool_name": "ping", "parameters": {}}]<|END_ACTION|>'),
     ("mistral", Marks("[THINK]", "[/THINK]"), False,
      "[THINK]first, the city.[/THINK][TOOL_CALLS]ping[ARGS]{}"),
+    ("gpt_oss", Marks("<|channel|>analysis<|message|>", "<|end|>"), False,
+     "<|channel|>analysis<|message|>first, the city.<|end|><|start|>assistant<|channel|>"
+     "commentary to=functions.ping <|constrain|>json<|message|>{}<|call|>"),
     ("apriel", APRIEL, False,
      'first, the city.\n[BEGIN FINAL RESPONSE]\n<tool_calls>[{"name": "ping", '
      '"arguments": {}}]</tool_calls>'),
@@ -263,6 +274,7 @@ def test_required_grammar_after_other_thinking_marks(fmt, marks, opened, text):
     ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}'),
     ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.rm_rf:0"
                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"),
+    ("gpt_oss", "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{}<|call|>"),
     ("minimax_m2", '<minimax:tool_call>\n<invoke name="rm_rf">\n</invoke>\n</minimax:tool_call>'),
     ("seed_oss", "<seed:tool_call>\n<function=rm_rf>\n</function>\n</seed:tool_call>")])
 def test_a_call_of_no_tool_is_content(fmt, text):
@@ -286,6 +298,7 @@ PING = '{"name": "ping", "arguments": {}}'
 DS_PING = '<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
 KIMI, KIMI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 KIMI_PING = "<|tool_call_begin|>functions.ping:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+GPT_PING = "<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{}<|call|>"
 MM_PING = '<invoke name="ping">\n</invoke>\n'
 R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
 
@@ -309,6 +322,7 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
     ("gigachat_v3_1", f"<|function_call|>{PING}", None),
     ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None),
     ("kimi_k2", f"{KIMI}{KIMI_PING}{KIMI_END}", f"{KIMI}{KIMI_PING}{KIMI_PING}{KIMI_END}"),
+    ("gpt_oss", GPT_PING, f"{GPT_PING}<|start|>assistant{GPT_PING}"),
     ("minimax_m2", f"<minimax:tool_call>\n{MM_PING}</minimax:tool_call>",
      f"<minimax:tool_call>\n{MM_PING}{MM_PING}</minimax:tool_call>"),
     ("seed_oss", "<seed:tool_call>\n<function=ping>\n\n</function>\n</seed:tool_call>", None)])

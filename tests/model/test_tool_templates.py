@@ -79,7 +79,7 @@ EXPECTED = {
     "mistralai-Mistral-Nemo-Instruct-2407": None,
     "moonshotai-Kimi-K2": "kimi_k2",
     "muse-glimmer": None,
-    "openai-gpt-oss-120b": None,
+    "openai-gpt-oss-120b": "gpt_oss",
     "openbmb-MiniCPM5-1B": None,
     "poolside-Laguna-S-2.1": "generic",
     "poolside-Laguna-XS-2.1": "generic",
@@ -130,6 +130,7 @@ OTHER_THINKING = {
         ("<|START_THINKING|>", "<|END_THINKING|>"), False),
     "mistralai-Ministral-3-14B-Reasoning-2512": (("[THINK]", "[/THINK]"), False),
     "Apriel-1.6-15b-Thinker-fixed": (("", "[BEGIN FINAL RESPONSE]"), True),
+    "openai-gpt-oss-120b": (("<|channel|>analysis<|message|>", "<|end|>"), False),
 }
 
 

@@ -3,7 +3,7 @@ with one past call of a probe tool is rendered, and the shape the template write
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
 message; one that writes calls in a syntax of none of these formats (Mistral
-Nemo's [TOOL_CALLS] list, GPT-OSS's channels...) has no format
+Nemo's [TOOL_CALLS] list, Gemma 4's...) has no format
 here: tools are refused with it rather than read wrong.
 """
 
@@ -20,6 +20,7 @@ from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
 from ckptd.model.text.tool_calls.glm import Glm
+from ckptd.model.text.tool_calls.harmony import Harmony
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.json_list import (
     Apriel,
@@ -37,7 +38,8 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
-                               MiniMaxM2(), KimiK2(), Generic())}
+                               MiniMaxM2(), KimiK2(), Harmony(),
+                               Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -61,6 +63,8 @@ _SHAPES = [
     ("deepseek_v4", r'<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
     ("kimi_k2", r"<\|tool_calls_section_begin\|>\s*<\|tool_call_begin\|>\s*"
                 r"functions\.ckptd_probe_tool:\d+\s*<\|tool_call_argument_begin\|>"),
+    ("gpt_oss", r"to=functions\.ckptd_probe_tool\s*<\|channel\|>commentary[^<]*<\|message\|>"
+                r'\{"probe_arg"'),
     ("minimax_m2", r'<minimax:tool_call>\s*<invoke name="ckptd_probe_tool">\s*'
                    r'<parameter name="probe_arg">'),
     ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'

@@ -1,11 +1,11 @@
 """Thinking blocks: a block of reasoning at the start of an answer is sent as
 `reasoning_content` (llama-server's default reasoning format), in the marks its chat
 template writes: `<think>...</think>` (Qwen3, DeepSeek-R1...), Cohere's
-`<|START_THINKING|>...<|END_THINKING|>`, Mistral's `[THINK]...[/THINK]`, and Apriel
-1.6's, which has no opening mark: its answer is reasoning up to `[BEGIN FINAL RESPONSE]`
-(as llama.cpp's chat parsers read them). A template that opens the block in the prompt
-(Qwen3.5, DeepSeek-R1 and Cohere2 end it with the opening mark) starts the answer
-inside it."""
+`<|START_THINKING|>...<|END_THINKING|>`, Mistral's `[THINK]...[/THINK]`, GPT-OSS's
+analysis message, and Apriel 1.6's, which has no opening mark: its answer is reasoning
+up to `[BEGIN FINAL RESPONSE]` (as llama.cpp's chat parsers read them). A template
+that opens the block in the prompt (Qwen3.5, DeepSeek-R1 and Cohere2 end it with the
+opening mark) starts the answer inside it."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ class Marks:
 THINK = Marks("<think>", "</think>")
 # Each is known by its closing mark in the template's source
 _MARKS = (THINK, Marks("<|START_THINKING|>", "<|END_THINKING|>"), Marks("[THINK]", "[/THINK]"))
+# GPT-OSS's analysis message (harmony.py), known by its opening (others end turns with <|end|>)
+HARMONY = Marks("<|channel|>analysis<|message|>", "<|end|>")
 # Apriel 1.6 writes a past answer's reasoning_content before this mark (Apriel 1.5 only
 # asks for it in a system prompt, and llama.cpp reads no reasoning there either)
 APRIEL = Marks("", "[BEGIN FINAL RESPONSE]")
@@ -35,6 +37,8 @@ def marks_of(template: str | None) -> Marks | None:
     """The thinking marks a chat template writes; None: it has no thinking blocks."""
     if not template:
         return None
+    if HARMONY.open in template:
+        return HARMONY
     for m in _MARKS:
         if m.close in template:
             return m
