@@ -41,6 +41,10 @@ FORMATS = {
                     "</TOOLCALL>"),
     "mistral": ("unsloth-mistral-Devstral-Small-2507",
                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
+    # its template takes only 9-character ids: the round trips' call_/toolu_ ids get them
+    "mistral_nemo": ("mistralai-Mistral-Nemo-Instruct-2407",
+                     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
+                     '"id": "'),
     "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use",
                     '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
                     '"parameters": {"city": "Paris"}}\n]<|END_ACTION|>'),

@@ -76,7 +76,7 @@ EXPECTED = {
     "meta-llama-Llama-3.3-70B-Instruct": "llama3",
     "microsoft-Phi-3.5-mini-instruct": "generic",
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral",
-    "mistralai-Mistral-Nemo-Instruct-2407": None,
+    "mistralai-Mistral-Nemo-Instruct-2407": "mistral_nemo",
     "moonshotai-Kimi-K2": "kimi_k2",
     "muse-glimmer": None,
     "openai-gpt-oss-120b": "gpt_oss",
@@ -89,6 +89,9 @@ EXPECTED = {
     "unsloth-mistral-Devstral-Small-2507": "mistral",
     "upstage-Solar-Open-100B": None,
 }
+
+
+SHORT_IDS = {"mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506"}
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +121,8 @@ def test_format_per_template_family(llama_templates, name):
     syntax = detect(_render((llama_templates / f"{name}.jinja").read_text()))
     got = syntax.fmt.name if syntax.fmt is not None else None
     assert got == EXPECTED[name]
+    # Mistral's templates that refuse ids other than 9 letters or digits get such ids
+    assert syntax.short_ids == (name in SHORT_IDS)
     if got is None:                  # refused with what the template writes, as a hint
         assert syntax.shows_tools
 

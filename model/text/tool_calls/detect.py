@@ -2,8 +2,8 @@
 with one past call of a probe tool is rendered, and the shape the template writes that
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
-message; one that writes calls in a syntax of none of these formats (Mistral
-Nemo's [TOOL_CALLS] list, Gemma 4's...) has no format
+message; one that writes calls in a syntax of none of these formats (Gemma 4's,
+Kimi K3's...) has no format
 here: tools are refused with it rather than read wrong.
 """
 
@@ -26,6 +26,7 @@ from ckptd.model.text.tool_calls.json_list import (
     Apriel,
     CommandR7B,
     FireFunctionV2,
+    MistralNemo,
     NemotronV2,
 )
 from ckptd.model.text.tool_calls.kimi import KimiK2
@@ -38,11 +39,12 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
-                               MiniMaxM2(), KimiK2(), Harmony(),
+                               MiniMaxM2(), KimiK2(), Harmony(), MistralNemo(),
                                Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
+_LONG_ID = "call_0123456789abcdef01234567"  # as ckptd gives calls
 _TOOL = {"type": "function", "function": {
     "name": PROBE, "description": "a probe", "parameters": {
         "type": "object", "properties": {"probe_arg": {"type": "string"}}}}}
@@ -70,6 +72,7 @@ _SHAPES = [
     ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'
                     r'"ckptd_probe_tool",\s*"arguments":'),
     ("gigachat_v3_1", r'<\|function_call\|>\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("mistral_nemo", r'\[TOOL_CALLS\]\s*\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
@@ -87,16 +90,17 @@ class ToolSyntax:
     shows_tools: bool
     string_arguments: bool = False
     sample: str = ""
+    short_ids: bool = False     # it takes only 9-character call ids (Mistral's)
     thinking: bool = False      # answers may open with a thinking block
     marks: Marks = THINK        # ... written in these marks
 
 
-def _conversation(arguments: object) -> list[dict]:
+def _conversation(arguments: object, call_id: str = _ID) -> list[dict]:
     return [{"role": "user", "content": "hi"},
             {"role": "assistant", "content": "", "tool_calls": [{
-                "id": _ID, "type": "function",
+                "id": call_id, "type": "function",
                 "function": {"name": PROBE, "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": _ID, "name": PROBE, "content": "probe_result"}]
+            {"role": "tool", "tool_call_id": call_id, "name": PROBE, "content": "probe_result"}]
 
 
 def _try(render: Render, messages: list[dict], tools: list[dict]) -> str | None:
@@ -112,9 +116,11 @@ def detect(render: Render) -> ToolSyntax:
     text, as_string = _try(render, _conversation(_ARGS), [_TOOL]), False
     if text is None:            # some templates concatenate the arguments as text
         text, as_string = _try(render, _conversation(json.dumps(_ARGS)), [_TOOL]), True
+    args = json.dumps(_ARGS) if as_string else _ARGS
+    short_ids = text is not None and _try(render, _conversation(args, _LONG_ID), [_TOOL]) is None
     for name, shape in _SHAPES:
         if text is not None and re.search(shape, text):
-            return ToolSyntax(FORMATS[name], True, as_string)
+            return ToolSyntax(FORMATS[name], True, as_string, short_ids=short_ids)
     at = (text or "").rfind(PROBE)
     sample = text[max(0, at - 40):at + 60] if at >= 0 else ""
-    return ToolSyntax(None, True, as_string, sample)
+    return ToolSyntax(None, True, as_string, sample, short_ids=short_ids)

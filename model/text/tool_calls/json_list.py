@@ -5,6 +5,8 @@ before it:
   {...}}, ...]`, no closing mark;
 - ServiceNow's Apriel 1.5 / 1.6: `<tool_calls>[...]</tool_calls>` (the model may add an
   "id" to each call: it is not read);
+- Mistral Nemo: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]` (the id,
+  9 letters or digits, is not read);
 - NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`;
 - Cohere's Command R7B and Command A (Cohere2): `<|START_ACTION|>[{"tool_call_id": "0",
   "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`.
@@ -68,6 +70,11 @@ class FireFunctionV2(JsonList):
 class Apriel(JsonList):
     name = "apriel"
     open, close = "<tool_calls>", "</tool_calls>"
+
+
+class MistralNemo(JsonList):
+    name = "mistral_nemo"
+    open = "[TOOL_CALLS]"
 
 
 class NemotronV2(JsonList):
