@@ -113,7 +113,8 @@ class PromptBuilder:
                 messages = _with_system(messages, generic.instructions(chat.tools))
             if syntax.string_arguments:
                 messages = _string_arguments(messages)
-        if self.tool_syntax().short_ids:
+        if any(m.get("tool_calls") or m.get("tool_call_id") is not None for m in messages) \
+                and self.tool_syntax().short_ids:
             messages = _short_ids(messages)
         variables.update(chat.kwargs)
         try:

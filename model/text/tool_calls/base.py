@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ckptd.model.text.tool_calls.jsonscan import object_fields
+from ckptd.model.text.tool_calls.jsonscan import object_fields, skip_ws
+from ckptd.model.text.tool_calls.xml_args import Incomplete
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,28 @@ def single_call(read):
         call, end = read(text, j)
         return ([] if call is None else [call]), end
     return calls
+
+
+def block_calls(text: str, j: int, close: str, read_one) -> tuple[list[ToolCall], int | None]:
+    """scan_tagged's reader for a block of calls that ends with `close`: read_one(text, k)
+    reads the call at k, (call, its end), raising xml_args.Incomplete (carrying the call
+    so far, or nothing) when the text ends inside it."""
+    found: list[ToolCall] = []
+    try:
+        while True:
+            k = skip_ws(text, j)
+            if text.startswith(close, k):
+                return found, k + len(close)
+            if close.startswith(text[k:]):              # (also: nothing after it yet)
+                # with its calls written, only the closing mark is missing
+                return found, (len(text) if found else None)
+            call, j = read_one(text, k)
+            found.append(call)
+    except Incomplete as e:                 # the text ends inside a call
+        so_far = e.args[0] if e.args else None
+        if so_far is not None and so_far.done:
+            return found + [so_far], len(text)          # only closing marks are missing
+        return found + ([so_far] if so_far is not None else []), None
 
 
 def json_call(s: str, i: int, names=(),

@@ -27,6 +27,7 @@ import json
 from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
+    block_calls,
     scan_tagged,
     schema_content,
     schema_type,
@@ -107,20 +108,8 @@ class Invokes(ToolFormat):
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
         def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
-            found: list[ToolCall] = []
-            try:
-                while True:
-                    k = skip_ws(text, j)
-                    if text.startswith(self.close, k):
-                        return found, k + len(self.close)
-                    if self.close.startswith(text[k:]):     # (also: nothing after it yet)
-                        # with its invokes written, only the closing mark is missing
-                        return found, (len(text) if found else None)
-                    call, j = _invoke(text, k, schemas, self.ns, self.marked)
-                    found.append(call)
-            except Incomplete as e:         # the text ends inside an invoke
-                so_far = e.args[0] if e.args else None
-                return found + ([so_far] if so_far is not None else []), None
+            return block_calls(text, j, self.close,
+                               lambda t, k: _invoke(t, k, schemas, self.ns, self.marked))
         return scan_tagged(text, partial, self.start, read)
 
     def tag(self, name: str, schema: dict) -> dict:

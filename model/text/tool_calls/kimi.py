@@ -9,7 +9,13 @@ its own). Text before the section is content."""
 
 from __future__ import annotations
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, scan_tagged, schema_content
+from ckptd.model.text.tool_calls.base import (
+    ToolCall,
+    ToolFormat,
+    block_calls,
+    scan_tagged,
+    schema_content,
+)
 from ckptd.model.text.tool_calls.functionary import json_args
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 from ckptd.model.text.tool_calls.xml_args import Incomplete, expect
@@ -54,21 +60,7 @@ class KimiK2(ToolFormat):
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
         def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
-            found: list[ToolCall] = []
-            try:
-                while True:
-                    k = skip_ws(text, j)
-                    if text.startswith(SECTION_END, k):
-                        return found, k + len(SECTION_END)
-                    if SECTION_END.startswith(text[k:]):    # (also: nothing after it yet)
-                        return found, (len(text) if found else None)
-                    call, j = _call(text, k, schemas)
-                    found.append(call)
-            except Incomplete as e:         # the text ends inside a call
-                so_far = e.args[0] if e.args else None
-                if so_far is not None and so_far.done:
-                    return found + [so_far], len(text)  # only closing marks are missing
-                return found + ([so_far] if so_far is not None else []), None
+            return block_calls(text, j, SECTION_END, lambda t, k: _call(t, k, schemas))
         return scan_tagged(text, partial, SECTION, read)
 
     def tag(self, name: str, schema: dict) -> dict:
