@@ -64,6 +64,9 @@ FORMATS = {
                 "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                 '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
                 "<|tool_calls_section_end|>"),
+    "minimax_m1": ("MiniMax-M1",
+                   '<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                   "</tool_calls>"),
     "minimax_m2": ("MiniMax-M2",
                    '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
                    "Paris</parameter>\n</invoke>\n</minimax:tool_call>"),

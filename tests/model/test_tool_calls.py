@@ -119,6 +119,9 @@ CASES = [
     ("mistral_nemo", 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, '
                      '"id": "a1b2c3d4e"}, {"name": "ping", "arguments": {}, "id": "f5g6h7i8j"}]',
      "Sure.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
+    ("minimax_m1", 'Checking.\n<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+                   '\n{"name": "ping", "arguments": {}}\n</tool_calls>',
+     "Checking.", [("get_weather", {"city": "Rome"}), ("ping", {})]),
     ("minimax_m2", "About <minimax:tool_call> and <invoke name=\"x\">.",
      "About <minimax:tool_call> and <invoke name=\"x\">.", []),
     ("gigachat_v3_1", 'Checking.<|function_call|>{"name": "get_weather", "arguments": '
@@ -279,6 +282,7 @@ def test_required_grammar_after_other_thinking_marks(fmt, marks, opened, text):
                 "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"),
     ("gpt_oss", "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{}<|call|>"),
     ("mistral_nemo", '[TOOL_CALLS][{"name": "rm_rf", "arguments": {}}]'),
+    ("minimax_m1", '<tool_calls>\n{"name": "rm_rf", "arguments": {}}\n</tool_calls>'),
     ("minimax_m2", '<minimax:tool_call>\n<invoke name="rm_rf">\n</invoke>\n</minimax:tool_call>'),
     ("seed_oss", "<seed:tool_call>\n<function=rm_rf>\n</function>\n</seed:tool_call>")])
 def test_a_call_of_no_tool_is_content(fmt, text):
@@ -328,6 +332,8 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
     ("kimi_k2", f"{KIMI}{KIMI_PING}{KIMI_END}", f"{KIMI}{KIMI_PING}{KIMI_PING}{KIMI_END}"),
     ("gpt_oss", GPT_PING, f"{GPT_PING}<|start|>assistant{GPT_PING}"),
     ("mistral_nemo", f"[TOOL_CALLS][{PING}]", f"[TOOL_CALLS][{PING}, {PING}]"),
+    ("minimax_m1", f"<tool_calls>\n{PING}\n</tool_calls>",
+     f"<tool_calls>\n{PING}\n{PING}\n</tool_calls>"),
     ("minimax_m2", f"<minimax:tool_call>\n{MM_PING}</minimax:tool_call>",
      f"<minimax:tool_call>\n{MM_PING}{MM_PING}</minimax:tool_call>"),
     ("seed_oss", "<seed:tool_call>\n<function=ping>\n\n</function>\n</seed:tool_call>", None)])

@@ -37,7 +37,7 @@ EXPECTED = {
     "LFM2.5-8B-A1B": "generic",
     "LFM2.5-Instruct": None,
     "MiMo-VL": "hermes",
-    "MiniMax-M1": None,
+    "MiniMax-M1": "minimax_m1",
     "MiniMax-M2": "minimax_m2",
     "MiniMax-M3": None,
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral",

@@ -31,6 +31,7 @@ from ckptd.model.text.tool_calls.json_list import (
 )
 from ckptd.model.text.tool_calls.kimi import KimiK2
 from ckptd.model.text.tool_calls.llama3 import Llama3
+from ckptd.model.text.tool_calls.minimax_m1 import MiniMaxM1
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
 from ckptd.model.text.tool_calls.reasoning import THINK, Marks
@@ -40,6 +41,7 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
                                MiniMaxM2(), KimiK2(), Harmony(), MistralNemo(),
+                               MiniMaxM1(),
                                Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
@@ -67,6 +69,7 @@ _SHAPES = [
                 r"functions\.ckptd_probe_tool:\d+\s*<\|tool_call_argument_begin\|>"),
     ("gpt_oss", r"to=functions\.ckptd_probe_tool\s*<\|channel\|>commentary[^<]*<\|message\|>"
                 r'\{"probe_arg"'),
+    ("minimax_m1", r'<tool_calls>\s*\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("minimax_m2", r'<minimax:tool_call>\s*<invoke name="ckptd_probe_tool">\s*'
                    r'<parameter name="probe_arg">'),
     ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'
