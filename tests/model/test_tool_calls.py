@@ -354,3 +354,11 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
     assert _accepts(closed, "</think>\n\n" + call)
     assert not _accepts(closed, "let me see</think>\n\n" + call)
     assert structural_tag(f, TOOLS, "auto", None, True, False, False) is None
+
+
+def test_gpt_oss_reads_answers_without_tools_but_no_calls():
+    """GPT-OSS's format reads every answer (its text is in channels): without tools, a
+    message to a function is no call."""
+    spec = ReplySpec(FORMATS["gpt_oss"], {})
+    assert spec.parse("<|channel|>final<|message|>Hi.<|return|>").content == "Hi."
+    assert spec.parse(GPT_PING).calls == ()

@@ -68,7 +68,7 @@ class Harmony(ToolFormat):
             body = head + len(MESSAGE)
             if to is not None:
                 name = to.group(1)
-                if schemas and name not in schemas:
+                if name not in schemas:     # (it reads answers without tools too)
                     content.append(text[pos:])
                     break
                 arguments, end = json_args(text, skip_ws(text, body))
