@@ -3,8 +3,7 @@ with one past call of a probe tool is rendered, and the shape the template write
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
 message; one that writes calls in a syntax of none of these formats (Gemma 4's,
-Kimi K3's...) has no format
-here: tools are refused with it rather than read wrong.
+Kimi K3's...) has no format here: tools are refused with it rather than read wrong.
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
-                               MiniMaxM2(), KimiK2(), Harmony(), MistralNemo(),
-                               MiniMaxM1(),
-                               Generic())}
+                               MiniMaxM1(), MiniMaxM2(), KimiK2(), Harmony(),
+                               MistralNemo(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
