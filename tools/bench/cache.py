@@ -192,7 +192,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     def manager(**options) -> CacheManager:
         store = CacheStore(path, runner.spec, model.fingerprint, **options)
         return CacheManager(runner, runner.spec, pages, model.fingerprint, store,
-                            snapshot_interval=args.interval)
+                            snapshot_interval=args.interval, step_tokens=args.step_tokens)
 
     eng = manager()
     for phase in PHASES:
