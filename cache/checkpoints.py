@@ -27,6 +27,7 @@ finishes (tail checkpoints: once the prompt is done). The stop plan is pure func
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -156,6 +157,8 @@ class Checkpointer:
         self.B = spec.block_size
         self.max_snapshots = max_snapshots
         self.pending: list[Checkpoint] = []
+        # snapshot bytes captured, by role: what each kind of stop costs (tools/bench/cache)
+        self.snapshot_bytes: Counter[str] = Counter()
 
     def capture(self, rec: Tracked, logits: torch.Tensor | None, role: str) -> None:
         """Copy what a checkpoint at seq.num_computed stores: the full blocks the store
@@ -175,6 +178,7 @@ class Checkpointer:
             if self.spec.is_hybrid:
                 snap.conv, snap.ssm = io.read_recurrent(seq.cell)
         rec.stored_blocks = max(first, n_full)
+        self.snapshot_bytes[role] += sum(t.nbytes for t in snap.tensors().values())
         if logits is not None:
             snap.logits = logits.detach().float().to("cpu", copy=True)   # kept on the host
         self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
