@@ -307,17 +307,21 @@ class CacheManager:
         if not spec.is_hybrid:
             return
         count = tail_budget(end - P, spec, self.snapshot_ratio) if tails else 0
-        room = self.max_snapshots - 1 - len(branch) - min(count, len(TAIL_OFFSETS))
-        budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
-        interval = placed(interval_stops(P, end, self.interval, budget)) - branch
+        costs = self._tail_costs(end - P)
+        for reserved in range(min(count, len(TAIL_OFFSETS)) + 1):    # the most intervals
+            room = self.max_snapshots - 1 - len(branch) - reserved
+            budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
+            interval = placed(interval_stops(P, end, self.interval, budget)) - branch
+            planned = branch | interval
+            free = (step_ends(P, end, planned, self.step_tokens) if self.step_tokens
+                    else planned)
+            tail = placed(tail_stops(P, end, max(branch, default=0), count, free, costs))
+            tail -= planned                          # an interval stop serves as one
+            if len(tail) <= reserved:
+                break
         for p in interval:
             rec.stops[p] = INTERVAL
-        if not count:
-            return
-        planned = branch | interval
-        free = step_ends(P, end, planned, self.step_tokens) if self.step_tokens else planned
-        for p in placed(tail_stops(P, end, max(branch, default=0), count, free,
-                                   self._tail_costs(end - P))) - planned:
+        for p in tail:
             rec.stops[p] = TAIL
 
     def _in_tail(self) -> bool:
