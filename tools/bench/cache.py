@@ -91,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchors", action="store_true",
                    help="prompts carry a chat's anchors (the question's start, the "
                         "generation prompt 3 tokens before the end) instead of tails")
+    p.add_argument("--no-tails", action="store_true",
+                   help="raw prompts leave no tail snapshots (to measure what they cost)")
     p.add_argument("--store-dir", help="where the stores go (default: a temporary folder)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--keep-page-cache", action="store_true",
@@ -212,7 +214,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
             before, cpu = dict(eng.checkpoints.snapshot_bytes), time.process_time()
             anchors = (n, n + q - 3) if args.anchors else ()
             seconds, info = first_token(eng, runner, context + question, args.step_tokens,
-                                        anchors)
+                                        anchors, tails=not (anchors or args.no_tails))
             cpu = time.process_time() - cpu
             if phase == "cold":
                 now = eng.checkpoints.snapshot_bytes
@@ -233,14 +235,15 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     return row
 
 
-def first_token(cache, runner, tokens: list[int], step: int, anchors: tuple[int, ...] = ()):
+def first_token(cache, runner, tokens: list[int], step: int, anchors: tuple[int, ...] = (),
+                tails: bool = True):
     """(seconds from admission to the first sampled token, RestoreInfo), through the
     cache manager and the runner as the engine's loop drives them. anchors: a chat's
-    (then no tails: daemon/prompt.py)."""
+    (which leaves no tails: daemon/prompt.py); tails: a raw prompt's."""
 
     t0 = time.perf_counter()
     seq = Sequence(list(tokens))
-    info = cache.restore(seq, anchors=anchors, tails=not anchors)
+    info = cache.restore(seq, anchors=anchors, tails=tails)
     work = Work(seq, cache.chunk(seq, step), new=True, restored=info)
     cache.admit([work])
     logits = info.logits
