@@ -104,6 +104,7 @@ def test_the_first_question_after_a_document_computes_at_most_64_tokens_more(
     want = _uncached(model, tok, [doc + q2])[0]
     first = Client(_engine(model, tok, tmp_path))
     first.run([doc + q1], max_tokens=4)
+    assert first.engine.cache.rates.measured_step > 0     # tails' next plans: measured
     first.close()
     first.engine.cache.close()
     again = Client(_engine(model, tok, tmp_path, host_budget=0))
