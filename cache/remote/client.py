@@ -17,11 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from ckptd.cache.remote.layout import RemoteURL
+from ckptd.cache.threads import started_pool
 
 T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -101,7 +101,7 @@ class RemoteClient:
                      max_pool_connections=2 * config.concurrency + 2)
         self.s3 = boto3.session.Session().client("s3", config=cfg)
         self.endpoint = self.s3.meta.endpoint_url
-        self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="ckptd-remote")
+        self.pool = started_pool(config.concurrency, "ckptd-remote")
         self.lock = threading.Lock()
         self.requests = dict.fromkeys(OPS, 0)
         self.errors = dict.fromkeys(ERRORS, 0)
