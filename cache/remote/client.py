@@ -225,6 +225,34 @@ class RemoteClient:
             self.bytes_down += len(data)
         return data, total
 
+    def read_range(self, name: str, start: int, end: int, part: int,
+                   take: Callable[[int, bytes], bool]) -> bool:
+        """Bytes start .. end - 1 of an object handed to take(size, data) as they come in,
+        `part` bytes at a time (size: the object's whole size, known before any byte;
+        take returns False to stop reading); False when there is no such object. A
+        body cut short is a RemoteError after the parts that came."""
+        got = 0
+
+        def fetch() -> None:
+            nonlocal got
+            r = self.s3.get_object(Bucket=self.url.bucket, Key=name,
+                                   Range=f"bytes={start}-{end - 1}")
+            total = r.get("ContentRange", "").rpartition("/")[2]
+            size = int(total) if total.isdigit() else int(r.get("ContentLength", 0))
+            with r["Body"] as body:
+                while data := body.read(part):
+                    got += len(data)
+                    if not take(size, data):
+                        return
+        try:
+            self._call("get", fetch)
+        except self._exc.ClientError:
+            return False
+        finally:
+            with self.lock:
+                self.bytes_down += got
+        return True
+
     def put(self, name: str, body: bytes) -> bool:
         """Store an object unless one of that name exists (If-None-Match: *): True when
         written, False when it was there already. Bodies over part_bytes go up in parts."""
