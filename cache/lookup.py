@@ -149,16 +149,18 @@ def _block_run(tokens: list[int], B: int, dev: int, keys: Sequence[bytes],
                hits: list[tuple[EntryMeta, str] | None]) -> list[PieceRef]:
     """The blocks dev, dev + 1, .. found (keys, hits) as refs, up to the first that is
     missing or is not the prompt's block there (its kind, position or tokens). A 32K
-    prompt is ~2,000 blocks: the run is checked at once (one compare of all its tokens,
-    one of its positions), block by block only to find where a mismatch is."""
+    prompt is ~2,000 blocks: the run is checked at once (one compare of its kinds, one
+    of its positions, one of its token lists against the prompt's), block by block only
+    to find where a mismatch is."""
     n = hits.index(None) if None in hits else len(hits)
     metas = [h[0] for h in hits[:n]]
     end = (dev + n) * B
     if [m.kind for m in metas] == [BLOCK] * n \
             and [m.position for m in metas] == list(range((dev + 1) * B, end + 1, B)) \
-            and [len(m.tokens) for m in metas] == [B] * n \
-            and [t for m in metas for t in m.tokens] == tokens[dev * B:end]:
-        return [_ref(k, *h) for k, h in zip(keys[:n], hits[:n])]
+            and [m.tokens for m in metas] == [tokens[i:i + B] for i in range(dev * B, end, B)]:
+        new, host = tuple.__new__, HOST     # PieceRef(...) is a Python call: 4x the time
+        return [new(PieceRef, (k, m.kind, t, m.logical_bytes if t == host else m.stored_bytes,
+                               m.position)) for k, (m, t) in zip(keys, hits[:n])]
     blocks: list[PieceRef] = []
     for i, (key, (meta, tier)) in enumerate(zip(keys[:n], hits[:n]), dev):
         if meta.kind != BLOCK or meta.position != (i + 1) * B \
