@@ -53,7 +53,7 @@ def test_a_whole_run_is_planned_with_each_blocks_tier_and_size():
         assert [p.tier for p in plan.blocks] == [entries[k][1] for k in chain.keys[dev:40]]
         assert [p.nbytes for p in plan.blocks] == [
             4096 if t == HOST else 100 + i for i, (_, t) in
-            enumerate((entries[k] for k in chain.keys[:40])) if i >= dev]
+            enumerate(entries[k] for k in chain.keys[:40]) if i >= dev]
         assert [p.position for p in plan.blocks] == [(i + 1) * B for i in range(dev, 40)]
 
 
