@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from ckptd.cache.device import DevicePages
 from ckptd.cache.lookup import DEVICE, REMOTE, RestoredState, RestorePlan
 from ckptd.cache.snapshot import Snapshot
@@ -87,12 +89,44 @@ class Rates:
             self.bytes_per_s[tier] = 0.8 * self.bytes_per_s[tier] + 0.2 * nbytes / seconds
 
 
+class PageViews:
+    """The runner's views of its pool pages, each made once and kept: a view is a tensor
+    object (~5 us to make on a loaded box), and a 32K-token restore decodes into ~2,000
+    pages. The pool is allocated once; should it ever be replaced, the views are made
+    anew (each view holds its pool's memory, so a new pool can't sit at the old address)."""
+
+    def __init__(self, io) -> None:
+        self.io = io
+        self.made: dict[int, torch.Tensor] = {}
+        self.anchor: tuple[int, int] | None = None   # a page and where its view was
+
+    def of(self, pages: list[int]) -> list[torch.Tensor] | None:
+        """Views of pages (io.page_views), or None where the runner offers none."""
+        if self.anchor is not None:
+            page, ptr = self.anchor
+            probe = self.io.page_views([page])
+            if probe is None or probe[0].data_ptr() != ptr:
+                self.made.clear()                      # another pool (or none)
+                self.anchor = None
+        made = self.made
+        missing = [p for p in pages if p not in made]
+        if missing:
+            views = self.io.page_views(missing)
+            if views is None:
+                return None
+            made.update(zip(missing, views))
+            if self.anchor is None:
+                self.anchor = (missing[0], views[0].data_ptr())
+        return [made[p] for p in pages]
+
+
 class Restorer:
     def __init__(self, device: DevicePages, store: CacheStore | None, io, spec: StateSpec) -> None:
         self.device, self.store, self.io, self.spec = device, store, io, spec
         self.B = spec.block_size
         self.hybrid = spec.is_hybrid
         self.rates = Rates()
+        self.views = PageViews(io)
 
     def restore(self, rec, info: RestoreInfo) -> None:
         """Bring rec.seq (fresh, attached) to the deepest restorable state of its prompt;
@@ -229,7 +263,7 @@ class Restorer:
             held = self.device.alloc(n)
         finally:
             self.device.decref(found)
-        views = self.io.page_views(held)
+        views = self.views.of(held)
         if views is None:
             self.device.decref(held)
             return self.store.load(plan, remote_timeout=remote_timeout), []

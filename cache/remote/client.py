@@ -17,11 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from ckptd.cache.remote.layout import RemoteURL
+from ckptd.cache.threads import started_pool
 
 T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -101,7 +101,7 @@ class RemoteClient:
                      max_pool_connections=2 * config.concurrency + 2)
         self.s3 = boto3.session.Session().client("s3", config=cfg)
         self.endpoint = self.s3.meta.endpoint_url
-        self.pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="ckptd-remote")
+        self.pool = started_pool(config.concurrency, "ckptd-remote")
         self.lock = threading.Lock()
         self.requests = dict.fromkeys(OPS, 0)
         self.errors = dict.fromkeys(ERRORS, 0)
@@ -224,6 +224,34 @@ class RemoteClient:
         with self.lock:
             self.bytes_down += len(data)
         return data, total
+
+    def read_range(self, name: str, start: int, end: int, part: int,
+                   take: Callable[[int, bytes], bool]) -> bool:
+        """Bytes start .. end - 1 of an object handed to take(size, data) as they come in,
+        `part` bytes at a time (size: the object's whole size, known before any byte;
+        take returns False to stop reading); False when there is no such object. A
+        body cut short is a RemoteError after the parts that came."""
+        got = 0
+
+        def fetch() -> None:
+            nonlocal got
+            r = self.s3.get_object(Bucket=self.url.bucket, Key=name,
+                                   Range=f"bytes={start}-{end - 1}")
+            total = r.get("ContentRange", "").rpartition("/")[2]
+            size = int(total) if total.isdigit() else int(r.get("ContentLength", 0))
+            with r["Body"] as body:
+                while data := body.read(part):
+                    got += len(data)
+                    if not take(size, data):
+                        return
+        try:
+            self._call("get", fetch)
+        except self._exc.ClientError:
+            return False
+        finally:
+            with self.lock:
+                self.bytes_down += got
+        return True
 
     def put(self, name: str, body: bytes) -> bool:
         """Store an object unless one of that name exists (If-None-Match: *): True when

@@ -50,6 +50,7 @@ class Found:
     bad: set[str] = field(default_factory=set)      # state objects whose head was bad
     dropped: list[tuple[bytes, EntryMeta]] = field(default_factory=list)   # their states
     deadline: float = 0.0         # perf_counter time the search gives up
+    _rounds: dict = field(default_factory=dict, repr=False)   # pieces' keys -> rounds
 
     @property
     def metas(self) -> dict[bytes, EntryMeta]:
@@ -67,8 +68,14 @@ class Found:
         return [self.where[p.key] for p in pieces]
 
     def rounds(self, pieces: Sequence[PieceRef]) -> int:
-        """Request rounds reading these (remote) pieces takes."""
-        return self.fetcher.rounds(self.locs(pieces)) if self.fetcher else len(pieces)
+        """Request rounds reading these (remote) pieces takes. A restore prices the same
+        plan several times (its cost, its deadline): the ranges are planned once."""
+        if self.fetcher is None:
+            return len(pieces)
+        keys = tuple(p.key for p in pieces)
+        if keys not in self._rounds:
+            self._rounds[keys] = self.fetcher.rounds(self.locs(pieces))
+        return self._rounds[keys]
 
 
 class LayeredView:
@@ -181,20 +188,24 @@ class Finder:
               obj: ObjectInfo, out: Found) -> None:
         B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
         simple = ctx.extras is None and ctx.positions is None     # every block plain
+        now, size = time.time(), head.block_bytes
+        blocks, where = out.blocks, out.where
         for seg in head.segments:
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
             if seg.start + seg.used <= first:
                 continue
+            # ~2,000 blocks for a 32K-token prompt: nothing here is done twice a block
+            parents = [chain.parent(seg.start), *keys]
+            name, total = seg.name, seg.size
             for j, (off, n) in enumerate(zip(seg.offsets(), seg.lengths)):
                 b = seg.start + j
                 if b < first:
                     continue
-                out.blocks[keys[j]] = EntryMeta(
-                    BLOCK, chain.parent(b), (b + 1) * B, tokens[b * B:(b + 1) * B], fp,
-                    stored_bytes=n, logical_bytes=head.block_bytes,
-                    plain=simple or ctx.plain(b, B))
-                out.where[keys[j]] = Loc(seg.name, off, n, seg.size)
+                blocks[keys[j]] = EntryMeta(
+                    BLOCK, parents[j], (b + 1) * B, tokens[b * B:(b + 1) * B], fp, n, size,
+                    now, now, plain=simple or ctx.plain(b, B))
+                where[keys[j]] = Loc(name, off, n, total)
         d = head.position // B
         n = obj.size - head.snapshot_at
         meta = EntryMeta(SNAPSHOT, head.parent, head.position, head.tokens, fp,

@@ -28,13 +28,15 @@ class Known:
     def add(self, ref: SegmentRef, keys: list[bytes]) -> None:
         """keys: the chain keys of ref's used blocks."""
         with self.lock:
-            old = self.refs.pop(ref.name, None)
-            if old is not None and old[0].used > ref.used:
-                ref, keys = old
+            old = self.refs.get(ref.name)
+            if old is not None and old[0].used >= ref.used:
+                self.refs.move_to_end(ref.name)   # known as far (every restore names it)
+                return
+            self.refs.pop(ref.name, None)
             self._drop(old)
             self.refs[ref.name] = (ref, keys)
-            for j, k in enumerate(keys):
-                self.by_key[k] = (ref.name, j)
+            name = ref.name
+            self.by_key.update((k, (name, j)) for j, k in enumerate(keys))
             self.blocks += len(keys)
             while self.blocks > self.max_blocks and len(self.refs) > 1:
                 self._drop(self.refs.popitem(last=False)[1])

@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 
 import lmdb
 import torch
@@ -22,6 +21,7 @@ from ckptd.cache.remote import lost as remote_lost
 from ckptd.cache.remote.fetch import CORRUPT, MISSING, Lost
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.catalog import Catalog
+from ckptd.cache.threads import started_pool
 from ckptd.cache.tiers import pagein
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
 from ckptd.cache.tiers.host import HostTier, owned_copy
@@ -48,12 +48,12 @@ class Reader:
         self.spec, self.fp, self.readonly = spec, fingerprint, readonly
         self.B = spec.block_size if spec is not None else None
         self.threads = threads
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ckptd-read")
+        self.pool = started_pool(threads, "ckptd-read")
         # A restore's read-ahead helpers, beside the readers (hints: loads don't wait on them).
-        self.prefetcher = ThreadPoolExecutor(2, thread_name_prefix="ckptd-prefetch")
+        self.prefetcher = started_pool(2, "ckptd-prefetch")
         # Copies of restored blocks into RAM, made after the restore returns, of blocks
         # read from disk once before in this process (`read_once`).
-        self.promoter = ThreadPoolExecutor(1, thread_name_prefix="ckptd-promote")
+        self.promoter = started_pool(1, "ckptd-promote")
         self.read_once: set[bytes] = set()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -103,8 +103,7 @@ class Reader:
         into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
         from_disk, from_remote = [], []
-        for i, p in enumerate(pieces):
-            v = self.host.get(p.key)
+        for i, (p, v) in enumerate(zip(pieces, self.host.get_many([p.key for p in pieces]))):
             if v is None:
                 (from_remote if p.tier == REMOTE and self.fetcher else from_disk).append(i)
             elif i < nb:

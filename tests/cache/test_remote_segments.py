@@ -120,6 +120,56 @@ def test_any_grid_restores_exactly(aws, open_store, spec, tmp_path, grid):  # no
     check_restored(spec, b.load(b.lookup_remote(t, len(t), b.chain(t))), t)
 
 
+@pytest.mark.parametrize("part", [97, 1000])
+def test_ranges_read_in_parts_restore_exactly(aws, open_store, spec, tmp_path,  # noqa: F811
+                                              monkeypatch, part):
+    """A range's body handed to the decoders in parts that cut values anywhere (97
+    bytes: every value spans several parts): each is decoded only once all of it is in."""
+    from ckptd.cache.remote import fetch
+
+    monkeypatch.setattr(fetch, "_PART_BYTES", part)
+    url = fresh_url()
+    t = tokens(11, tail=3)
+    a = open_store(spec, path=tmp_path / "a", remote=remote(spec, url))
+    fill(a, spec, t)
+    assert a.flush(30) and a.remote.flush(30)
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    check_restored(spec, b.load(b.lookup_remote(t, len(t), b.chain(t))), t)
+    st = b.remote.fetcher.stats()
+    assert st["missing"] == st["corrupt"] == 0 and st["objects"] > 0
+
+
+def test_a_value_goes_to_its_decoder_only_once_all_its_bytes_are_in(aws, spec,  # noqa: F811
+                                                                      monkeypatch):
+    """The bytes each value has when the fetcher hands it over (copied right then: the
+    decode itself may run later, when more has come in) are the whole value, with parts
+    of 97 bytes cutting values anywhere and ranges cutting one value in two."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptd.cache.remote import fetch
+
+    class AsHandedOver(ThreadPoolExecutor):
+        def submit(self, fn, run, ready, *args):
+            return super().submit(fn, run, [(i, bytes(v)) for i, v in ready], *args)
+
+    monkeypatch.setattr(fetch, "_PART_BYTES", 97)
+    rng = random.Random(5)
+    lengths = [rng.randrange(20, 400) for _ in range(60)] + [3000]
+    body = rng.randbytes(sum(lengths))
+    tier = remote(spec, fresh_url(), range_bytes=1024)
+    name = f"{tier.layout.root}test-parts"
+    assert tier.client.put(name, body)
+    locs, at = [], 0
+    for n in lengths:
+        locs.append(Loc(name, at, n, len(body)))
+        at += n
+    with AsHandedOver(2) as pool:
+        got = tier.fetcher.fetch(locs, 30.0, lambda ready: [v for _, v in ready], pool)
+    assert got == [body[loc.offset:loc.offset + loc.length] for loc in locs]
+    tier.close()
+
+
 def test_a_segment_put_again_with_other_bytes_is_not_misread(aws, open_store, spec,  # noqa: F811
                                                              tmp_path, s3_server):
     """A segment taken (gc) and put again by a daemon whose values compress otherwise:
