@@ -1,0 +1,130 @@
+"""A sliding-window model's device memory (model/window_pages.py, cache/windows.py): a
+tiny Gemma-3-shaped model (16-key windows, 8-token pages) computes a prompt forty
+windows long. The window layers' rooms in use stay within the window plus a step's
+chunk, and every logit is transformers': while the device lets the window parts go,
+when a later prompt restores from pages that kept theirs (the previous answer's end),
+from pages that lost them (a prompt parting mid-way: the store has them), and after a
+restart from disk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ckptd.cache.manager import CacheManager
+from ckptd.cache.store import CacheStore
+from ckptd.cache.work import Work
+from ckptd.model.loader import load_model
+from ckptd.model.runner import Runner
+from ckptd.model.window_pages import WindowRooms
+from ckptd.tools.make_tiny import make_tiny
+
+B, STEP, PAGES = 8, 48, 256
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    folder = make_tiny("gemma3", tmp_path_factory.mktemp("tiny-gemma3-window"))
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return load_model(folder), ref
+
+
+def _open(model, path, **store):
+    runner = Runner(model, PAGES, 2, B, max_batch_tokens=STEP)
+    cache = CacheManager(runner, runner.spec, PAGES, model.fingerprint,
+                         CacheStore(path, runner.spec, model.fingerprint, **store), 64)
+    return runner, cache
+
+
+def _compute(runner, cache, tokens, seen=None):
+    """Start a sequence on `tokens` and compute them in chunks as the engine does
+    (admit, step, after_step): (sequence, its restore's info, logits of every token
+    it computed [k, vocab]); `seen` gets the rooms in use after each step."""
+    seq, info = cache.start(tokens)
+    rows = []
+    while seq.num_computed < len(seq.tokens):
+        w = Work(seq, cache.chunk(seq, STEP))
+        cache.admit([w])
+        assert w.runs, w.refused
+        logits = runner.run([(seq, w.n)], every=frozenset({seq.id}))
+        cache.after_step([w], logits)
+        rows.append(logits.of(seq))
+        if seen is not None:
+            seen.append(runner.state.rooms.in_use)
+    return seq, info, torch.cat(rows)
+
+
+def _want(ref, tokens):
+    with torch.no_grad():
+        return ref(input_ids=torch.tensor([tokens])).logits[0]
+
+
+def test_window_rooms_stay_bounded_and_every_restore_is_exact(gemma, tmp_path):
+    model, ref = gemma
+    W = model.config.sliding_window
+    assert W == 16
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 500, (40 * W,), generator=g).tolist()
+    runner, cache = _open(model, tmp_path)
+    rooms = runner.state.rooms
+    seen: list[int] = []
+    seq, _, got = _compute(runner, cache, prompt, seen)
+    want = _want(ref, prompt)
+    assert (got - want).abs().max().item() <= 1e-4
+    # the window (and a token of slack) and one step's chunk, each rounded out to pages
+    bound = -(-(W + 1) // B) + 1 + -(-STEP // B)
+    assert rooms.high_water <= bound < len(seq.pages) // 4, (rooms.high_water, len(seq.pages))
+    assert max(seen) <= -(-(W + 1) // B) + 1        # between steps: the window alone
+    for _ in range(6):                              # decodes: one page at a time
+        seq.tokens.append(int(got[-1].argmax()))
+        w = Work(seq, 1)
+        cache.admit([w])
+        logits = runner.run([(seq, 1)])
+        cache.after_step([w], logits)
+        got = logits.of(seq)
+        assert rooms.in_use <= -(-(W + 1) // B) + 1
+    answer = list(seq.tokens)
+    assert (got[-1] - _want(ref, answer)[-1]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+    cache.sanity_check()
+    # only the answer's last window keeps its part on the device, for the next turn
+    assert 0 < rooms.in_use <= -(-(W + 1) // B) + 1
+
+    # the next turn restores from the device pages whose window part stayed
+    turn = answer + [11, 12, 13, 14, 15]
+    seq, info, got = _compute(runner, cache, turn)
+    assert info.device_tokens >= len(answer) - B and seq.num_computed == len(turn)
+    assert (got - _want(ref, turn)[-got.shape[0]:]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+
+    # parting mid-way: the device pages there lost their window part; the store has it
+    part = prompt[:301] + [21, 22, 23]
+    seq, info, got = _compute(runner, cache, part)
+    assert info.cached_tokens >= 296 and info.device_tokens < info.cached_tokens
+    assert (got - _want(ref, part)[-got.shape[0]:]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+    cache.sanity_check()
+    cache.close()
+
+    # after a restart, from disk alone
+    runner, cache = _open(model, tmp_path, host_budget=0)
+    again = answer + [31, 32]
+    seq, info, got = _compute(runner, cache, again)
+    assert info.tier == "disk" and info.cached_tokens >= len(answer) - B
+    assert (got - _want(ref, again)[-got.shape[0]:]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+    cache.sanity_check()
+    cache.close()
+
+
+def test_rooms_are_given_all_or_nothing_lowest_first():
+    rooms = WindowRooms(num_pages=6, num_rooms=3)
+    assert rooms.keep([4, 2]) and rooms.rooms([4, 2]) == [0, 1]
+    assert not rooms.keep([0, 1]) and rooms.has([0, 1, 2]) == [False, False, True]
+    rooms.drop([4, 5])                              # a page without one is left alone
+    assert rooms.keep([0, 1]) and rooms.rooms([0, 1, 2]) == [0, 2, 1]
+    assert rooms.in_use == 3 and rooms.high_water == 3
+    assert rooms.rooms([3], missing=0) == [0]
+    with pytest.raises(ValueError, match="page 3 holds no window-layer KV"):
+        rooms.rooms([3])
