@@ -42,17 +42,27 @@ def _compute(runner, cache, tokens, seen=None):
     (admit, step, after_step): (sequence, its restore's info, logits of every token
     it computed [k, vocab]); `seen` gets the rooms in use after each step."""
     seq, info = cache.start(tokens)
-    rows = []
-    while seq.num_computed < len(seq.tokens):
-        w = Work(seq, cache.chunk(seq, STEP))
-        cache.admit([w])
-        assert w.runs, w.refused
-        logits = runner.run([(seq, w.n)], every=frozenset({seq.id}))
-        cache.after_step([w], logits)
-        rows.append(logits.of(seq))
+    return seq, info, _steps(runner, cache, [seq], seen)[0]
+
+
+def _steps(runner, cache, seqs, seen=None, upto=None):
+    """Compute the sequences together, a chunk each a step, to their ends (or `upto`
+    tokens): each one's logits of every token computed."""
+    rows = [[] for _ in seqs]
+    while True:
+        share = STEP // len(seqs)
+        work = [Work(s, cache.chunk(s, min(share, (upto or len(s.tokens)) - s.num_computed)))
+                for s in seqs if s.num_computed < (upto or len(s.tokens))]
+        if not work:
+            return [torch.cat(r) for r in rows]
+        cache.admit(work)
+        assert all(w.runs for w in work), [w.refused for w in work]
+        logits = runner.run([(w.seq, w.n) for w in work], every=frozenset(s.id for s in seqs))
+        cache.after_step(work, logits)
+        for w in work:
+            rows[seqs.index(w.seq)].append(logits.of(w.seq))
         if seen is not None:
             seen.append(runner.state.rooms.in_use)
-    return seq, info, torch.cat(rows)
 
 
 def _want(ref, tokens):
@@ -115,6 +125,28 @@ def test_window_rooms_stay_bounded_and_every_restore_is_exact(gemma, tmp_path):
     assert (got - _want(ref, again)[-got.shape[0]:]).abs().max().item() <= 1e-4
     cache.finish(seq)
     cache.sanity_check()
+    cache.close()
+
+
+def test_a_window_another_live_sequence_reads_stays(gemma, tmp_path):
+    """B restores from A's pages while A is live, at A's position: as A computes on, the
+    pages in B's window keep their window part (B reads them next), and both give
+    transformers' logits."""
+    model, ref = gemma
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 500, (480,), generator=g).tolist()
+    runner, cache = _open(model, tmp_path)
+    a, _ = cache.start(prompt)
+    first = _steps(runner, cache, [a], upto=320)[0]
+    b_tokens = prompt[:320] + torch.randint(3, 500, (100,), generator=g).tolist()
+    b, info = cache.start(b_tokens)
+    assert info.device_tokens == 320
+    rest_a, rest_b = _steps(runner, cache, [a, b])
+    assert (torch.cat([first, rest_a]) - _want(ref, prompt)).abs().max().item() <= 1e-4
+    assert (rest_b - _want(ref, b_tokens)[320:]).abs().max().item() <= 1e-4
+    cache.sanity_check()
+    cache.finish(a)
+    cache.finish(b)
     cache.close()
 
 
