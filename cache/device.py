@@ -73,6 +73,11 @@ class DevicePages:
         with self._lock:
             return sum(1 for p in self._key_of if self.refs[p] == 1)
 
+    def cached_pages(self) -> list[int]:
+        """The pages held only by the prefix table."""
+        with self._lock:
+            return [p for p in self._key_of if self.refs[p] == 1]
+
     @property
     def num_registered(self) -> int:
         return len(self._by_key)

@@ -74,10 +74,10 @@ class CacheManager:
         self.device = DevicePages(num_pages, B, None if store is None else self._device_evicted,
                                   io.drop_window if windowed else None)
         self.checkpoints = Checkpointer(io, spec, store, max_snapshots)
-        self.windows = Windows(io, spec, self.checkpoints)
+        self.live: dict[int, Tracked] = {}
+        self.windows = Windows(io, spec, self.checkpoints, self.device, self.live)
         self.restorer = Restorer(self.device, store, io, spec, self.windows)
         self.rates = self.restorer.rates
-        self.live: dict[int, Tracked] = {}
         self.branches: dict[int, set[int]] = {}   # seq id -> branch points asked before
         #                                           it was admitted
 
@@ -163,7 +163,7 @@ class CacheManager:
                     self.checkpoints.capture(rec, logits.last(w.seq), END)
                 elif P in rec.stops:
                     self.checkpoints.capture(rec, None, rec.stops.pop(P))
-            self.windows.advance(rec, P, self.live)
+            self.windows.advance(rec, P)
 
     def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
         """A sequence is done: store its final state (checkpoint; the client has had
@@ -173,7 +173,7 @@ class CacheManager:
         if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
             self._publish(rec, seq.num_computed)
             self.checkpoints.capture(rec, None, END)
-            self.windows.advance(rec, seq.num_computed, self.live)
+            self.windows.advance(rec, seq.num_computed)
             self.checkpoints.store_pending()
         self.release(seq)
 
@@ -185,7 +185,7 @@ class CacheManager:
             if full:
                 self.device.touch(seq.pages[full - 1])     # its run stays the freshest
             # the prefix table keeps its pages; their window parts, only its last window's
-            self.windows.advance(rec, seq.num_computed, self.live, capture=False)
+            self.windows.advance(rec, seq.num_computed, capture=False)
         self.device.decref(seq.pages)
         seq.pages = []
         self.io.detach(seq)
@@ -340,7 +340,7 @@ class CacheManager:
         if not copies and not grow:
             return
         fresh = dev.alloc(len(copies) + grow)
-        if not self.io.keep_window(fresh):             # the step writes every one of them
+        if not self.windows.keep(fresh):               # the step writes every one of them
             dev.decref(fresh)
             raise OutOfPages("no room left for the window layers' KV")
         for i, new in zip(copies, fresh):
@@ -392,7 +392,7 @@ class CacheManager:
             assert rec.published <= seq.num_computed // self.B
             assert len(seq.pages) * self.B >= seq.num_computed
         self.device.sanity_check(holders)
-        self.windows.check(self.live)
+        self.windows.check()
         cells = {rec.seq.cell for rec in self.live.values()}
         assert cells == self.io.live_cells(), \
             f"cells in use {sorted(self.io.live_cells())}, held by sequences {sorted(cells)}"

@@ -254,8 +254,7 @@ class Restorer:
             if len(pages) < n_full or P % B:
                 seq.pages += dev.alloc(-(-P // B) - len(pages))
             w = self.windows
-            if w is not None and w.on and \
-                    not io.keep_window(seq.pages[max(first, w.low(P)):]):
+            if w is not None and w.on and not w.keep(seq.pages[max(first, w.low(P)):]):
                 raise OutOfPages("no room left for the window layers' KV")
         except BaseException:
             dev.decref(seq.pages)

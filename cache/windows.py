@@ -20,13 +20,16 @@ theirs (Restorer), else from the store.
 from __future__ import annotations
 
 from ckptd.cache.checkpoints import Checkpointer
+from ckptd.cache.device import DevicePages
 from ckptd.cache.work import Tracked
 from ckptd.model.spec import StateSpec
 
 
 class Windows:
-    def __init__(self, io, spec: StateSpec, checkpoints: Checkpointer) -> None:
-        self.io, self.checkpoints = io, checkpoints
+    def __init__(self, io, spec: StateSpec, checkpoints: Checkpointer, device: DevicePages,
+                 live: dict[int, Tracked]) -> None:
+        """live: the manager's live sequences (the dict itself, read as it changes)."""
+        self.io, self.checkpoints, self.device, self.live = io, checkpoints, device, live
         self.B = spec.block_size
         self.W = spec.attention.max_window if spec.attention is not None else 0
 
@@ -38,8 +41,18 @@ class Windows:
         """Pages wholly before the keys a sequence at `position` may still read."""
         return max(0, position - self.W) // self.B
 
-    def advance(self, rec: Tracked, position: int, live: dict[int, Tracked],
-                capture: bool = True) -> None:
+    def keep(self, pages: list[int]) -> bool:
+        """Rooms for these pages (all or nothing). When the pool is short, the prefix
+        table's pages no live sequence holds give theirs back first (the tails of
+        finished sequences: a later restore reads them from the store)."""
+        if self.io.keep_window(pages):
+            return True
+        if not self.on:
+            return False
+        self.io.drop_window(self.device.cached_pages())
+        return self.io.keep_window(pages)
+
+    def advance(self, rec: Tracked, position: int, capture: bool = True) -> None:
         """rec's sequence reached `position`: the window parts of the pages it left give
         their rooms back, those no other live sequence reads. capture: the store gets
         the blocks it lacks first (the sequence's chain holds their keys)."""
@@ -54,7 +67,7 @@ class Windows:
         left = seq.pages[rec.window_low:low]
         rec.window_low = low
         read = set()
-        for other in live.values():
+        for other in self.live.values():
             if other is not rec:
                 read.update(other.seq.pages[other.window_low:])
         self.io.drop_window([p for p in left if p not in read])
@@ -80,13 +93,13 @@ class Windows:
             rec.stored_blocks = lost[-1] + 1
         rec.window_low = min(self.low(position), rec.stored_blocks)
 
-    def check(self, live: dict[int, Tracked]) -> None:
+    def check(self) -> None:
         """Every page of a live sequence from its window_low (which its window may still
         read) or from what the store lacks holds its window part. AssertionError names
         a page that does not."""
         if not self.on:
             return
-        for rec in live.values():
+        for rec in self.live.values():
             seq = rec.seq
             first = rec.window_low
             if rec.chain is not None:

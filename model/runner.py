@@ -181,7 +181,8 @@ class Runner:
         if not self.state.rooms.keep(pages[computed:]):
             raise ValueError(f"sequence {seq.id}: no window room left for its step "
                              f"({self.state.rooms.num_rooms} rooms)")
-        return torch.tensor(self.state.rooms.rooms(pages, missing=0), dtype=torch.int32)
+        return torch.tensor(self.state.rooms.rooms(pages, missing=0), dtype=torch.int32,
+                            device="cpu")
 
     def _images(self, work: list[tuple[Sequence, int]]
                 ) -> dict[int, list[tuple[int, torch.Tensor]]]:

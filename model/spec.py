@@ -118,6 +118,13 @@ class StateSpec:
             return 0
         return _numel(self.kv_shape()) * _itemsize(self.attention.dtype)
 
+    def window_page_bytes(self) -> int:
+        """The window layers' part of a page (0 without window layers)."""
+        a = self.attention
+        if a is None or not a.windows:
+            return 0
+        return self.page_bytes() // a.n_layers * len(a.window_layers)
+
     def kv_bytes_per_token(self) -> int:
         return self.page_bytes() // self.block_size
 
