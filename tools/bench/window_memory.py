@@ -3,7 +3,6 @@ full ones, and the same context answered from disk after a restart.
 
     python -m ckptd.tools.bench.window_memory [--context 65536] [--window 1024]
         [--block 16] [--step 2048] [--answer 4] [--out DIR] [--json OUT]
-        [--peer llama-server]
 
 The model is make-tiny's Gemma 3 (6 window layers, 1 full, 2 KV heads of 16) with
 Gemma 3's window (--window, 1024) written into its config: shaped like Gemma 3, small
@@ -22,9 +21,7 @@ runner's pools: cache/device.py, model/window_pages.py). From nothing cached:
 Reported: each layer kind's device KV bytes at the context's end (full layers: every
 page; window layers: the rooms in use, their most at once, and what keeping every page
 would cost), the phases' wall and CPU seconds, the restart's restore tier and cached
-tokens, and whether its answer and last logits equal the uncached ones. --peer: a
-llama-server binary, whose own KV sizes for the same model as a GGUF at the same
-context (its log at load: the full layers' cache and its SWA cache) are reported beside.
+tokens, and whether its answer and last logits equal the uncached ones.
 """
 
 from __future__ import annotations
@@ -32,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +41,7 @@ from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Work
 from ckptd.model.loader import load_model
 from ckptd.model.runner import Runner
-from ckptd.tools.make_tiny import make_tiny, to_gguf
+from ckptd.tools.make_tiny import make_tiny
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,7 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answer", type=int, default=4, help="greedy tokens answered")
     p.add_argument("--out", help="folder for the model and the store (default: a temp one)")
     p.add_argument("--json", help="write the report here")
-    p.add_argument("--peer", help="a llama-server binary: its KV sizes for the same model")
 
 
 def tiny_gemma(out: Path, window: int) -> Path:
@@ -121,31 +115,6 @@ def _timed(fn):
     return out, round(time.perf_counter() - t, 1), round(time.process_time() - c, 1)
 
 
-def peer_kv(binary: str, folder: Path, out: Path, context: int) -> dict | None:
-    """llama-server's KV buffer sizes for the model as an F32 GGUF at `context` tokens,
-    from its log at load (it is stopped once it has loaded)."""
-    gguf = to_gguf(folder, out / "tiny-gemma3.gguf")
-    proc = subprocess.Popen([binary, "-m", str(gguf), "-c", str(context), "--port", "0",
-                             "-t", "1", "-np", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines = []
-    try:
-        deadline = time.time() + 120
-        for line in proc.stdout:
-            lines.append(line)
-            if "server is listening" in line or "main: model loaded" in line \
-                    or time.time() > deadline:
-                break
-    finally:
-        proc.kill()
-        proc.wait()
-    sizes = [(m.group(1), float(m.group(2)))
-             for m in re.finditer(r"(llama_kv_cache(?:_iswa)?|SWA|non-SWA)[^\n]*?size\s*=\s*"
-                                  r"([\d.]+) MiB", "".join(lines))]
-    kv = [line.strip() for line in lines if "llama_kv_cache" in line and "MiB" in line]
-    return {"log": kv, "sizes_mib": sizes} if kv else None
-
-
 def run(args) -> dict:
     out = Path(args.out or tempfile.mkdtemp(prefix="ckptd-window-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -198,8 +167,6 @@ def run(args) -> dict:
                     "same_answer": again == want,
                     "logits_max_diff": (last_r - last).abs().max().item()},
     }
-    if args.peer:
-        report["peer"] = peer_kv(args.peer, folder, out, args.context)
     return report
 
 
