@@ -15,8 +15,10 @@ from transformers import AutoModelForCausalLM
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Work
+from ckptd.daemon import memory
 from ckptd.model.loader import load_model
 from ckptd.model.runner import Runner
+from ckptd.model.spec import AttentionSpec, StateSpec
 from ckptd.model.window_pages import WindowRooms
 from ckptd.tools.make_tiny import make_tiny
 
@@ -160,3 +162,20 @@ def test_rooms_are_given_all_or_nothing_lowest_first():
     assert rooms.rooms([3], missing=0) == [0]
     with pytest.raises(ValueError, match="page 3 holds no window-layer KV"):
         rooms.rooms([3])
+
+
+def test_the_daemon_sizes_the_window_pool_by_the_windows(gemma):
+    """Each running sequence's window and a step's chunk, twice over; the KV budget's
+    rest goes to the full layers' pages. A model without windows reserves nothing."""
+    model, _ = gemma
+    spec = model.state_spec(B)
+    rooms = memory.window_rooms(spec, parallel=2, step_tokens=STEP)
+    assert rooms == 2 * 2 * (-(-17 // B) + 1 + STEP // B)
+    assert spec.window_page_bytes() * 7 == spec.page_bytes() * 6
+    reserved = rooms * spec.window_page_bytes()
+    full = spec.page_bytes() - spec.window_page_bytes()
+    sizes = memory.plan(full, torch.device("cpu"), reserved + 100 * full, 0, 10_000, 2,
+                        reserved)
+    assert sizes.kv_pages == 100
+    plain = StateSpec(B, AttentionSpec(2, 2, 16, torch.float32), None)
+    assert memory.window_rooms(plain, 2, STEP) is None and plain.window_page_bytes() == 0
