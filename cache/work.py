@@ -4,18 +4,22 @@ The scheduler makes each sequence's Work whole: how many tokens it computes this
 (`n`: a decode's one token and its draft, or a prefill's share of the step's budget
 ending at its next planned snapshot), and for a new sequence what its restore gave.
 `cache.admit` then gives it the pages for them or refuses it (`refused`); after the
-model step, `outcome()` is the one value the engine acts on.
+model step, `outcome()` is the one value the engine acts on. A decoding sequence's
+draft (speculative decoding, daemon/speculation.py) rides on its Work the whole way:
+its tokens count in `n`, and its outcome is its verification.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.lookup import DEVICE
 from ckptd.cache.why.report import CacheReport
+from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sequence import Sequence
 from ckptd.model.spec import StepLogits
 
@@ -59,6 +63,16 @@ class Tracked:
     #                               (a window model: cache/windows.py)
 
 
+class Draft(Protocol):
+    """A draft model's tokens appended to a decoding sequence for one step: the model
+    computes them with the sequence's own token, every one's logits kept."""
+    tokens: list[int]
+
+    def verify(self, logits: torch.Tensor) -> list[TokenEvent]:
+        """Sample over the step's rows [1 + drafted, vocab] while the draft is kept; the
+        sequence goes back to its last kept token. The tokens gained, in order."""
+
+
 @dataclass(frozen=True)
 class Deferred:
     """A new sequence with no room this step (it holds nothing): back to the queue."""
@@ -77,9 +91,15 @@ class Failed:
 
 @dataclass(frozen=True)
 class Computed:
-    """It computed its tokens: logits [k, vocab], its last token's (k = 1) or, with a
-    draft, every computed token's."""
+    """It computed its tokens: its last token's logits [1, vocab]."""
     logits: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Verified:
+    """It computed its token and a draft's: what the sampler gained over their rows, in
+    order. All but the last are in the sequence's tokens already (the kept draft)."""
+    events: list[TokenEvent]
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,7 @@ class Idle:
 
 
 Refusal = Deferred | Stalled | Failed
-Outcome = Refusal | Computed | Repeated | Idle
+Outcome = Refusal | Computed | Verified | Repeated | Idle
 
 
 @dataclass(eq=False)
@@ -105,10 +125,15 @@ class Work:
     writes a Work."""
     seq: Sequence
     n: int                            # tokens it computes this step (drafted ones included)
-    drafted: int = 0                  # of n, a draft model's tokens, verified after the step
+    draft: Draft | None = None        # a draft model's tokens (of n), verified after the step
     new: bool = False                 # its first step: restored by the scheduler just now
     restored: RestoreInfo | None = None   # a new sequence's restore
     refused: Refusal | None = None    # why it computes nothing this step
+
+    @property
+    def drafted(self) -> int:
+        """How many of its n tokens are a draft's."""
+        return len(self.draft.tokens) if self.draft is not None else 0
 
     @property
     def runs(self) -> bool:
@@ -116,9 +141,12 @@ class Work:
         return self.refused is None and self.n > 0
 
     def outcome(self, logits: StepLogits) -> Outcome:
-        """What became of it in the step: its refusal, its logits, or nothing."""
+        """What became of it in the step: its refusal, its logits (a draft's verified:
+        ask once), or nothing."""
         if self.refused is not None:
             return self.refused
+        if self.draft is not None:
+            return Verified(self.draft.verify(logits.of(self.seq)))
         if self.n:
             return Computed(logits.of(self.seq))
         if self.restored is not None and self.restored.logits is not None:

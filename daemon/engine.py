@@ -6,10 +6,10 @@
     cache.after_step(batch.work, logits)  publish pages, capture checkpoints
     postprocess(batch, logits)            each work by its outcome: sample, stop, stream
 
-Speculative decoding (daemon/speculation.py) is two calls of it in that loop and
-nothing more: `spec.propose` in schedule (a decoding sequence's drafted tokens count in
-its work) and `spec.verify` in postprocess (a drafted work's rows sampled in order,
-the rest taken back).
+Speculative decoding (daemon/speculation.py) enters that loop at one point, the
+scheduler's Drafting hook: a decoding sequence's drafted tokens count in its work, and
+the work carries its Draft through the step, so that its outcome is the draft verified
+(Verified: the tokens kept, sampled in order, the rest taken back).
 
 `ckptd serve` runs `run()` on the process's main thread (it says why) and the
 HTTP side submits requests from its own; `ckptd generate` and the tests drive
@@ -34,6 +34,7 @@ from ckptd.cache.work import (
     Repeated,
     RestoreInfo,
     Stalled,
+    Verified,
 )
 from ckptd.daemon.gc_pacer import GcPacer
 from ckptd.daemon.inprocess import InProcess
@@ -70,8 +71,8 @@ class Engine(InProcess):
                  check_invariants: bool = False, spec: Speculation | None = None) -> None:
         """spec: speculative decoding with a draft model (daemon/speculation.py)."""
         self.runner, self.cache, self.tokenizer = runner, cache, tokenizer
-        self.spec = spec
-        self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens, spec)
+        self.spec = spec                 # for sleep: runtime.py unloads the draft model
+        self.scheduler = Scheduler(cache, max_running, queue_size, step_tokens, drafting=spec)
         self.check_invariants = check_invariants
         self.broken: str | None = None      # a failed invariant check (check_invariants)
         self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
@@ -150,8 +151,7 @@ class Engine(InProcess):
             match outcome:
                 case Failed(error):
                     self._finish(live, FinishReason.ERROR, error)
-                case Computed(rows) if w.drafted:        # several tokens, verified here
-                    *kept, last = self.spec.verify(live, rows)
+                case Verified([*kept, last]):            # a draft's tokens and the next
                     for ev in kept:                      # in the sequence already
                         self._emit(live, ev, append=False)
                     self._emit(live, last)

@@ -21,14 +21,23 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ckptd.cache.device import OutOfPages
 from ckptd.cache.manager import CacheManager
-from ckptd.cache.work import Failed, RestoreInfo, Work
+from ckptd.cache.work import Draft, Failed, RestoreInfo, Work
 from ckptd.daemon.request import Live, QueueFull, Request
-from ckptd.daemon.speculation import Speculation
 from ckptd.model.sequence import Sequence
 from ckptd.model.spec import OutOfCells
+
+
+class Drafting(Protocol):
+    """Speculative decoding's one hook in the loop (daemon/speculation.py)."""
+
+    def propose(self, decoding: list[Live], cache: CacheManager) -> dict[int, Draft]:
+        """Drafts for the decoding sequences (given every one, each step), by sequence
+        id: appended to their tokens, with pages for them. Each rides on its Work and
+        is verified as the work's outcome."""
 
 
 @dataclass
@@ -63,10 +72,10 @@ class Scheduler:
     the lock, so that snapshot() reads it whole from others)."""
 
     def __init__(self, cache: CacheManager, max_running: int = 4, queue_size: int = 64,
-                 step_tokens: int = 256, spec: Speculation | None = None) -> None:
-        """spec: speculative decoding (daemon/speculation.py), the one place drafts enter
-        a step: they count in a decoding sequence's tokens."""
-        self.cache, self.spec = cache, spec
+                 step_tokens: int = 256, drafting: Drafting | None = None) -> None:
+        """drafting: speculative decoding, the one place drafts enter a step: they count
+        in a decoding sequence's tokens."""
+        self.cache, self.drafting = cache, drafting
         self.max_running, self.queue_size, self.step_tokens = max_running, queue_size, step_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Live] = []
@@ -125,10 +134,11 @@ class Scheduler:
         restored = self._admit_waiting()
         batch, budget = Batch(), self.step_tokens
         decoding = [live for live in self.running if live.t_decode]
-        drafts = self.spec.propose(decoding, self.cache) if self.spec is not None else {}
+        drafts = self.drafting.propose(decoding, self.cache) if self.drafting else {}
         for live in decoding:
-            k = drafts.get(live.seq.id, 0)
-            batch.entries.append((live, Work(live.seq, 1 + k, drafted=k)))
+            d = drafts.get(live.seq.id)
+            n = 1 + len(d.tokens) if d is not None else 1
+            batch.entries.append((live, Work(live.seq, n, draft=d)))
             budget -= 1
         prefills = sorted((live for live in self.running if not live.t_decode),
                           key=lambda live: len(live.seq.tokens) - live.seq.num_computed)

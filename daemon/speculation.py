@@ -5,15 +5,17 @@ position after another, keeps the drafted tokens it would have drawn itself. The
 answer is the one decoding without a draft gives: the same sampler, seeded the same,
 sees the same logits in the same order; it only sees several of them a step.
 
-The loop calls it at two points, one before the model step and one after (engine.py's
-docstring names them):
+It enters the loop at one point, the scheduler's (its Drafting hook), and rides on
+the decoding sequence's Work from there:
 
     scheduler.schedule()     spec.propose: drafted tokens join their sequence, with
-                             pages for them (else none this time), marked (runner.mark)
+                             pages for them (else none this time), marked (runner.mark),
+                             and each Work carries its Draft (cache/work.py)
     cache.admit, runner.run  the drafted tokens are computed with the sequence's own;
     cache.after_step         the cache publishes nothing a draft leaves in doubt
-    postprocess              spec.verify: sample over the rows, take back what was not
-                             kept (runner.rewind)
+    postprocess              the work's outcome is its Draft verified (Verified):
+                             sampled over the rows, what was not kept taken back
+                             (runner.rewind)
 
 Nothing else: `propose` is given every decoding sequence each step, and what it keeps
 for one no longer among them (it ended: a sequence decodes until it ends) goes back
@@ -49,11 +51,15 @@ class SpecConfig:
 
 @dataclass(eq=False)
 class Draft:
-    """One sequence's drafted tokens in this step."""
+    """One sequence's drafted tokens in this step (cache/work.py's Draft)."""
     live: Live
     tokens: list[int]
     base: int                      # the sequence's tokens before them
     mark: Mark
+    spec: Speculation              # who drafted them: it verifies them
+
+    def verify(self, logits: torch.Tensor) -> list[TokenEvent]:
+        return self.spec.verify(self, logits)
 
 
 class Speculation:
@@ -65,12 +71,12 @@ class Speculation:
         self.drafts: dict[int, Draft] = {}  # this step's, by sequence id, until verified
         self.decoding: set[int] = set()     # the ids propose was given last
 
-    def propose(self, decoding: list[Live], cache: CacheManager) -> dict[int, int]:
+    def propose(self, decoding: list[Live], cache: CacheManager) -> dict[int, Draft]:
         """Draft for the decoding sequences (every one, each step): each one's drafted
         tokens are appended to its tokens, with pages for them and its state marked, or
         dropped when the pages are not there (it then decodes its one token as without a
         draft). What was kept for a sequence that decoded last step and is not here now
-        (it ended) goes back first. Returns the number of tokens drafted, by sequence id."""
+        (it ended) goes back first. Returns the drafts, by sequence id."""
         ids = {live.seq.id for live in decoding}
         for gone in self.decoding - ids:
             self._forget(gone)
@@ -93,12 +99,13 @@ class Speculation:
             # ids only the draft has (its vocabulary may be padded longer) end the draft
             tokens = tokens[:next((i for i, t in enumerate(tokens)
                                    if t >= self.runner.vocab_size), len(tokens))]
-            if tokens and self._take(live, tokens, cache):
-                drafted[live.seq.id] = len(tokens)
+            d = self._take(live, tokens, cache) if tokens else None
+            if d is not None:
+                drafted[live.seq.id] = d
         return drafted
 
-    def _take(self, live: Live, tokens: list[int], cache: CacheManager) -> bool:
-        """Append a draft to its sequence, with the pages for it; False (nothing
+    def _take(self, live: Live, tokens: list[int], cache: CacheManager) -> Draft | None:
+        """Append a draft to its sequence, with the pages for it; None (nothing
         appended) when there are none."""
         seq = live.seq
         base = len(seq.tokens)
@@ -109,17 +116,18 @@ class Speculation:
             del seq.tokens[base:]
             self.drafter.release(seq.id)
             self.stalled.add(seq.id)
-            return False
-        self.drafts[seq.id] = Draft(live, tokens, base, self.runner.mark(seq))
-        return True
+            return None
+        d = self.drafts[seq.id] = Draft(live, tokens, base, self.runner.mark(seq), self)
+        return d
 
-    def verify(self, live: Live, logits: torch.Tensor) -> list[TokenEvent]:
+    def verify(self, d: Draft, logits: torch.Tensor) -> list[TokenEvent]:
         """Sample a drafted sequence over its step's logits [1 + drafted, vocab], position
         by position, as long as the sampler draws the drafted token; the sequence goes
         back to its last kept token. Returns the tokens it gained, in order: all but the
         last are in the sequence's tokens (computed), the last is not appended yet (the
         engine does that, as after a plain step)."""
-        d = self.drafts.pop(live.seq.id)
+        del self.drafts[d.live.seq.id]
+        live = d.live
         seq, dec, st = live.seq, live.dec, live.req.stats
         k = len(d.tokens)
         events: list[TokenEvent] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -21,13 +22,60 @@ SUPPORTED = ARCHS + tuple(NESTED) + SSM_ARCHS + GEMMA_ARCHS + GPT_OSS_ARCHS
 LAYER_KINDS = ("full_attention", "linear_attention")
 MLP_KINDS = ("dense", "moe")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DTYPE_NAMES = tuple(_DTYPES)        # what a config's dtype may be
 
 
 def check_dtype(name: str) -> None:
     """Every config's dtype check (ModelConfig and the SSM and Gemma configs)."""
     if name not in _DTYPES:
         raise ValueError(f"config: unsupported dtype {name!r}")
+
+
+def hf_fields(d: dict, *, eps: float, tie: bool, bias: bool, max_pos: int) -> dict:
+    """The ModelConfig fields that config.json names alike in the families read here,
+    in model/gemma_config.py and in model/gpt_oss_config.py (transformers' keys): sizes,
+    heads, the norm's epsilon, token ids, dtype. Where a key is absent each family has
+    its own default: eps, tie (tie_word_embeddings), bias (attention_bias), max_pos."""
+    hidden = int(d["hidden_size"])
+    heads = int(d["num_attention_heads"])
+    eos = d.get("eos_token_id")
+    dtype = str(d.get("dtype") or d.get("torch_dtype") or "float32")
+    return dict(
+        arch=d["model_type"],
+        vocab_size=int(d["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(d["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=int(d.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(d.get("rms_norm_eps", eps)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", tie)),
+        attention_bias=bool(d.get("attention_bias", bias)),
+        max_position_embeddings=int(d.get("max_position_embeddings", max_pos)),
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None
+                                                                else (int(eos),)),
+        dtype=dtype if dtype in _DTYPES else "float32",
+    )
+
+
+class LayerKinds:
+    """A mixin for the configs of other families than Qwen's (model/ssm_config.py,
+    model/window_config.py): which layers keep attention KV and which a recurrent state
+    is said by each layer's kind."""
+    ATTENTION: ClassVar[tuple[str, ...]] = ()
+    RECURRENT: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def qwen(self) -> bool:
+        return False
+
+    @property
+    def n_attention(self) -> int:
+        return sum(t in self.ATTENTION for t in self.layer_types)
+
+    @property
+    def n_recurrent(self) -> int:
+        return sum(t in self.RECURRENT for t in self.layer_types)
 
 
 @dataclass(frozen=True)
@@ -132,12 +180,9 @@ class ModelConfig:
         d = text_config(d)
         model_type = d["model_type"]
         try:
-            hidden = int(d["hidden_size"])
-            heads = int(d["num_attention_heads"])
-            n_layers = int(d["num_hidden_layers"])
+            base = hf_fields(d, eps=1e-6, tie=False, bias=False, max_pos=8192)
+            n_layers = base["num_layers"]
             rope = d.get("rope_parameters") or {}
-            eos = d.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             if model_type != "llama":
                 types = d.get("layer_types") or [
                     "full_attention" if (i + 1) % int(d.get("full_attention_interval", 4)) == 0
@@ -146,35 +191,21 @@ class ModelConfig:
             else:
                 types = ["full_attention"] * n_layers
                 partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
-            dtype = str(d.get("dtype") or d.get("torch_dtype") or "float32")
             return cls(
-                arch=model_type,
-                vocab_size=int(d["vocab_size"]),
-                hidden_size=hidden,
+                **base,
                 # Qwen3.5-MoE has no dense MLP, and no intermediate_size
                 intermediate_size=int(d["intermediate_size"] if model_type != "qwen3_5_moe_text"
                                       else d.get("intermediate_size") or 0),
-                num_layers=n_layers,
-                num_heads=heads,
-                num_kv_heads=int(d.get("num_key_value_heads") or heads),
-                head_dim=int(d.get("head_dim") or hidden // heads),
                 layer_types=tuple(types),
                 rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
                 partial_rotary_factor=float(partial),
                 mrope_section=_mrope(model_type, rope),
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                attention_bias=bool(d.get("attention_bias", False)),
-                max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
                 linear_conv_kernel=int(d.get("linear_conv_kernel_dim", 4)),
                 linear_key_head_dim=int(d.get("linear_key_head_dim", 0)),
                 linear_value_head_dim=int(d.get("linear_value_head_dim", 0)),
                 linear_num_key_heads=int(d.get("linear_num_key_heads", 0)),
                 linear_num_value_heads=int(d.get("linear_num_value_heads", 0)),
                 **_moe_fields(d, n_layers),
-                bos_token_id=d.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                dtype=dtype if dtype in _DTYPES else "float32",
                 raw=dict(d),
             )
         except KeyError as e:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ckptd.model.config import DTYPE_NAMES, GEMMA_ARCHS, ModelConfig
+from ckptd.model.config import GEMMA_ARCHS, ModelConfig, hf_fields
 from ckptd.model.window_config import WindowedAttention, config_of
 
 
@@ -58,12 +58,12 @@ def _fields(d: dict) -> dict:
                              f"none), got {d[name]!r}")
     if d.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         raise ValueError(f"config: unsupported hidden_activation {d['hidden_activation']!r}")
-    n_layers = int(d["num_hidden_layers"])
+    base = hf_fields(d, eps=1e-6, tie=True, bias=False, max_pos=131072)
     types = d.get("layer_types")
     if types is None:
         every = int(d.get("sliding_window_pattern", 6))
         types = ["sliding_attention" if (i + 1) % every else "full_attention"
-                 for i in range(n_layers)]
+                 for i in range(base["num_layers"])]
     rope = d.get("rope_parameters") or {}
     full = dict(rope.get("full_attention") or {})
     local = dict(rope.get("sliding_attention") or {})
@@ -73,34 +73,15 @@ def _fields(d: dict) -> dict:
         raise ValueError(f"config: unsupported rope type {kind!r} (default and linear are)")
     if local.get("rope_type", "default") != "default":
         raise ValueError(f"config: unsupported local rope type {local['rope_type']!r}")
-    heads = int(d["num_attention_heads"])
-    hidden = int(d["hidden_size"])
-    head_dim = int(d.get("head_dim") or hidden // heads)
-    eos = d.get("eos_token_id")
     cap = d.get("final_logit_softcapping")
-    dtype = str(d.get("dtype") or d.get("torch_dtype") or "float32")
     return dict(
-        arch=d["model_type"],
-        vocab_size=int(d["vocab_size"]),
-        hidden_size=hidden,
+        **base,
         intermediate_size=int(d["intermediate_size"]),
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=int(d.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
         layer_types=tuple(types),
         rope_theta=float(full.get("rope_theta", d.get("rope_theta", 1_000_000.0))),
         rope_local_theta=float(local.get("rope_theta", d.get("rope_local_base_freq", 10000.0))),
         rope_factor=float(full.get("factor", 1.0)) if kind == "linear" else 1.0,
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
-        attention_bias=bool(d.get("attention_bias", False)),
-        max_position_embeddings=int(d.get("max_position_embeddings", 131072)),
         sliding_window=int(d.get("sliding_window") or 0),
-        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or head_dim),
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar") or base["head_dim"]),
         final_logit_softcapping=float(cap) if cap else 0.0,
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None
-                                                                else (int(eos),)),
-        dtype=dtype if dtype in DTYPE_NAMES else "float32",
     )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ckptd.model.config import DTYPE_NAMES, GPT_OSS_ARCHS, ModelConfig
+from ckptd.model.config import GPT_OSS_ARCHS, ModelConfig, hf_fields
 from ckptd.model.window_config import WindowedAttention, config_of
 
 
@@ -109,47 +109,29 @@ def _fields(d: dict) -> dict:
         raise ValueError(f"config: unsupported rope type {kind!r} (default and yarn are)")
     if kind == "yarn" and (rope.get("mscale") or rope.get("mscale_all_dim")):
         raise ValueError("config: YaRN's mscale / mscale_all_dim are not supported")
-    n_layers = int(d["num_hidden_layers"])
+    base = hf_fields(d, eps=1e-5, tie=False, bias=True, max_pos=131072)
     types = d.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                                     for i in range(n_layers)]
-    heads = int(d["num_attention_heads"])
-    hidden = int(d["hidden_size"])
-    eos = d.get("eos_token_id")
-    dtype = str(d.get("dtype") or d.get("torch_dtype") or "float32")
+                                     for i in range(base["num_layers"])]
     factor = rope.get("factor")
-    max_pos = int(d.get("max_position_embeddings", 131072))
     original = int(rope.get("original_max_position_embeddings") or 4096)
     return dict(
-        arch=d["model_type"],
-        vocab_size=int(d["vocab_size"]),
-        hidden_size=hidden,
+        **base,
         intermediate_size=int(d["intermediate_size"]),
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=int(d.get("num_key_value_heads") or heads),
-        head_dim=int(d.get("head_dim") or hidden // heads),
         layer_types=tuple(types),
         rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 150000.0))),
         rope_type=kind,
         rope_factor=float(factor if factor is not None else
-                          (max_pos / original if kind == "yarn" else 1.0)),
+                          (base["max_position_embeddings"] / original if kind == "yarn"
+                           else 1.0)),
         rope_original_max=original,
         rope_beta_fast=float(rope.get("beta_fast") or 32.0),
         rope_beta_slow=float(rope.get("beta_slow") or 1.0),
         rope_truncate=bool(rope.get("truncate", True)),
         rope_attention_factor=float(rope.get("attention_factor") or 0.0),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=bool(d.get("attention_bias", True)),
-        max_position_embeddings=max_pos,
         num_experts=int(d["num_local_experts"]),
         num_experts_per_tok=int(d["num_experts_per_tok"]),
         moe_intermediate_size=int(d["intermediate_size"]),
         sliding_window=int(d.get("sliding_window") or 0),
         swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
         swiglu_limit=float(d.get("swiglu_limit", 7.0)),
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None
-                                                                else (int(eos),)),
-        dtype=dtype if dtype in DTYPE_NAMES else "float32",
     )

@@ -21,18 +21,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ckptd.model.config import SSM_ARCHS, ModelConfig, check_dtype
+from ckptd.model.config import SSM_ARCHS, LayerKinds, ModelConfig, check_dtype
 from ckptd.model.spec import AttentionSpec, RecurrentSpec, StateSpec
 from ckptd.model.ssm_families import FAMILIES
 
 MIXERS = ("mamba2", "mamba", "full_attention", "parallel", "none")
 MLPS = ("dense", "moe", "none")
-_ATTENTION = ("full_attention", "parallel")
-_RECURRENT = ("mamba2", "mamba", "parallel")
 
 
 @dataclass(frozen=True)
-class SSMConfig(ModelConfig):
+class SSMConfig(LayerKinds, ModelConfig):
+    ATTENTION = ("full_attention", "parallel")
+    RECURRENT = ("mamba2", "mamba", "parallel")
+
     # the selective state space layers: Mamba2 heads of ssm_head_dim, or for Mamba (v1)
     # ssm_inner channels (ssm_heads 1, ssm_head_dim the channels)
     ssm_heads: int = 0
@@ -108,18 +109,6 @@ class SSMConfig(ModelConfig):
         if self.mlp_act not in ("silu", "relu2"):
             raise ValueError(f"config: unsupported MLP activation {self.mlp_act!r}")
         check_dtype(self.dtype)
-
-    @property
-    def qwen(self) -> bool:
-        return False
-
-    @property
-    def n_attention(self) -> int:
-        return sum(t in _ATTENTION for t in self.layer_types)
-
-    @property
-    def n_recurrent(self) -> int:
-        return sum(t in _RECURRENT for t in self.layer_types)
 
     @property
     def ssm_inner(self) -> int:

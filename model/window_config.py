@@ -9,14 +9,15 @@ from collections.abc import Callable
 
 import torch
 
-from ckptd.model.config import check_dtype
+from ckptd.model.config import LayerKinds, check_dtype
 from ckptd.model.spec import AttentionSpec, StateSpec
 
 KINDS = ("sliding_attention", "full_attention")
 
 
-class WindowedAttention:
+class WindowedAttention(LayerKinds):
     """A mixin for a ModelConfig dataclass with a `sliding_window` field."""
+    ATTENTION = KINDS
 
     def check_attention(self, positive: tuple[str, ...]) -> None:
         """ValueError naming the first bad field: `positive` (and the attention sizes)
@@ -37,18 +38,6 @@ class WindowedAttention:
         if self.head_dim % 2:
             raise ValueError(f"config: head_dim {self.head_dim} must be even")
         check_dtype(self.dtype)
-
-    @property
-    def qwen(self) -> bool:
-        return False
-
-    @property
-    def n_attention(self) -> int:
-        return self.num_layers
-
-    @property
-    def n_recurrent(self) -> int:
-        return 0
 
     def window(self, layer: int) -> int:
         """Keys a query of `layer` sees (its own included); 0: all of them."""
