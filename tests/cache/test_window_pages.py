@@ -8,21 +8,28 @@ restart from disk."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ckptd.cache.manager import CacheManager
-from ckptd.cache.store import CacheStore
-from ckptd.cache.work import Work
-from ckptd.daemon import memory
-from ckptd.model.loader import load_model
-from ckptd.model.runner import Runner
-from ckptd.model.spec import AttentionSpec, StateSpec
-from ckptd.model.window_pages import WindowRooms
-from ckptd.tools.make_tiny import make_tiny
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"     # before any triton.jit runs
+
+from ckptd.cache.manager import CacheManager  # noqa: E402
+from ckptd.cache.store import CacheStore  # noqa: E402
+from ckptd.cache.work import Work  # noqa: E402
+from ckptd.daemon import memory  # noqa: E402
+from ckptd.kernels import dispatch  # noqa: E402
+from ckptd.model.loader import load_model  # noqa: E402
+from ckptd.model.runner import Runner  # noqa: E402
+from ckptd.model.spec import AttentionSpec, StateSpec  # noqa: E402
+from ckptd.model.window_pages import WindowRooms  # noqa: E402
+from ckptd.tools.make_tiny import make_tiny  # noqa: E402
 
 B, STEP, PAGES = 8, 48, 256
+ROOMS = 24       # the window pool, as the daemon sizes it: windows and chunks, twice over
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +39,8 @@ def gemma(tmp_path_factory):
     return load_model(folder), ref
 
 
-def _open(model, path, **store):
-    runner = Runner(model, PAGES, 2, B, max_batch_tokens=STEP)
+def _open(model, path, rooms=ROOMS, **store):
+    runner = Runner(model, PAGES, 2, B, max_batch_tokens=STEP, window_pages=rooms)
     cache = CacheManager(runner, runner.spec, PAGES, model.fingerprint,
                          CacheStore(path, runner.spec, model.fingerprint, **store), 64)
     return runner, cache
@@ -149,6 +156,53 @@ def test_a_window_another_live_sequence_reads_stays(gemma, tmp_path):
     cache.sanity_check()
     cache.finish(a)
     cache.finish(b)
+    cache.close()
+
+
+def test_the_triton_kernels_read_the_rooms_tables(gemma, tmp_path, monkeypatch):
+    """The Triton attention and KV writes (interpreted on a CPU: the path CUDA takes)
+    through the rooms' tables: a prompt crossing several windows, then decodes, give
+    transformers' logits."""
+    model, ref = gemma
+    monkeypatch.setattr(dispatch, "MODE", "triton")
+    prompt = torch.randint(3, 500, (80,), generator=torch.Generator().manual_seed(5)).tolist()
+    runner, cache = _open(model, tmp_path)
+    seq, _, got = _compute(runner, cache, prompt)
+    assert runner.state.rooms.in_use < len(seq.pages) // 2
+    assert (got - _want(ref, prompt)).abs().max().item() <= 1e-4
+    for _ in range(2):
+        seq.tokens.append(int(got[-1].argmax()))
+        w = Work(seq, 1)
+        cache.admit([w])
+        logits = runner.run([(seq, 1)])
+        cache.after_step([w], logits)
+        got = logits.of(seq)
+    assert (got[-1] - _want(ref, seq.tokens)[-1]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+    cache.sanity_check()
+    cache.close()
+
+
+def test_a_short_window_pool_takes_back_cached_tails_rooms(gemma, tmp_path):
+    """Finished sequences' last windows keep their rooms in the prefix table; when a
+    new sequence needs more than are free, those give theirs back (their pages stay
+    for the full layers), and the next turn on an early prompt reads its window's part
+    from the store: every logit still transformers'."""
+    model, ref = gemma
+    g = torch.Generator().manual_seed(6)
+    runner, cache = _open(model, tmp_path, rooms=12)
+    prompts = [torch.randint(3, 500, (100,), generator=g).tolist() for _ in range(5)]
+    for p in prompts:
+        seq, _, got = _compute(runner, cache, p)
+        assert (got - _want(ref, p)).abs().max().item() <= 1e-4
+        cache.finish(seq)
+    assert runner.state.rooms.high_water == 12
+    turn = prompts[0] + [7, 8, 9]
+    seq, info, got = _compute(runner, cache, turn)
+    assert info.cached_tokens >= 96 and info.device_tokens < info.cached_tokens
+    assert (got - _want(ref, turn)[-got.shape[0]:]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+    cache.sanity_check()
     cache.close()
 
 
