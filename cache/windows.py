@@ -86,8 +86,8 @@ class Windows:
             return
         seq = rec.seq
         held = self.io.has_window(seq.pages[:-(-position // self.B)])
-        # a page below the store's run that lost its window part can't be put again: the
-        # store's copy of the chain stops before it (later blocks are put after it)
+        # a page the store lacks that lost its window part (the store evicted it, the
+        # device kept it) can't be put again: the store's chain has a gap there
         lost = [i for i in range(rec.stored_blocks, len(held)) if not held[i]]
         if lost:
             rec.stored_blocks = lost[-1] + 1
