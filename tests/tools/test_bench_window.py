@@ -17,6 +17,7 @@ def test_a_small_context_is_window_bounded_and_answered_from_disk(tmp_path):
     r = json.loads(out.read_text())
     kv = r["device_kv_bytes"]
     assert r["rooms_most"] <= r["rooms_bound"] < r["pages"] // 2
+    assert r["rooms_bound"] <= r["rooms_pool"] < r["pages"]
     assert kv["window_layers_most"] * 2 < kv["window_layers_if_kept"]
     assert kv["full_layers"] == r["pages"] * r["layers"]["full"] * r["layer_page_bytes"]
     assert r["question"]["device"] == 1024

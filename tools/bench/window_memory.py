@@ -18,10 +18,12 @@ runner's pools: cache/device.py, model/window_pages.py). From nothing cached:
     restart     a new runner and cache on the same folder with no RAM tier: the
                 context and that other question, from disk
 
-Reported: each layer kind's device KV bytes at the context's end (full layers: every
-page; window layers: the rooms in use, their most at once, and what keeping every page
-would cost), the phases' wall and CPU seconds, the restart's restore tier and cached
-tokens, and whether its answer and last logits equal the uncached ones.
+The window pool is sized as the daemon sizes it (daemon/memory.py: window_rooms, one
+running sequence). Reported: each layer kind's device KV bytes at the context's end
+(full layers: every page; window layers: the rooms in use, their most at once, the
+pool allocated, and what keeping every page would cost), the phases' wall and CPU
+seconds, the restart's restore tier and cached tokens, and whether its answer and last
+logits equal the uncached ones.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from ckptd.cache.manager import CacheManager
 from ckptd.cache.store import CacheStore
 from ckptd.cache.work import Work
+from ckptd.daemon import memory
 from ckptd.model.loader import load_model
 from ckptd.model.runner import Runner
 from ckptd.tools.make_tiny import make_tiny
@@ -69,7 +72,9 @@ class Session:
     """A runner and a cache manager over one store folder, driven as the engine does."""
 
     def __init__(self, model, store: Path, pages: int, block: int, step: int, **options):
-        self.runner = Runner(model, pages, 1, block, max_batch_tokens=step)
+        # the window pool as the daemon sizes it for one running sequence
+        rooms = memory.window_rooms(model.state_spec(block), 1, step)
+        self.runner = Runner(model, pages, 1, block, max_batch_tokens=step, window_pages=rooms)
         spec = self.runner.spec
         self.cache = CacheManager(self.runner, spec, pages, model.fingerprint,
                                   CacheStore(store, spec, model.fingerprint, **options))
@@ -156,6 +161,8 @@ def run(args) -> dict:
             "window_layers_most": high * n_win * layer_page,
             "window_layers_if_kept": used_pages * n_win * layer_page},
         "pages": used_pages, "rooms_at_end": at_end, "rooms_most": high,
+        "rooms_pool": rooms.num_rooms,
+        "window_pool_bytes": rooms.num_rooms * n_win * layer_page,
         "rooms_bound": -(-(args.window + 1) // args.block) + 1 + -(-args.step // args.block),
         "prefill": {"wall_s": prefill_s, "cpu_s": prefill_cpu},
         "question": {"wall_s": q_s, "cpu_s": q_cpu, "tier": info_q.tier,
