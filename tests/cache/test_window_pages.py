@@ -74,6 +74,26 @@ def _steps(runner, cache, seqs, seen=None, upto=None):
             seen.append(runner.state.rooms.in_use)
 
 
+def _decode(runner, cache, seq, got):
+    """One greedy decode step after logits `got`: its logits [1, vocab]."""
+    seq.tokens.append(int(got[-1].argmax()))
+    w = Work(seq, 1)
+    cache.admit([w])
+    logits = runner.run([(seq, 1)])
+    cache.after_step([w], logits)
+    return logits.of(seq)
+
+
+def _restore_equals(runner, cache, ref, tokens):
+    """Start `tokens` from the cache, compute the rest, check its logits against
+    transformers', finish it: the restore's info."""
+    seq, info, got = _compute(runner, cache, tokens)
+    assert (got - _want(ref, tokens)[-got.shape[0]:]).abs().max().item() <= 1e-4
+    cache.finish(seq)
+    cache.sanity_check()
+    return info
+
+
 def _want(ref, tokens):
     with torch.no_grad():
         return ref(input_ids=torch.tensor([tokens])).logits[0]
@@ -96,12 +116,7 @@ def test_window_rooms_stay_bounded_and_every_restore_is_exact(gemma, tmp_path):
     assert rooms.high_water <= bound < len(seq.pages) // 4, (rooms.high_water, len(seq.pages))
     assert max(seen) <= -(-(W + 1) // B) + 1        # between steps: the window alone
     for _ in range(6):                              # decodes: one page at a time
-        seq.tokens.append(int(got[-1].argmax()))
-        w = Work(seq, 1)
-        cache.admit([w])
-        logits = runner.run([(seq, 1)])
-        cache.after_step([w], logits)
-        got = logits.of(seq)
+        got = _decode(runner, cache, seq, got)
         assert rooms.in_use <= -(-(W + 1) // B) + 1
     answer = list(seq.tokens)
     assert (got[-1] - _want(ref, answer)[-1]).abs().max().item() <= 1e-4
@@ -112,28 +127,20 @@ def test_window_rooms_stay_bounded_and_every_restore_is_exact(gemma, tmp_path):
 
     # the next turn restores from the device pages whose window part stayed
     turn = answer + [11, 12, 13, 14, 15]
-    seq, info, got = _compute(runner, cache, turn)
-    assert info.device_tokens >= len(answer) - B and seq.num_computed == len(turn)
-    assert (got - _want(ref, turn)[-got.shape[0]:]).abs().max().item() <= 1e-4
-    cache.finish(seq)
+    info = _restore_equals(runner, cache, ref, turn)
+    assert info.device_tokens >= len(answer) - B
 
     # parting mid-way: the device pages there lost their window part; the store has it
     part = prompt[:301] + [21, 22, 23]
-    seq, info, got = _compute(runner, cache, part)
+    info = _restore_equals(runner, cache, ref, part)
     assert info.cached_tokens >= 296 and info.device_tokens < info.cached_tokens
-    assert (got - _want(ref, part)[-got.shape[0]:]).abs().max().item() <= 1e-4
-    cache.finish(seq)
-    cache.sanity_check()
     cache.close()
 
     # after a restart, from disk alone
     runner, cache = _open(model, tmp_path, host_budget=0)
     again = answer + [31, 32]
-    seq, info, got = _compute(runner, cache, again)
+    info = _restore_equals(runner, cache, ref, again)
     assert info.tier == "disk" and info.cached_tokens >= len(answer) - B
-    assert (got - _want(ref, again)[-got.shape[0]:]).abs().max().item() <= 1e-4
-    cache.finish(seq)
-    cache.sanity_check()
     cache.close()
 
 
@@ -171,12 +178,7 @@ def test_the_triton_kernels_read_the_rooms_tables(gemma, tmp_path, monkeypatch):
     assert runner.state.rooms.in_use < len(seq.pages) // 2
     assert (got - _want(ref, prompt)).abs().max().item() <= 1e-4
     for _ in range(2):
-        seq.tokens.append(int(got[-1].argmax()))
-        w = Work(seq, 1)
-        cache.admit([w])
-        logits = runner.run([(seq, 1)])
-        cache.after_step([w], logits)
-        got = logits.of(seq)
+        got = _decode(runner, cache, seq, got)
     assert (got[-1] - _want(ref, seq.tokens)[-1]).abs().max().item() <= 1e-4
     cache.finish(seq)
     cache.sanity_check()
@@ -198,11 +200,8 @@ def test_a_short_window_pool_takes_back_cached_tails_rooms(gemma, tmp_path):
         cache.finish(seq)
     assert runner.state.rooms.high_water == 12
     turn = prompts[0] + [7, 8, 9]
-    seq, info, got = _compute(runner, cache, turn)
+    info = _restore_equals(runner, cache, ref, turn)
     assert info.cached_tokens >= 96 and info.device_tokens < info.cached_tokens
-    assert (got - _want(ref, turn)[-got.shape[0]:]).abs().max().item() <= 1e-4
-    cache.finish(seq)
-    cache.sanity_check()
     cache.close()
 
 
