@@ -10,7 +10,9 @@ snapshot there:
                context's end), taken while the first prompt is computed
     tail       a few offsets before a raw prompt's end (TAIL_OFFSETS, hybrid models):
                the next question after the same document parts there, within their
-               own byte budget; a branch point replaces them (cache/store/thin.py)
+               own byte budget and TAIL_COST_SHARE of the prefill's time: where a step
+               ends anyway they cost no step (tail_stops); a branch point replaces
+               them (cache/store/thin.py)
     interval   every snapshot_interval tokens of a long prefill (hybrid models, whose
                recurrent state can't be cut back), spaced so that their bytes stay
                within a budget: dense near the prompt's end, sparse far from it
@@ -19,11 +21,14 @@ snapshot there:
 A checkpoint is captured right after the step that reaches it (copies of the blocks
 the store lacks and the snapshot) and put into the store later, off the first
 token's path: at the next admit, when the engine goes idle, or when the sequence
-finishes. The stop plan is pure functions (interval_stops, tail_stops), tested alone.
+finishes (tail checkpoints: once the prompt is done). The stop plan is pure functions
+(interval_stops, step_ends, tail_stops), tested alone.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -60,24 +65,56 @@ def interval_stops(start: int, end: int, interval: int, max_count: int) -> list[
     return sorted(k * interval for k in picked)
 
 
-def interval_stops_beside(start: int, end: int, interval: int, max_count: int,
-                          taken: set[int]) -> list[int]:
-    """interval_stops, at most max_count of them besides the positions in `taken` (tail
-    stops planned already): one that falls on a taken position is not counted, and the
-    plan reaches one step further back instead."""
-    n = max_count
+# The issue's bound: tail snapshots may make a cold prefill at most this much slower
+TAIL_COST_SHARE = 0.03
+
+
+def step_ends(start: int, end: int, stops: Collection[int], step: int) -> set[int]:
+    """Where a lone prefill from `start` to `end` ends its steps before `end`: every
+    `step` tokens, counted again from each stop (a chunk ends at the next stop). These
+    are the places a snapshot costs no step of its own."""
+    ends, pos = set(), start
+    ahead = sorted(p for p in stops if start < p < end)
     while True:
-        got = [p for p in interval_stops(start, end, interval, n) if p not in taken]
-        if len(got) >= max_count or n >= max_count + len(taken):
-            return got
-        n += 1
+        pos = min([pos + step, end, *(p for p in ahead if p > pos)])
+        if pos >= end:
+            return ends
+        ends.add(pos)
 
 
-def tail_stops(start: int, end: int, floor: int, count: int) -> list[int]:
-    """Tail snapshot positions of a prompt of `end` tokens computed from `start`:
-    TAIL_OFFSETS before its end, nearest the end first, at most `count`, all above
-    `floor` (a branch point planned there replaces those below it)."""
-    return [end - o for o in TAIL_OFFSETS if end - o > max(start, floor)][:max(count, 0)]
+@dataclass(frozen=True)
+class TailCosts:
+    """What tail snapshots cost a prefill's first token, in seconds (Rates measures the
+    parts): a stop where no step ends costs one more step (its fixed part: the weights
+    read, the per-step work); every one captures a snapshot on the way; together they
+    may add `allowed` (TAIL_COST_SHARE of the prefill's expected time)."""
+    step: float
+    snapshot: float
+    allowed: float
+
+
+def tail_stops(start: int, end: int, floor: int, count: int,
+               free: Collection[int] = (), costs: TailCosts | None = None) -> list[int]:
+    """Tail snapshot positions of a prompt of `end` tokens computed from `start`, nearest
+    the end first, at most `count`, all above `floor` (a branch point planned there
+    replaces those below it). Each TAIL_OFFSETS rung o has a window, from o back from
+    the end up to the rung before it: a position in `free` (where a step ends anyway)
+    inside it serves the rung without a step of its own (the deepest such one), else
+    the stop goes at end - o. With `costs`, a rung is left out when it would take the
+    tails past their allowed time."""
+    got: list[int] = []
+    spent, near = 0.0, 0
+    for o in TAIL_OFFSETS:
+        lo, hi, near = end - o, end - near, o
+        if lo <= max(start, floor) or len(got) >= count:
+            break
+        at = max((p for p in free if lo <= p < hi), default=None)
+        cost = 0.0 if costs is None else costs.snapshot + (costs.step if at is None else 0.0)
+        if costs is not None and spent + cost > costs.allowed:
+            continue
+        spent += cost
+        got.append(lo if at is None else at)
+    return got
 
 
 def tail_budget(tokens: int, spec: StateSpec, ratio: float = 1.0) -> int:
@@ -110,6 +147,7 @@ class Checkpoint:
     pages: torch.Tensor | None    # blocks first_block.. [n, *kv_shape()], or None
     snapshot: Snapshot
     role: str                     # INTERVAL, END, BRANCH or TAIL (cache/entry.py)
+    seq_id: int = -1
 
 
 class Checkpointer:
@@ -119,6 +157,8 @@ class Checkpointer:
         self.B = spec.block_size
         self.max_snapshots = max_snapshots
         self.pending: list[Checkpoint] = []
+        # snapshot bytes captured, by role: what each kind of stop costs (tools/bench/cache)
+        self.snapshot_bytes: Counter[str] = Counter()
 
     def capture(self, rec: Tracked, logits: torch.Tensor | None, role: str) -> None:
         """Copy what a checkpoint at seq.num_computed stores: the full blocks the store
@@ -138,10 +178,11 @@ class Checkpointer:
             if self.spec.is_hybrid:
                 snap.conv, snap.ssm = io.read_recurrent(seq.cell)
         rec.stored_blocks = max(first, n_full)
+        self.snapshot_bytes[role] += sum(t.nbytes for t in snap.tensors().values())
         if logits is not None:
             snap.logits = logits.detach().float().to("cpu", copy=True)   # kept on the host
         self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
-                                       snap, role))
+                                       snap, role, seq.id))
 
     def capture_blocks(self, rec: Tracked, upto: int) -> None:
         """Copy the sequence's blocks the store lacks below block `upto`, and no snapshot:

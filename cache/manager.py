@@ -25,14 +25,17 @@ from collections import Counter
 from collections.abc import Collection
 
 from ckptd.cache.checkpoints import (
+    TAIL_COST_SHARE,
     Checkpointer,
-    interval_stops_beside,
+    TailCosts,
+    interval_stops,
     snapshot_budget,
+    step_ends,
     tail_budget,
     tail_stops,
 )
 from ckptd.cache.device import DevicePages, OutOfPages
-from ckptd.cache.entry import BRANCH, END, INTERVAL, TAIL
+from ckptd.cache.entry import BRANCH, END, INTERVAL, TAIL, TAIL_OFFSETS
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.lookup import DEVICE
 from ckptd.cache.restorer import Restorer
@@ -48,9 +51,11 @@ from ckptd.model.vision.positions import inside
 class CacheManager:
     def __init__(self, io: StateIO, spec: StateSpec, num_pages: int, fingerprint: str,
                  store: CacheStore | None = None, snapshot_interval: int = 1024,
-                 max_snapshots: int = 16, snapshot_budget: float = 1.0) -> None:
+                 max_snapshots: int = 16, snapshot_budget: float = 1.0,
+                 step_tokens: int | None = None) -> None:
         """snapshot_budget: a prefill's interval snapshots take at most this many times
-        its context's KV bytes (cache/checkpoints.py)."""
+        its context's KV bytes (cache/checkpoints.py). step_tokens: the scheduler's
+        prefill chunk, where tail snapshots cost no step of their own (None: unknown)."""
         B = spec.block_size
         if store is not None and store.B != B:
             raise ValueError("store and runner must use the same block size")
@@ -69,6 +74,7 @@ class CacheManager:
         if snapshot_budget <= 0:
             raise ValueError(f"snapshot_budget must be positive, got {snapshot_budget}")
         self.interval, self.max_snapshots = snapshot_interval, max_snapshots
+        self.step_tokens = step_tokens
         self.snapshot_ratio = snapshot_budget
         windowed = spec.attention is not None and bool(spec.attention.windows)
         self.device = DevicePages(num_pages, B, None if store is None else self._device_evicted,
@@ -129,8 +135,11 @@ class CacheManager:
         that can't have them is refused: a new sequence Deferred (it holds nothing), a
         running one Stalled; and when no work can run at all, the newest stalled one
         gives its pages back (a prefill is Deferred, its checkpoints make the next try
-        cheap; a decode fails)."""
-        self.checkpoints.store_pending()
+        cheap; a decode fails). Captured checkpoints go into the store first, unless a
+        prefill is in its tail: its last steps then wait for none of that (its tails'
+        blocks and snapshots are at most TAIL_WINDOW tokens' worth)."""
+        if not self._in_tail():
+            self.checkpoints.store_pending()
         for w in sorted(batch, key=lambda w: w.new):
             if not w.runs:
                 continue
@@ -286,9 +295,11 @@ class CacheManager:
         """Where this prefill stops for a snapshot: where the prompt parts from what is
         cached (or from a prompt waiting for this one), and, for a hybrid (whose state
         can't be cut back: an attention-only model restores at any block or cut page),
-        at its anchors, its tails within their byte budget, and interval positions
-        within the snapshot byte budget. Intervals leave room for the rest within
-        --max-snapshots, so that none of what this prefill leaves is thinned at once.
+        at its anchors, interval positions within the snapshot byte budget, and its
+        tails within their byte and time budgets (where a step ends anyway, they cost no
+        step: an interval stop there serves as one). Intervals leave room for the rest
+        within --max-snapshots, so that none of what this prefill leaves is thinned at
+        once.
         A stop that would fall inside an image moves to the image's start (no state is
         taken inside one)."""
         P, end, spec = rec.seq.num_computed, rec.prompt_len, self.spec
@@ -304,16 +315,38 @@ class CacheManager:
             rec.stops[p] = BRANCH
         if not spec.is_hybrid:
             return
-        tail = set()
-        if tails:
-            tail = placed(tail_stops(P, end, max(branch, default=0),
-                                     tail_budget(end - P, spec, self.snapshot_ratio))) - branch
+        count = tail_budget(end - P, spec, self.snapshot_ratio) if tails else 0
+        costs = self._tail_costs(end - P)
+        for reserved in range(min(count, len(TAIL_OFFSETS)) + 1):    # the most intervals
+            room = self.max_snapshots - 1 - len(branch) - reserved
+            budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
+            interval = placed(interval_stops(P, end, self.interval, budget)) - branch
+            planned = branch | interval
+            free = (step_ends(P, end, planned, self.step_tokens) if self.step_tokens
+                    else planned)
+            tail = placed(tail_stops(P, end, max(branch, default=0), count, free, costs))
+            tail -= planned                          # an interval stop serves as one
+            if len(tail) <= reserved:
+                break
+        for p in interval:
+            rec.stops[p] = INTERVAL
         for p in tail:
             rec.stops[p] = TAIL
-        room = self.max_snapshots - 1 - len(branch) - len(tail)
-        budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
-        for p in placed(interval_stops_beside(P, end, self.interval, budget, tail)):
-            rec.stops.setdefault(p, INTERVAL)
+
+    def _in_tail(self) -> bool:
+        """Whether a pending checkpoint is a tail of a prompt still being computed."""
+        for cp in self.checkpoints.pending:
+            rec = self.live.get(cp.seq_id) if cp.role == TAIL else None
+            if rec is not None and not rec.prompt_done:
+                return True
+        return False
+
+    def _tail_costs(self, tokens: int) -> TailCosts:
+        """What tails cost a prefill of `tokens`, by the measured rates: a step's fixed
+        part, a snapshot's copy off the device, within TAIL_COST_SHARE of its time."""
+        r = self.rates
+        return TailCosts(r.step_seconds, self.spec.snapshot_bytes() / r.bytes_per_s["host"],
+                         TAIL_COST_SHARE * tokens / r.prefill_tps)
 
     def _preempt(self, batch: list[Work]) -> None:
         """No work can run: the newest stalled one gives its pages back. A prefill is

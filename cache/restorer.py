@@ -28,6 +28,11 @@ from ckptd.model.spec import StateSpec
 
 _ATTEMPTS = 8      # each failed load lowers the limit, so the loop ends anyway
 _HIT_FLOOR = 0.1   # the least share of remote searches assumed to find something
+# A model step's fixed cost in prefill tokens until a decode step is measured: a step of
+# a few tokens costs about as much as ~130 more in a long chunk (tiny hybrid on a 2-core
+# EPYC: 16 tokens 6-9 ms, 1,024 tokens 52-64 ms; a GPU's decode step reads the weights,
+# ~ a hundred tokens of its prefill too)
+_STEP_TOKENS = 128
 
 
 class Rates:
@@ -43,6 +48,7 @@ class Rates:
         # stops paying a search per prompt that can't pay off, never below a floor, so
         # a long shared context is still asked for.
         self.remote_hit = 1.0
+        self.measured_step: float | None = None    # seconds; Engine measures decode steps
 
     def read_seconds(self, plan: RestorePlan) -> float:
         by_tier = plan.bytes_by_tier()
@@ -59,6 +65,19 @@ class Rates:
         if nbytes > 0 and seconds > 0:
             self.update_read(REMOTE, nbytes, max(seconds - rounds * self.remote_latency,
                                                  seconds / 10))
+
+    @property
+    def step_seconds(self) -> float:
+        """A model step's fixed cost (what one more prefill step adds): a decode step's
+        time, as measured, else _STEP_TOKENS tokens of prefill."""
+        if self.measured_step is not None:
+            return self.measured_step
+        return _STEP_TOKENS / self.prefill_tps
+
+    def update_step(self, seconds: float) -> None:
+        if seconds > 0:
+            m = self.measured_step
+            self.measured_step = seconds if m is None else 0.8 * m + 0.2 * seconds
 
     def update_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= 16 and seconds > 0:

@@ -267,6 +267,8 @@ class Engine(InProcess):
             st.predicted_ms = (time.perf_counter() - live.t_decode) * 1000
             self.counters["predicted_ms"] += st.predicted_ms
             self.observations.append(("decode", st.predicted_ms / 1000))
+            if st.predicted_n > 1:       # the first token came with the prompt's last step
+                self.cache.rates.update_step(st.predicted_ms / 1000 / (st.predicted_n - 1))
         self.counters["max_sequence_tokens"] = max(self.counters["max_sequence_tokens"],
                                                    len(live.seq.tokens))
         # the next turn resumes after this answer

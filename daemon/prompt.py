@@ -24,6 +24,7 @@ contexts and images become tokens the same way whichever API asked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
@@ -44,7 +45,7 @@ from ckptd.model.runner import Runner
 from ckptd.model.text.tokenizer import Tokenizer
 from ckptd.model.text.tool_calls import generic
 from ckptd.model.text.tool_calls.detect import ToolSyntax, detect
-from ckptd.model.text.tool_calls.reasoning import uses_thinking
+from ckptd.model.text.tool_calls.reasoning import THINK, marks_of
 
 # between the other files of an /infill request when the vocabulary has no file separator
 _SNIPPET = "\n\n--- snippet ---\n\n"
@@ -112,6 +113,9 @@ class PromptBuilder:
                 messages = _with_system(messages, generic.instructions(chat.tools))
             if syntax.string_arguments:
                 messages = _string_arguments(messages)
+        if any(m.get("tool_calls") or m.get("tool_call_id") is not None for m in messages) \
+                and self.tool_syntax().short_ids:
+            messages = _short_ids(messages)
         variables.update(chat.kwargs)
         try:
             return self.tokenizer.apply_chat_template(messages, add, **variables) + tail
@@ -135,7 +139,9 @@ class PromptBuilder:
             src = self.tokenizer.chat_template
             render = lambda msgs, tools: self.tokenizer.apply_chat_template(   # noqa: E731
                 msgs, True, **self._variables(tools, None))
-            self._syntax = replace(detect(render), thinking=uses_thinking(src))
+            marks = marks_of(src)
+            self._syntax = replace(detect(render), thinking=marks is not None,
+                                   marks=marks or THINK)
         return self._syntax
 
     def context_tokens(self, ctx: Context) -> list[int]:
@@ -274,6 +280,27 @@ def _string_arguments(messages: list[dict]) -> list[dict]:
                 {**c, "function": {**c["function"], "arguments": json.dumps(
                     c["function"]["arguments"], ensure_ascii=False)}}
                 for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
+def short_id(call_id: str) -> str:
+    """A call id as a template that takes only ids of 9 letters or digits (Mistral's)
+    takes it: the same id each time, so a call and its result still match (vLLM cuts
+    ids for these templates too)."""
+    if len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
+def _short_ids(messages: list[dict]) -> list[dict]:
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "id": short_id(str(c.get("id", "")))}
+                                     for c in m["tool_calls"]]}
+        if m.get("tool_call_id") is not None:
+            m = {**m, "tool_call_id": short_id(str(m["tool_call_id"]))}
         out.append(m)
     return out
 

@@ -99,7 +99,8 @@ class Runtime:
                            disk_budget=cfg.disk_budget, host_budget=sizes.host_bytes,
                            queue_bytes=cfg.write_queue, remote=remote)
         cache = CacheManager(runner, runner.spec, sizes.kv_pages, model.fingerprint, store,
-                             cfg.snapshot_interval, cfg.max_snapshots, cfg.snapshot_budget)
+                             cfg.snapshot_interval, cfg.max_snapshots, cfg.snapshot_budget,
+                             cfg.step_tokens)
         speculation = None
         if draft is not None:
             drafter = Drafter(draft, sizes.kv_pages, cfg.parallel, B, cfg.step_tokens,

@@ -70,9 +70,10 @@ class Library:
         self._lock = threading.Lock()
 
     def load(self) -> ctypes.CDLL | None:
+        if self.tried:          # every kernel call asks: no lock once the answer is known
+            return self.lib
         with self._lock:
             if not self.tried:
-                self.tried = True
                 if os.environ.get(self.switch, "1") != "0":
                     try:
                         lib = build(self.src, self.flags, self.prefix)
@@ -83,4 +84,5 @@ class Library:
                         tail = (": " + err.decode(errors="replace")[-300:]) if err else ""
                         log.warning("cannot build %s (%s%s); %s", self.src, e, tail,
                                     self.fallback)
+                self.tried = True     # after lib: a thread that sees it sees the answer
             return self.lib

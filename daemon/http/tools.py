@@ -19,7 +19,9 @@ from ckptd.model.text.tool_calls.reply import Delta, ReplySpec
 def reply_spec(svc, chat: ChatPrompt, tokens: list[int]) -> ReplySpec:
     """How to read the answer to `chat`, whose prompt is `tokens`."""
     syntax = svc.prompts.tool_syntax()
-    open_thinking = syntax.thinking and opens_thinking(svc.tokenizer.decode(tokens[-8:]))
+    # (a mark such as <|START_THINKING|> is many tokens where it is no special token)
+    open_thinking = syntax.thinking and opens_thinking(svc.tokenizer.decode(tokens[-32:]),
+                                                       syntax.marks)
     calls = bool(chat.tools) and chat.tool_choice != "none" and syntax.fmt is not None
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
                for t in chat.tools} if calls else {}
@@ -28,7 +30,7 @@ def reply_spec(svc, chat: ChatPrompt, tokens: list[int]) -> ReplySpec:
         else None
     thinking = syntax.thinking and chat.reasoning_format != "none"
     return ReplySpec(fmt, schemas, thinking, open_thinking,
-                     chat.parallel_tool_calls and chat.tool_name is None)
+                     chat.parallel_tool_calls and chat.tool_name is None, syntax.marks)
 
 
 def with_tool_grammar(chat: ChatPrompt, spec: ReplySpec, g: Generate) -> Generate:
@@ -40,7 +42,8 @@ def with_tool_grammar(chat: ChatPrompt, spec: ReplySpec, g: Generate) -> Generat
     # a request that turns thinking off gets calls only (a block still open is closed)
     thinking = spec.thinking and chat.enable_thinking is not False
     src = structural_tag(spec.fmt, chat.tools, chat.tool_choice, chat.tool_name,
-                         spec.parallel, spec.open_thinking, thinking, modern_schema)
+                         spec.parallel, spec.open_thinking, thinking, modern_schema,
+                         spec.marks)
     if src is None:
         return g
     if g.constraint is not None:

@@ -163,6 +163,63 @@ static void attend_pages(const float *q, const float *k, const float *v,
     }
 }
 
+/* Each of H heads' R rows from its `splits` items in work (o [R, D], m [R], l [R]
+ * each): out [H, R, D] normalised, and lse [H, R] unless it is NULL. */
+static void merge(const float *work, int64_t H, int64_t splits, int64_t R, int64_t D,
+                  float *out, float *lse)
+{
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t r = 0; r < R; r++) {
+            float mx = -FLT_MAX;
+            for (int64_t sp = 0; sp < splits; sp++) {
+                float ms = work[(h * splits + sp) * R * (D + 2) + R * D + r];
+                mx = ms > mx ? ms : mx;
+            }
+            float sum = 0.0f;
+            float *dst = out + (h * R + r) * D;
+            memset(dst, 0, sizeof(float) * D);
+            for (int64_t sp = 0; sp < splits; sp++) {
+                const float *o = work + (h * splits + sp) * R * (D + 2);
+                float ls = o[R * D + R + r];
+                if (ls == 0.0f)
+                    continue;
+                float c = expf(o[R * D + r] - mx);
+                sum += ls * c;
+                for (int64_t d = 0; d < D; d++)
+                    dst[d] += c * o[r * D + d];
+            }
+            float inv = 1.0f / sum;
+            for (int64_t d = 0; d < D; d++)
+                dst[d] *= inv;
+            if (lse)
+                lse[h * R + r] = mx + logf(sum);
+        }
+    }
+}
+
+/* One item's pages: run sp of `splits` over the sequence's ceil(n / B) pages (fewer
+ * runs where it has fewer pages than splits: the rest are empty, p0 >= p1). */
+static void item_pages(int64_t n, int64_t B, int64_t splits, int64_t sp, int64_t *p0,
+                       int64_t *p1)
+{
+    int64_t pages = (n + B - 1) / B;
+    int64_t runs = splits < pages ? splits : pages;
+    int64_t per = (pages + runs - 1) / runs;
+    *p0 = sp * per;
+    *p1 = *p0 + per < pages ? *p0 + per : pages;
+}
+
+/* An item of nothing: no rows, no weight (merge skips it) */
+static void empty_item(float *o, int64_t R, int64_t D)
+{
+    float *m = o + R * D, *l = m + R;
+    for (int64_t r = 0; r < R; r++) {
+        m[r] = -FLT_MAX;
+        l[r] = 0.0f;
+    }
+    memset(o, 0, sizeof(float) * R * D);
+}
+
 /*
  * q [Hkv, R, D]; k, v: the layer's K and V of kv head 0, heads `hs` floats apart;
  * table: the sequence's pages; keys 0..n-1; out [Hkv, R, D]; lse [Hkv, R] (natural
@@ -189,40 +246,73 @@ void ckpa_attend(const float *q, const float *k, const float *v, int64_t hs,
         float *o = work + it * R * (D + 2);
         float *m = o + R * D, *l = m + R;
         if (p0 >= p1) {
-            for (int64_t r = 0; r < R; r++) {
-                m[r] = -FLT_MAX;
-                l[r] = 0.0f;
-            }
-            memset(o, 0, sizeof(float) * R * D);
+            empty_item(o, R, D);
             continue;
         }
         attend_pages(q + h * R * D, k + h * hs, v + h * hs, table, p0, p1, n, B, D, R,
                      scale, o, m, l);
     }
-    for (int64_t h = 0; h < Hkv; h++) {
-        for (int64_t r = 0; r < R; r++) {
-            float mx = -FLT_MAX;
-            for (int64_t sp = 0; sp < splits; sp++) {
-                float ms = work[(h * splits + sp) * R * (D + 2) + R * D + r];
-                mx = ms > mx ? ms : mx;
-            }
-            float sum = 0.0f;
-            float *dst = out + (h * R + r) * D;
-            memset(dst, 0, sizeof(float) * D);
-            for (int64_t sp = 0; sp < splits; sp++) {
-                float *o = work + (h * splits + sp) * R * (D + 2);
-                float ls = o[R * D + R + r];
-                if (ls == 0.0f)
-                    continue;
-                float c = expf(o[R * D + r] - mx);
-                sum += ls * c;
-                for (int64_t d = 0; d < D; d++)
-                    dst[d] += c * o[r * D + d];
-            }
-            float inv = 1.0f / sum;
-            for (int64_t d = 0; d < D; d++)
-                dst[d] *= inv;
-            lse[h * R + r] = mx + logf(sum);
+    merge(work, Hkv, splits, R, D, out, lse);
+}
+
+/* Rotate-half rotary of x's first R dims (pairs j and j + R/2) by c, s [R], as
+ * x * c + rotate_half(x) * s in separate roundings: torch's ops, value for value. */
+__attribute__((optimize("fp-contract=off")))
+static void rotate(float *x, const float *c, const float *s, int64_t R)
+{
+    int64_t half = R / 2;
+    for (int64_t j = 0; j < half; j++) {
+        float a = x[j], b = x[j + half];
+        x[j] = a * c[j] + (-b) * s[j];
+        x[j + half] = b * c[j + half] + a * s[j + half];
+    }
+}
+
+/*
+ * One attention layer of a decode step, N sequences of one new token each, after the
+ * q/k/v projection: qkv [N, (Hq + 2 Hkv) * D] (q heads, k heads, v heads). Each
+ * token's q and k heads are rotated by cos, sin [N, Rr] (q into q [N, Hq, D], the
+ * caller's scratch), its k and v written at row kv_index[i] of the layer's K and V
+ * (k, v: kv head 0's matrix, heads hs floats apart), then its Hq / Hkv query heads per
+ * kv head attend keys 0 .. lens[i] - 1 of its pages (tables + i * W): out [N, Hq, D].
+ * splits: runs of pages per (sequence, kv head); work: N * Hkv * splits * (Hq / Hkv)
+ * * (D + 2) floats.
+ */
+void ckpa_decode_step(const float *qkv, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
+                      const float *cos, const float *sin, int64_t Rr, float *k, float *v,
+                      int64_t hs, const int64_t *kv_index, const int32_t *tables,
+                      int64_t W, const int32_t *lens, int64_t B, float scale,
+                      int64_t splits, float *q, float *out, float *work, int nthreads)
+{
+    int64_t row = (Hq + 2 * Hkv) * D, R = Hq / Hkv;
+    for (int64_t i = 0; i < N; i++) {
+        const float *src = qkv + i * row, *c = cos + i * Rr, *s = sin + i * Rr;
+        float *qi = q + i * Hq * D;
+        memcpy(qi, src, sizeof(float) * Hq * D);
+        for (int64_t h = 0; h < Hq; h++)
+            rotate(qi + h * D, c, s, Rr);
+        for (int64_t h = 0; h < Hkv; h++) {
+            float *kd = k + h * hs + kv_index[i] * D;
+            memcpy(kd, src + (Hq + h) * D, sizeof(float) * D);
+            rotate(kd, c, s, Rr);
+            memcpy(v + h * hs + kv_index[i] * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
         }
     }
+    if (splits < 1)
+        splits = 1;
+    int64_t items = N * Hkv * splits;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t i = it / (Hkv * splits), h = it / splits % Hkv, sp = it % splits;
+        float *o = work + it * R * (D + 2);
+        int64_t p0, p1;
+        item_pages(lens[i], B, splits, sp, &p0, &p1);
+        if (p0 >= p1) {
+            empty_item(o, R, D);
+            continue;
+        }
+        attend_pages(q + (i * Hq + h * R) * D, k + h * hs, v + h * hs, tables + i * W, p0,
+                     p1, lens[i], B, D, R, scale, o, o + R * D, o + R * D + R);
+    }
+    merge(work, N * Hkv, splits, R, D, out, NULL);
 }

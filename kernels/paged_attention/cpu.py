@@ -35,6 +35,10 @@ def _bind(dll: ctypes.CDLL) -> None:
     dll.ckpa_attend.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                 ctypes.c_float, i64, ptr, ptr, ptr, ctypes.c_int]
     dll.ckpa_attend.restype = None
+    dll.ckpa_decode_step.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, i64,
+                                     ptr, ptr, i64, ptr, i64, ctypes.c_float, i64, ptr, ptr,
+                                     ptr, ctypes.c_int]
+    dll.ckpa_decode_step.restype = None
 
 
 library = cbuild.Library(_SRC, _FLAGS, "ckpa", "CKPTD_ATTN_CPU", _bind,
@@ -81,3 +85,51 @@ def attend(q: torch.Tensor, memory: torch.Tensor, layer: int, table: torch.Tenso
                      table.data_ptr(), n, block_size, D, Hkv, R, scale, splits,
                      out.data_ptr(), lse.data_ptr(), work.data_ptr(), threads)
     return out.view(Hq, T, D), lse.view(Hq, T)
+
+
+def decode_splits(n_seqs: int, max_len: int, Hkv: int, block_size: int, threads: int) -> int:
+    """Runs of pages per (sequence, kv head) for a decode step: enough items to even out
+    the threads, each of at least a few pages (attend's rule, over n_seqs sequences)."""
+    pages = -(-max_len // block_size)
+    items = -(-_ITEMS_PER_THREAD * threads // (Hkv * n_seqs))
+    return max(1, min(pages // _MIN_PAGES, items, pages))
+
+
+def decode_scratch(n_seqs: int, heads: tuple[int, int], D: int, splits: int) -> int:
+    """fp32 values of decode_step's scratch: the rotated queries and the items' work."""
+    Hq, Hkv = heads
+    return n_seqs * Hq * D + n_seqs * Hkv * splits * (Hq // Hkv) * (D + 2)
+
+
+def decode_step(qkv: torch.Tensor, memory: torch.Tensor, layer: int, cos: torch.Tensor,
+                sin: torch.Tensor, kv_index: torch.Tensor, tables: torch.Tensor,
+                lens: torch.Tensor, heads: tuple[int, int], scale: float, block_size: int,
+                splits: int, out: torch.Tensor | None = None,
+                scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """One attention layer of a decode step after its q/k/v projection, in one call:
+    qkv [N, (Hq + 2 Hkv) * D] fp32; each token's q and k rotated by cos, sin [N, R]
+    (rotate-half, the first R dims), its k and v written at kv_index [N] (int64, page *
+    B + offset) of `layer` in head-major memory [n_attn, 2, Hkv, P * B, D], and its query
+    heads attend keys 0 .. lens[i] - 1 (int32 [N], the new one included) of its pages
+    tables[i] (int32 [N, W]). heads: (Hq, Hkv). Returns [N, Hq * D] (into `out` when
+    given); scratch: decode_scratch(...) fp32 values, or None to allocate them.
+
+    The caller checks the arguments once per step (model/arch/decode_cpu.py): the C
+    code trusts every index, so the tables must hold each sequence's pages."""
+    Hq, Hkv = heads
+    N, D = qkv.shape[0], memory.shape[-1]
+    if out is None:
+        out = torch.empty(N, Hq * D, dtype=torch.float32, device=qkv.device)
+    if scratch is None:
+        scratch = torch.empty(decode_scratch(N, heads, D, splits), dtype=torch.float32,
+                              device=qkv.device)
+    q = scratch.data_ptr()
+    work = q + N * Hq * D * 4
+    k = memory.data_ptr() + layer * memory.stride(0) * 4       # no views: a step asks
+    v = k + memory.stride(1) * 4                                # once per layer
+    library.lib.ckpa_decode_step(
+        qkv.data_ptr(), N, Hq, Hkv, D, cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
+        k, v, memory.stride(2), kv_index.data_ptr(), tables.data_ptr(), tables.shape[1],
+        lens.data_ptr(), block_size, scale, splits, q, out.data_ptr(), work,
+        torch.get_num_threads())
+    return out

@@ -14,6 +14,7 @@ instead (slower, same values).
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 
 import torch
@@ -52,6 +53,18 @@ def supports(qt: QuantTensor) -> bool:
             and qt.shape[-1] % 32 == 0 and available())
 
 
+_local = threading.local()
+
+
+def _scratch(n: int) -> torch.Tensor:
+    """gemv's per-thread rows (n floats), kept per calling thread: a decode step
+    multiplies ~100 times, and the rows are scratch, read only after written."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.numel() < n:
+        buf = _local.scratch = torch.empty(n, dtype=torch.float32, device="cpu")
+    return buf
+
+
 def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
@@ -76,7 +89,7 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None
     if M <= GEMV_ROWS:
         y = torch.empty(M, N, dtype=torch.float32)
         threads = torch.get_num_threads()
-        scratch = torch.empty(threads, K, dtype=torch.float32)   # a row per thread
+        scratch = _scratch(threads * K)                           # a row per thread
         library.lib.ckq_gemv(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), N, K, _ptr(x), M,
                       _ptr(y), _ptr(scratch), threads)
         return y if bias is None else y.add_(bias)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ckptd.model.arch import decode_cpu
 from ckptd.model.arch.gdn import GatedDeltaNet
 from ckptd.model.arch.layers import MLP, Attention, Matmul, RMSNorm, StepContext, matmul_of
 from ckptd.model.arch.moe import SparseMoE
@@ -36,7 +37,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StepContext,
+                decode: decode_cpu.DecodeStep | None = None) -> torch.Tensor:
+        """decode: a CPU decode step's shared arguments, where its fused path applies
+        (model/arch/decode_cpu.py); a plain attention layer then takes it, and updates
+        the residual stream x in place."""
+        if decode is not None and self.kind == "full_attention" \
+                and decode_cpu.applies(self.self_attn):
+            return decode_cpu.decoder_layer(self, x, decode)
         mixer = self.linear_attn if self.kind == "linear_attention" else self.self_attn
         x = x + mixer(self.input_layernorm(x), ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -111,8 +119,9 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(batch.input_ids)
         if batch.images is not None:      # image placeholders: the vision encoder's rows
             x = x.index_copy(0, batch.images.index, batch.images.values.to(x.dtype))
+        decode = decode_cpu.DecodeStep.build(batch, x, state.kv, ctx.cos, ctx.sin)
         for layer in self.model.layers:
-            x = layer(x, ctx)
+            x = layer(x, ctx, decode)
         x = self.model.norm(x[batch.logits_index])
         if self.lora is not None and batch.lora is not None:
             self.lora.rows = batch.lora.at(batch.logits_index)

@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptd.cache.checkpoints import (
+    TailCosts,
     interval_stops,
-    interval_stops_beside,
     snapshot_budget,
+    step_ends,
     tail_budget,
     tail_stops,
 )
@@ -33,15 +34,6 @@ def test_interval_stops_are_few_and_dense_near_the_end(start, length, interval, 
         assert got[-1] == every[-1]                       # the nearest to the end
         gaps = [b - a for a, b in zip(got, got[1:])]
         assert gaps == sorted(gaps, reverse=True)         # sparser going back
-
-
-def test_interval_stops_beside_tails_count_only_their_own():
-    tails = {960, 768}
-    got = interval_stops_beside(0, 1024, 32, 3, tails)
-    assert len(got) == 3 and not set(got) & tails
-    assert got == [p for p in interval_stops(0, 1024, 32, 5) if p not in tails]
-    assert interval_stops_beside(0, 1024, 32, 3, set()) == interval_stops(0, 1024, 32, 3)
-    assert interval_stops_beside(0, 100, 32, 5, {64}) == [32, 96]      # all there are
 
 
 def test_snapshot_budget_keeps_interval_bytes_within_the_contexts_kv():
@@ -64,6 +56,36 @@ def test_tail_stops_sit_just_before_the_end_above_what_replaces_them():
     assert tail_stops(0, 10_000, 9_900, 3) == [9_936]               # a branch point below
     assert tail_stops(0, 200, 0, 3) == [136] and tail_stops(0, 60, 0, 3) == []
     assert tail_stops(0, 10_000, 0, 0) == [] and tail_stops(0, 10_000, 0, -1) == []
+
+
+def test_step_ends_are_every_step_counted_again_from_each_stop():
+    assert step_ends(0, 3_020, {1_024, 2_048}, 512) == {512, 1_024, 1_536, 2_048, 2_560}
+    assert step_ends(0, 1_040, {1_024}, 2_048) == {1_024}
+    assert step_ends(100, 1_000, {50, 700, 1_000}, 256) == {356, 612, 700, 956}
+    assert step_ends(0, 100, (), 256) == set()
+
+
+def test_a_tail_where_a_step_ends_anyway_costs_no_step_of_its_own():
+    # 3,020 tokens in steps of 512 with interval stops at 1,024 and 2,048: the 1,024
+    # rung (1,996..2,764) is served by the step ending at 2,560, the others cost a step
+    free = step_ends(0, 3_020, {1_024, 2_048}, 512)
+    assert tail_stops(0, 3_020, 0, 3, free) == [2_956, 2_764, 2_560]
+    # the bench's 1,040-token prompt: the interval stop at 1,024 serves the 64 rung
+    assert tail_stops(0, 1_040, 0, 3, {1_024}) == [1_024, 784, 16]
+    assert tail_stops(0, 10_000, 0, 3, {9_990, 9_700}) == [9_990, 9_744, 9_700]
+
+
+def test_tails_cost_at_most_their_share_of_the_prefill():
+    free = {1_024}
+    # a step's fixed part is 7 ms, a snapshot's copy 0.1 ms
+    def costs(prefill_s):
+        return TailCosts(step=0.007, snapshot=0.0001, allowed=0.03 * prefill_s)
+    assert tail_stops(0, 1_040, 0, 3, free, costs(0.09)) == [1_024]     # 1K: none more
+    assert tail_stops(0, 1_040, 0, 3, free, costs(0.3)) == [1_024, 784]
+    assert tail_stops(0, 3_020, 0, 3, {2_560}, costs(0.2)) == [2_560]  # 64 rung: 7.1 > 6 ms
+    assert tail_stops(0, 3_020, 0, 3, {2_560}, costs(0.4)) == [2_956, 2_560]
+    assert tail_stops(0, 3_020, 0, 3, {2_560}, costs(1.0)) == [2_956, 2_764, 2_560]
+    assert tail_stops(0, 3_020, 0, 3, (), TailCosts(0.0, 0.0, 0.0)) == [2_956, 2_764, 1_996]
 
 
 def test_tail_budget_bounds_tail_bytes_by_the_kv_a_prefill_computes():

@@ -26,7 +26,7 @@ def make_engine(model, tokenizer, path, *, block_size: int = 8, pages: int = 512
     runner = Runner(model, pages, slots, block_size, max_batch_tokens=step_tokens)
     store = CacheStore(path, runner.spec, model.fingerprint, **store_options) if path else None
     cache = CacheManager(runner, runner.spec, pages, model.fingerprint, store, interval,
-                         max_snapshots, snapshot_budget)
+                         max_snapshots, snapshot_budget, step_tokens)
     eng = Engine(runner, cache, tokenizer, max_running=slots, step_tokens=step_tokens)
     made.append(eng)
     return eng

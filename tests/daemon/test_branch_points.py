@@ -95,14 +95,16 @@ def test_questions_after_a_document_compute_only_themselves_from_the_second(tiny
 def test_the_first_question_after_a_document_computes_at_most_64_tokens_more(
         tiny_hybrid_dir, tmp_path):
     """The document with a first question, then, after a restart, another question:
-    it restores from the first prompt's tail snapshot 64 tokens before its end."""
+    it restores from the first prompt's tail snapshot 64 tokens before its end (a
+    document long enough for the tail's own step to cost within 3% of its prefill)."""
     model = load_model(tiny_hybrid_dir)
     tok = Tokenizer.from_dir(tiny_hybrid_dir)
-    doc = _prompt(3000, 3)
+    doc = _prompt(6000, 3)
     q1, q2 = _prompt(20, 301), _prompt(17, 302)
     want = _uncached(model, tok, [doc + q2])[0]
     first = Client(_engine(model, tok, tmp_path))
     first.run([doc + q1], max_tokens=4)
+    assert first.engine.cache.rates.measured_step > 0     # tails' next plans: measured
     first.close()
     first.engine.cache.close()
     again = Client(_engine(model, tok, tmp_path, host_budget=0))

@@ -41,6 +41,10 @@ FORMATS = {
                     "</TOOLCALL>"),
     "mistral": ("unsloth-mistral-Devstral-Small-2507",
                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
+    # its template takes only 9-character ids: the round trips' call_/toolu_ ids get them
+    "mistral_nemo": ("mistralai-Mistral-Nemo-Instruct-2407",
+                     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
+                     '"id": "'),
     "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use",
                     '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
                     '"parameters": {"city": "Paris"}}\n]<|END_ACTION|>'),
@@ -53,6 +57,19 @@ FORMATS = {
     "seed_oss": ("ByteDance-Seed-OSS",
                  "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
                  "</function>\n</seed:tool_call>"),
+    "gpt_oss": ("openai-gpt-oss-120b",
+                "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+                '{"city": "Paris"}<|call|>'),
+    "kimi_k2": ("moonshotai-Kimi-K2",
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+                "<|tool_calls_section_end|>"),
+    "minimax_m1": ("MiniMax-M1",
+                   '<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                   "</tool_calls>"),
+    "minimax_m2": ("MiniMax-M2",
+                   '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
+                   "Paris</parameter>\n</invoke>\n</minimax:tool_call>"),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
 # One argument with one value: the call the grammar forces is known in advance

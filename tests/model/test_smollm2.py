@@ -11,6 +11,7 @@ import torch
 from ckptd.model.default import default_model_path
 from ckptd.model.loader import load
 from ckptd.model.testing import prompt_logits
+from tests.model.test_decode_cpu import Scattered
 
 STRINGS = ["Hello world", "naïve café 東京 🤖🎉 ñ", "def f(x):\n    return x**2  # ok\n\n\t tabs",
            "  many   spaces   ", "1234567 + 89 = ?", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -78,3 +79,21 @@ def test_bad_gguf_files(tmp_path):
     cut.write_bytes(default_model_path().read_bytes()[:100_000])
     with pytest.raises(ValueError, match="truncated or corrupt"):
         load_gguf(cut)
+
+
+def test_decode_cpu_gives_the_torch_paths_greedy_tokens(smol, monkeypatch):
+    """Kept Q4_1 weights: 12 greedy tokens with a decode step's fused CPU layers
+    (model/arch/decode_cpu.py) and without, the same."""
+    model, tok = smol
+    prompt = tok.encode("The capital of France is a city that")
+    answers = []
+    for fused in (True, False):
+        run = Scattered(model, 1, 64, seed=2, fused=fused)
+        logits = run.feed({0: prompt}, monkeypatch)
+        out = []
+        for _ in range(12):
+            out.append(int(logits[-1].argmax()))
+            logits = run.feed({0: out[-1:]}, monkeypatch)
+        answers.append(out)
+        assert (run.calls > 0) == fused
+    assert answers[0] == answers[1]

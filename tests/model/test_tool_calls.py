@@ -9,6 +9,7 @@ import random
 import pytest
 
 from ckptd.model.text.tool_calls.detect import FORMATS
+from ckptd.model.text.tool_calls.reasoning import APRIEL, Marks, opens_thinking
 from ckptd.model.text.tool_calls.reply import Delta, ReplyParser, ReplySpec
 
 SCHEMAS = {"get_weather": {"type": "object", "properties": {
@@ -94,6 +95,35 @@ CASES = [
                     'name="zip" string="true">007</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
                     '</｜DSML｜tool_calls>', "", [("get_weather", {"zip": "007"})]),
     ("deepseek_v4", "About <｜DSML｜tool_calls> tags.", "About <｜DSML｜tool_calls> tags.", []),
+    ("minimax_m2", 'Checking.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+                   '<parameter name="city">a <b> "c"</parameter>\n<parameter name="days">3'
+                   '</parameter>\n<parameter name="zip">007</parameter>\n</invoke>\n'
+                   '<invoke name="ping">\n</invoke>\n</minimax:tool_call>',
+     "Checking.", [("get_weather", {"city": 'a <b> "c"', "days": 3, "zip": "007"}),
+                   ("ping", {})]),
+    ("kimi_k2", "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+                "<|tool_call_begin|>functions.ping:1<|tool_call_argument_begin|>{}"
+                "<|tool_call_end|><|tool_calls_section_end|>",
+     "Checking.", [("get_weather", {"city": "Paris", "days": 3}), ("ping", {})]),
+    ("kimi_k2", "The <|tool_calls_section_begin|> mark.", "The <|tool_calls_section_begin|> mark.",
+     []),
+    ("gpt_oss", "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>"
+                'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+                "<|call|><|start|>assistant to=functions.ping<|channel|>commentary json"
+                "<|message|>{}<|call|>",
+     "Checking.", [("get_weather", {"city": "Paris"}), ("ping", {})]),
+    ("gpt_oss", "<|channel|>final<|message|>It is {sunny}.<|return|>", "It is {sunny}.", []),
+    ("gpt_oss", "No harmony at all, to=functions.ping.", "No harmony at all, to=functions.ping.",
+     []),
+    ("mistral_nemo", 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, '
+                     '"id": "a1b2c3d4e"}, {"name": "ping", "arguments": {}, "id": "f5g6h7i8j"}]',
+     "Sure.", [("get_weather", {"city": "Oslo"}), ("ping", {})]),
+    ("minimax_m1", 'Checking.\n<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+                   '\n{"name": "ping", "arguments": {}}\n</tool_calls>',
+     "Checking.", [("get_weather", {"city": "Rome"}), ("ping", {})]),
+    ("minimax_m2", "About <minimax:tool_call> and <invoke name=\"x\">.",
+     "About <minimax:tool_call> and <invoke name=\"x\">.", []),
     ("gigachat_v3_1", 'Checking.<|function_call|>{"name": "get_weather", "arguments": '
                       '{"city": "Paris", "days": 3}}',
      "Checking.", [("get_weather", {"city": "Paris", "days": 3})]),
@@ -183,6 +213,54 @@ def test_thinking_goes_to_reasoning(open_at_start):
     assert got["reasoning"] == "first, the city." and got["content"] == ""
 
 
+# Thinking blocks in other marks than <think>, each before a call of its template's
+# format: (format, marks, whether the prompt opened the block, the answer)
+OTHER_THINKING = [
+    ("command_r7b", Marks("<|START_THINKING|>", "<|END_THINKING|>"), True,
+     'first, the city.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", '
+     '"tool_name": "ping", "parameters": {}}]<|END_ACTION|>'),
+    ("command_r7b", Marks("<|START_THINKING|>", "<|END_THINKING|>"), False,
+     '<|START_THINKING|>first, the city.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": '
+     '"0", "tool_name": "ping", "parameters": {}}]<|END_ACTION|>'),
+    ("mistral", Marks("[THINK]", "[/THINK]"), False,
+     "[THINK]first, the city.[/THINK][TOOL_CALLS]ping[ARGS]{}"),
+    ("gpt_oss", Marks("<|channel|>analysis<|message|>", "<|end|>"), False,
+     "<|channel|>analysis<|message|>first, the city.<|end|><|start|>assistant<|channel|>"
+     "commentary to=functions.ping <|constrain|>json<|message|>{}<|call|>"),
+    ("apriel", APRIEL, False,
+     'first, the city.\n[BEGIN FINAL RESPONSE]\n<tool_calls>[{"name": "ping", '
+     '"arguments": {}}]</tool_calls>'),
+]
+
+
+@pytest.mark.parametrize("fmt,marks,opened,text", OTHER_THINKING)
+def test_other_thinking_marks_go_to_reasoning(fmt, marks, opened, text):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS, thinking=True,
+                     open_thinking=opened or opens_thinking("", marks), marks=marks)
+    whole = spec.parse(text)
+    assert whole.reasoning == "first, the city." and whole.content == ""
+    assert _calls(whole) == [("ping", {})]
+    for seed in range(10):
+        got = _stream(spec, text, random.Random(seed))
+        assert got["reasoning"] == "first, the city." and got["content"] == "", seed
+
+
+def test_apriel_answer_without_calls_after_its_reasoning():
+    spec = ReplySpec(None, thinking=True, open_thinking=True, marks=APRIEL)
+    got = spec.parse("Two and two.\n[BEGIN FINAL RESPONSE]\nFour.")
+    assert (got.reasoning, got.content) == ("Two and two.", "Four.")
+
+
+@pytest.mark.parametrize("fmt,marks,opened,text", OTHER_THINKING)
+def test_required_grammar_after_other_thinking_marks(fmt, marks, opened, text):
+    from ckptd.model.text.tool_calls.constrain import structural_tag
+    open_at_start = opened or opens_thinking("", marks)
+    src = structural_tag(FORMATS[fmt], TOOLS, "required", None, False, open_at_start, True,
+                         marks=marks)
+    assert _accepts(src, text)
+    assert not _accepts(src, text.replace(marks.close, "</think>"))
+
+
 @pytest.mark.parametrize("fmt,text", [
     ("llama3", '{\n  "type": "function",\n  "name": "test123", "parameters": {"a": 1}}'),
     ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'),
@@ -200,6 +278,12 @@ def test_thinking_goes_to_reasoning(open_at_start):
     ("deepseek_v4", '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n'
                     '</｜DSML｜tool_calls>'),
     ("gigachat_v3_1", '<|function_call|>{"name": "rm_rf", "arguments": {}}'),
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.rm_rf:0"
+                "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"),
+    ("gpt_oss", "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{}<|call|>"),
+    ("mistral_nemo", '[TOOL_CALLS][{"name": "rm_rf", "arguments": {}}]'),
+    ("minimax_m1", '<tool_calls>\n{"name": "rm_rf", "arguments": {}}\n</tool_calls>'),
+    ("minimax_m2", '<minimax:tool_call>\n<invoke name="rm_rf">\n</invoke>\n</minimax:tool_call>'),
     ("seed_oss", "<seed:tool_call>\n<function=rm_rf>\n</function>\n</seed:tool_call>")])
 def test_a_call_of_no_tool_is_content(fmt, text):
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
@@ -220,6 +304,10 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": s}}
 
 PING = '{"name": "ping", "arguments": {}}'
 DS_PING = '<｜DSML｜invoke name="ping">\n</｜DSML｜invoke>\n'
+KIMI, KIMI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KIMI_PING = "<|tool_call_begin|>functions.ping:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+GPT_PING = "<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{}<|call|>"
+MM_PING = '<invoke name="ping">\n</invoke>\n'
 R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
 
 
@@ -241,6 +329,13 @@ R7B_PING = '{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}'
      f"<｜DSML｜function_calls>\n{DS_PING}{DS_PING}</｜DSML｜function_calls>"),
     ("gigachat_v3_1", f"<|function_call|>{PING}", None),
     ("gigachat_v3", f"<|message_sep|>\n\nfunction call<|role_sep|>\n{PING}", None),
+    ("kimi_k2", f"{KIMI}{KIMI_PING}{KIMI_END}", f"{KIMI}{KIMI_PING}{KIMI_PING}{KIMI_END}"),
+    ("gpt_oss", GPT_PING, f"{GPT_PING}<|start|>assistant{GPT_PING}"),
+    ("mistral_nemo", f"[TOOL_CALLS][{PING}]", f"[TOOL_CALLS][{PING}, {PING}]"),
+    ("minimax_m1", f"<tool_calls>\n{PING}\n</tool_calls>",
+     f"<tool_calls>\n{PING}\n{PING}\n</tool_calls>"),
+    ("minimax_m2", f"<minimax:tool_call>\n{MM_PING}</minimax:tool_call>",
+     f"<minimax:tool_call>\n{MM_PING}{MM_PING}</minimax:tool_call>"),
     ("seed_oss", "<seed:tool_call>\n<function=ping>\n\n</function>\n</seed:tool_call>", None)])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     from ckptd.model.text.tool_calls.constrain import structural_tag
@@ -255,4 +350,15 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
     assert _accepts(one, call) and not _accepts(one, twice)
     thinking = structural_tag(f, TOOLS, "required", None, False, True, True)
     assert _accepts(thinking, "let me see</think>\n\n" + call)
+    closed = structural_tag(f, TOOLS, "required", None, False, True, False)   # thinking off
+    assert _accepts(closed, "</think>\n\n" + call)
+    assert not _accepts(closed, "let me see</think>\n\n" + call)
     assert structural_tag(f, TOOLS, "auto", None, True, False, False) is None
+
+
+def test_gpt_oss_reads_answers_without_tools_but_no_calls():
+    """GPT-OSS's format reads every answer (its text is in channels): without tools, a
+    message to a function is no call."""
+    spec = ReplySpec(FORMATS["gpt_oss"], {})
+    assert spec.parse("<|channel|>final<|message|>Hi.<|return|>").content == "Hi."
+    assert spec.parse(GPT_PING).calls == ()

@@ -13,6 +13,7 @@ import pytest
 
 from ckptd.model.text.chat import render_chat
 from ckptd.model.text.tool_calls.detect import detect
+from ckptd.model.text.tool_calls.reasoning import APRIEL, THINK, marks_of, opens_thinking
 from ckptd.tools import llama_suite
 
 # template -> format; None: its calls are in a syntax of none of ckptd's formats
@@ -36,8 +37,8 @@ EXPECTED = {
     "LFM2.5-8B-A1B": "generic",
     "LFM2.5-Instruct": None,
     "MiMo-VL": "hermes",
-    "MiniMax-M1": None,
-    "MiniMax-M2": None,
+    "MiniMax-M1": "minimax_m1",
+    "MiniMax-M2": "minimax_m2",
     "MiniMax-M3": None,
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen_xml",
@@ -75,10 +76,10 @@ EXPECTED = {
     "meta-llama-Llama-3.3-70B-Instruct": "llama3",
     "microsoft-Phi-3.5-mini-instruct": "generic",
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral",
-    "mistralai-Mistral-Nemo-Instruct-2407": None,
-    "moonshotai-Kimi-K2": None,
+    "mistralai-Mistral-Nemo-Instruct-2407": "mistral_nemo",
+    "moonshotai-Kimi-K2": "kimi_k2",
     "muse-glimmer": None,
-    "openai-gpt-oss-120b": None,
+    "openai-gpt-oss-120b": "gpt_oss",
     "openbmb-MiniCPM5-1B": None,
     "poolside-Laguna-S-2.1": "generic",
     "poolside-Laguna-XS-2.1": "generic",
@@ -88,6 +89,9 @@ EXPECTED = {
     "unsloth-mistral-Devstral-Small-2507": "mistral",
     "upstage-Solar-Open-100B": None,
 }
+
+
+SHORT_IDS = {"mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506"}
 
 
 @pytest.fixture(scope="session")
@@ -117,5 +121,34 @@ def test_format_per_template_family(llama_templates, name):
     syntax = detect(_render((llama_templates / f"{name}.jinja").read_text()))
     got = syntax.fmt.name if syntax.fmt is not None else None
     assert got == EXPECTED[name]
+    # Mistral's templates that refuse ids other than 9 letters or digits get such ids
+    assert syntax.short_ids == (name in SHORT_IDS)
     if got is None:                  # refused with what the template writes, as a hint
         assert syntax.shows_tools
+
+
+# Thinking marks other than <think>, as llama.cpp's parsers read them (common/chat.cpp,
+# common/parsers/): template -> (opening, closing mark), whether its prompt opens it
+OTHER_THINKING = {
+    "Cohere2MoE": (("<|START_THINKING|>", "<|END_THINKING|>"), True),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": (
+        ("<|START_THINKING|>", "<|END_THINKING|>"), False),
+    "mistralai-Ministral-3-14B-Reasoning-2512": (("[THINK]", "[/THINK]"), False),
+    "Apriel-1.6-15b-Thinker-fixed": (("", "[BEGIN FINAL RESPONSE]"), True),
+    "openai-gpt-oss-120b": (("<|channel|>analysis<|message|>", "<|end|>"), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_thinking_marks_per_template(llama_templates, name):
+    source = (llama_templates / f"{name}.jinja").read_text()
+    marks = marks_of(source)
+    if name in OTHER_THINKING:
+        (open_mark, close_mark), opened = OTHER_THINKING[name]
+        assert (marks.open, marks.close) == (open_mark, close_mark)
+        prompt = _render(source)([{"role": "user", "content": "hi"}], [])
+        assert opens_thinking(prompt, marks) == opened
+    elif "</think>" in source:
+        assert marks == THINK
+    else:                   # Apriel 1.5 only asks for the final response's mark
+        assert marks is None and (APRIEL.close not in source or name == "unsloth-Apriel-1.5")

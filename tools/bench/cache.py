@@ -60,11 +60,13 @@ class Row:
     prompt: int                         # context + question
     ttft_ms: dict[str, float] = field(default_factory=dict)     # by phase (best run)
     restore_ms: dict[str, float] = field(default_factory=dict)  # of the best run
+    cpu_ms: dict[str, float] = field(default_factory=dict)      # process CPU, the best run
     cached: dict[str, int] = field(default_factory=dict)        # tokens restored, by phase
     tier: dict[str, str | None] = field(default_factory=dict)   # slowest tier read, by phase
     stored_per_token: float = 0.0       # bytes on disk per prompt token
     logical_per_token: float = 0.0      # uncompressed bytes per prompt token
     page_cache_dropped: bool = False
+    snapshot_bytes: dict[str, int] = field(default_factory=dict)  # the cold run's, by role
 
     def ratio(self, phase: str) -> float | None:
         warm = self.ttft_ms.get(phase)
@@ -86,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     p.add_argument("--layers", type=int, default=8,
                    help="layers of the a3b-shaped model (the real one has 40)")
+    p.add_argument("--anchors", action="store_true",
+                   help="prompts carry a chat's anchors (the question's start, the "
+                        "generation prompt 3 tokens before the end) instead of tails")
+    p.add_argument("--no-tails", action="store_true",
+                   help="raw prompts leave no tail snapshots (to measure what they cost)")
     p.add_argument("--store-dir", help="where the stores go (default: a temporary folder)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--keep-page-cache", action="store_true",
@@ -192,7 +199,7 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     def manager(**options) -> CacheManager:
         store = CacheStore(path, runner.spec, model.fingerprint, **options)
         return CacheManager(runner, runner.spec, pages, model.fingerprint, store,
-                            snapshot_interval=args.interval)
+                            snapshot_interval=args.interval, step_tokens=args.step_tokens)
 
     eng = manager()
     for phase in PHASES:
@@ -204,9 +211,18 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
                 row.page_cache_dropped = not args.keep_page_cache and drop_caches()
                 eng = manager(host_budget=0)
             question = torch.randint(3, vocab, (q,), generator=gen).tolist()
-            seconds, info = first_token(eng, runner, context + question, args.step_tokens)
+            before, cpu = dict(eng.checkpoints.snapshot_bytes), time.process_time()
+            anchors = (n, n + q - 3) if args.anchors else ()
+            seconds, info = first_token(eng, runner, context + question, args.step_tokens,
+                                        anchors, tails=not (anchors or args.no_tails))
+            cpu = time.process_time() - cpu
+            if phase == "cold":
+                now = eng.checkpoints.snapshot_bytes
+                row.snapshot_bytes = {r: n - before.get(r, 0) for r, n in now.items()
+                                      if n > before.get(r, 0)}
             if seconds * 1000 < row.ttft_ms.get(phase, float("inf")):
                 row.ttft_ms[phase], row.restore_ms[phase] = seconds * 1000, info.restore_ms
+                row.cpu_ms[phase] = cpu * 1000
                 row.cached[phase], row.tier[phase] = info.cached_tokens, info.tier
         if phase == "cold":
             eng.rates.update_prefill(n + q, row.ttft_ms["cold"] / 1000)   # plan by cost
@@ -219,13 +235,15 @@ def _bench(name: str, model, tok, n: int, path: Path, args) -> Row:
     return row
 
 
-def first_token(cache, runner, tokens: list[int], step: int):
+def first_token(cache, runner, tokens: list[int], step: int, anchors: tuple[int, ...] = (),
+                tails: bool = True):
     """(seconds from admission to the first sampled token, RestoreInfo), through the
-    cache manager and the runner as the engine's loop drives them."""
+    cache manager and the runner as the engine's loop drives them. anchors: a chat's
+    (which leaves no tails: daemon/prompt.py); tails: a raw prompt's."""
 
     t0 = time.perf_counter()
     seq = Sequence(list(tokens))
-    info = cache.restore(seq)
+    info = cache.restore(seq, anchors=anchors, tails=tails)
     work = Work(seq, cache.chunk(seq, step), new=True, restored=info)
     cache.admit([work])
     logits = info.logits
@@ -259,24 +277,29 @@ def _x(v: float | None) -> str:
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| model | context | cold ms | device ms | host ms | disk ms | cold/device | "
-        "cold/host | cold/disk | disk B/token | RAM B/token |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | context | cold ms | cold CPU ms | device ms | host ms | disk ms | "
+        "cold/device | cold/host | cold/disk | disk B/token | RAM B/token |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         t = r.ttft_ms
         lines.append(f"| {r.model} | {r.length:,} | {_ms(t.get('cold'))} | "
-                     f"{_ms(t.get('device'))} | {_ms(t.get('host'))} | {_ms(t.get('disk'))} | "
+                     f"{_ms(r.cpu_ms.get('cold'))} | {_ms(t.get('device'))} | "
+                     f"{_ms(t.get('host'))} | {_ms(t.get('disk'))} | "
                      f"{_x(r.ratio('device'))} | {_x(r.ratio('host'))} | "
                      f"{_x(r.ratio('disk'))} | {r.stored_per_token:,.0f} | "
                      f"{r.logical_per_token:,.0f} |")
     notes = sorted({f"{r.model}: restored {r.cached['disk']:,} of {r.prompt:,} tokens at "
                     f"{r.length:,}" for r in rows if r.cached.get("disk") != r.length})
     dropped = all(r.page_cache_dropped for r in rows)
-    lines += ["", f"TTFT: admission to first token, {torch.get_num_threads()} torch threads; "
+    lines += ["", f"TTFT: admission to first token, {torch.get_num_threads()} torch threads "
+              "(CPU: the process's, all threads); "
               "device: a hybrid's snapshot still comes from RAM. Disk phase: OS page cache "
               f"{'dropped' if dropped else 'NOT dropped'}."]
     lines += [f"- {n} (the restore point is the last snapshot)" for n in notes]
+    lines += ["", "Snapshot bytes the cold request captured, by role (tail: issue 35's):"]
+    lines += [f"- {r.model} {r.length:,}: " + ", ".join(
+        f"{role} {n:,}" for role, n in sorted(r.snapshot_bytes.items())) for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ckptd.model.text.tool_calls.jsonscan import object_fields
+from ckptd.model.text.tool_calls.jsonscan import object_fields, skip_ws
+from ckptd.model.text.tool_calls.xml_args import Incomplete
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,11 @@ def held(text: str, marker: str) -> int:
 
 
 def scan_tagged(text: str, partial: bool, start: str, read) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a format whose calls each open with the tag `start`.
-    read(text, j) reads the call just after a tag at j: (call, where the text goes on
-    after it), or (the call as far as it goes or None, None) when the text ends inside
-    it; ValueError when it is no call, and the tag stays text."""
+    """(content, calls) of a format whose calls follow the tag `start`, one call (see
+    `single_call`) or a block of them after each tag. read(text, j) reads what follows a
+    tag at j: (its calls, where the text goes on after them), or (the calls as far as
+    they go, None) when the text ends inside them; ValueError when it is no call, and
+    the tag stays text."""
     content: list[str] = []
     calls: list[ToolCall] = []
     pos = 0
@@ -71,22 +73,53 @@ def scan_tagged(text: str, partial: bool, start: str, read) -> tuple[str, list[T
             break
         j = i + len(start)
         try:
-            call, end = read(text, j)
+            found, end = read(text, j)
         except ValueError:
             content.append(text[pos:j])
             pos = j
             continue
-        if end is None:                     # the text ends inside the call
+        if end is None:                     # the text ends inside the calls
             if partial:
                 content.append(text[pos:i])
-                calls += [call] if call is not None else []
+                calls += found
             else:
                 content.append(text[pos:])  # cut off: its text stays content
             break
         content.append(text[pos:i])
-        calls.append(call)
+        calls += found
         pos = end
     return "".join(content), calls
+
+
+def single_call(read):
+    """scan_tagged's reader for a tag that opens one call, from read(text, j) giving
+    (the call, or None before its name is written; its end or None)."""
+    def calls(text: str, j: int) -> tuple[list[ToolCall], int | None]:
+        call, end = read(text, j)
+        return ([] if call is None else [call]), end
+    return calls
+
+
+def block_calls(text: str, j: int, close: str, read_one) -> tuple[list[ToolCall], int | None]:
+    """scan_tagged's reader for a block of calls that ends with `close`: read_one(text, k)
+    reads the call at k, (call, its end), raising xml_args.Incomplete (carrying the call
+    so far, or nothing) when the text ends inside it."""
+    found: list[ToolCall] = []
+    try:
+        while True:
+            k = skip_ws(text, j)
+            if text.startswith(close, k):
+                return found, k + len(close)
+            if close.startswith(text[k:]):              # (also: nothing after it yet)
+                # with its calls written, only the closing mark is missing
+                return found, (len(text) if found else None)
+            call, j = read_one(text, k)
+            found.append(call)
+    except Incomplete as e:                 # the text ends inside a call
+        so_far = e.args[0] if e.args else None
+        if so_far is not None and so_far.done:
+            return found + [so_far], len(text)          # only closing marks are missing
+        return found + ([so_far] if so_far is not None else []), None
 
 
 def json_call(s: str, i: int, names=(),

@@ -9,21 +9,22 @@ held to the function's JSON schema.
   triggered tags, a decode step's time again on the CPU: auto answers are read, not
   constrained, as vLLM's.)
 
-A template whose answer starts inside a thinking block may finish thinking first."""
+A template whose answer starts inside a thinking block may finish thinking first, or,
+with thinking turned off, closes it at once (MiniMax-M2's prompt opens one always)."""
 
 from __future__ import annotations
 
 import json
 
 from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.reasoning import CLOSE, OPEN
+from ckptd.model.text.tool_calls.reasoning import THINK, Marks
 
 
 def structural_tag(fmt: ToolFormat, tools: list[dict], choice: str, named: str | None,
                    parallel: bool, open_thinking: bool, thinking: bool,
-                   schema=lambda s: s) -> str | None:
+                   schema=lambda s: s, marks: Marks = THINK) -> str | None:
     """The structural tag for this choice, or None ("none"). `schema` adapts a tool's
-    parameter schema to what the compiler reads."""
+    parameter schema to what the compiler reads; `marks` are the thinking block's."""
     if (choice in ("none", "auto") and named is None) or not tools:
         return None
     fns = [t["function"] for t in tools]
@@ -33,11 +34,12 @@ def structural_tag(fmt: ToolFormat, tools: list[dict], choice: str, named: str |
             for f in fns]
     body = fmt.wrap({"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
                      "at_least_one": True, "stop_after_first": named is not None or not parallel})
-    think = {"type": "tag", "begin": "" if open_thinking else OPEN,
-             "content": {"type": "any_text"}, "end": CLOSE}
+    think = {"type": "tag", "begin": "" if open_thinking else marks.open,
+             "content": {"type": "any_text"}, "end": marks.close}
     ws = {"type": "regex", "pattern": r"\s*"}
-    if open_thinking:
-        body = {"type": "sequence", "elements": [think, ws, body]}
+    if open_thinking:       # (thinking turned off: the block the prompt opened is closed)
+        first = think if thinking else {"type": "const_string", "value": marks.close}
+        body = {"type": "sequence", "elements": [first, ws, body]}
     elif thinking:
         body = {"type": "sequence", "elements": [
             {"type": "optional", "content": {"type": "sequence", "elements": [think, ws]}},

@@ -2,9 +2,8 @@
 with one past call of a probe tool is rendered, and the shape the template writes that
 call in names the format (as llama.cpp's template analysis compares renders). A
 template that writes no tools at all gets the generic format, described in the system
-message; one that writes calls in a syntax of none of these formats (Mistral
-Nemo's [TOOL_CALLS] list, MiniMax's invokes, GPT-OSS's channels, Kimi's sections...) has no format
-here: tools are refused with it rather than read wrong.
+message; one that writes calls in a syntax of none of these formats (Gemma 4's,
+Kimi K3's...) has no format here: tools are refused with it rather than read wrong.
 """
 
 from __future__ import annotations
@@ -15,30 +14,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32
+from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32, MiniMaxM2
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
 from ckptd.model.text.tool_calls.glm import Glm
+from ckptd.model.text.tool_calls.harmony import Harmony
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.json_list import (
     Apriel,
     CommandR7B,
     FireFunctionV2,
+    MistralNemo,
     NemotronV2,
 )
+from ckptd.model.text.tool_calls.kimi import KimiK2
 from ckptd.model.text.tool_calls.llama3 import Llama3
+from ckptd.model.text.tool_calls.minimax_m1 import MiniMaxM1
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
+from ckptd.model.text.tool_calls.reasoning import THINK, Marks
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
-                               Generic())}
+                               MiniMaxM1(), MiniMaxM2(), KimiK2(), Harmony(),
+                               MistralNemo(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
+_LONG_ID = "call_0123456789abcdef01234567"  # as ckptd gives calls
 _TOOL = {"type": "function", "function": {
     "name": PROBE, "description": "a probe", "parameters": {
         "type": "object", "properties": {"probe_arg": {"type": "string"}}}}}
@@ -57,9 +63,17 @@ _SHAPES = [
                     r'"ckptd_probe_tool",\s*"parameters":'),
     ("deepseek_v3_2", r'<｜DSML｜function_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
     ("deepseek_v4", r'<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="ckptd_probe_tool">'),
+    ("kimi_k2", r"<\|tool_calls_section_begin\|>\s*<\|tool_call_begin\|>\s*"
+                r"functions\.ckptd_probe_tool:\d+\s*<\|tool_call_argument_begin\|>"),
+    ("gpt_oss", r"to=functions\.ckptd_probe_tool\s*<\|channel\|>commentary[^<]*<\|message\|>"
+                r'\{"probe_arg"'),
+    ("minimax_m1", r'<tool_calls>\s*\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("minimax_m2", r'<minimax:tool_call>\s*<invoke name="ckptd_probe_tool">\s*'
+                   r'<parameter name="probe_arg">'),
     ("gigachat_v3", r'<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n\{"name":\s*'
                     r'"ckptd_probe_tool",\s*"arguments":'),
     ("gigachat_v3_1", r'<\|function_call\|>\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
+    ("mistral_nemo", r'\[TOOL_CALLS\]\s*\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
 ]
@@ -77,15 +91,17 @@ class ToolSyntax:
     shows_tools: bool
     string_arguments: bool = False
     sample: str = ""
+    short_ids: bool = False     # it takes only 9-character call ids (Mistral's)
     thinking: bool = False      # answers may open with a thinking block
+    marks: Marks = THINK        # ... written in these marks
 
 
-def _conversation(arguments: object) -> list[dict]:
+def _conversation(arguments: object, call_id: str = _ID) -> list[dict]:
     return [{"role": "user", "content": "hi"},
             {"role": "assistant", "content": "", "tool_calls": [{
-                "id": _ID, "type": "function",
+                "id": call_id, "type": "function",
                 "function": {"name": PROBE, "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": _ID, "name": PROBE, "content": "probe_result"}]
+            {"role": "tool", "tool_call_id": call_id, "name": PROBE, "content": "probe_result"}]
 
 
 def _try(render: Render, messages: list[dict], tools: list[dict]) -> str | None:
@@ -101,9 +117,11 @@ def detect(render: Render) -> ToolSyntax:
     text, as_string = _try(render, _conversation(_ARGS), [_TOOL]), False
     if text is None:            # some templates concatenate the arguments as text
         text, as_string = _try(render, _conversation(json.dumps(_ARGS)), [_TOOL]), True
+    args = json.dumps(_ARGS) if as_string else _ARGS
+    short_ids = text is not None and _try(render, _conversation(args, _LONG_ID), [_TOOL]) is None
     for name, shape in _SHAPES:
         if text is not None and re.search(shape, text):
-            return ToolSyntax(FORMATS[name], True, as_string)
+            return ToolSyntax(FORMATS[name], True, as_string, short_ids=short_ids)
     at = (text or "").rfind(PROBE)
     sample = text[max(0, at - 40):at + 60] if at >= 0 else ""
-    return ToolSyntax(None, True, as_string, sample)
+    return ToolSyntax(None, True, as_string, sample, short_ids=short_ids)

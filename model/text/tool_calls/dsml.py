@@ -8,19 +8,34 @@ saying whether its value is a string (written as is) or JSON,
     </｜DSML｜invoke>
     </｜DSML｜function_calls>
 
-(V4 names the block `tool_calls`). Text before a block is content."""
+(V4 names the block `tool_calls`). MiniMax-M2 writes the same invokes without the
+bars, in a `<minimax:tool_call>` block, and its parameters say no type: a value is
+typed by the function's schema (as Qwen3-Coder's),
+
+    <minimax:tool_call>
+    <invoke name="get_weather">
+    <parameter name="city">Paris</parameter>
+    </invoke>
+    </minimax:tool_call>
+
+Text before a block is content."""
 
 from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, schema_content
+from ckptd.model.text.tool_calls.base import (
+    ToolCall,
+    ToolFormat,
+    block_calls,
+    scan_tagged,
+    schema_content,
+    schema_type,
+)
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
-from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member
+from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member, value
 
 D = "｜DSML｜"
-INVOKE, INVOKE_END = f'<{D}invoke name="', f"</{D}invoke>"
-PARAM, PARAM_END = f'<{D}parameter name="', f"</{D}parameter>"
 
 
 def _value(raw: str, is_string: bool) -> object:
@@ -45,10 +60,13 @@ def _quoted_to(s: str, i: int, stop: str) -> tuple[str, int]:
     return s[i:k], k + len(stop)
 
 
-def _invoke(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
-    """The invoke at s[i] and the index after it; Incomplete carrying the call so far
-    (or nothing) when the text ends inside it."""
-    j = expect(s, i, INVOKE)
+def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str,
+            marked: bool) -> tuple[ToolCall, int]:
+    """The invoke at s[i] and the index after it, its tags prefixed by `ns`; `marked`:
+    each parameter says string="true"/"false" (else the schema types it). Incomplete
+    carrying the call so far (or nothing) when the text ends inside it."""
+    invoke_end, param, param_end = f"</{ns}invoke>", f'<{ns}parameter name="', f"</{ns}parameter>"
+    j = expect(s, i, f'<{ns}invoke name="')
     name, j = _quoted_to(s, j, '">')
     if not name or (schemas and name not in schemas):
         raise ValueError(f"{name!r} is not a tool")
@@ -56,85 +74,67 @@ def _invoke(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
     try:
         while True:
             k = skip_ws(s, j)
-            if s.startswith(INVOKE_END, k):
-                return ToolCall(name, args(parts, True)), k + len(INVOKE_END)
-            if k < len(s) and INVOKE_END.startswith(s[k:]):
+            if s.startswith(invoke_end, k):
+                return ToolCall(name, args(parts, True)), k + len(invoke_end)
+            if k < len(s) and invoke_end.startswith(s[k:]):
                 raise Incomplete            # the closing tag is being written
-            j = expect(s, k, PARAM)
-            param, j = _quoted_to(s, j, '"')
-            j = expect(s, j, 'string="')
-            kind, j = _quoted_to(s, j, '">')
-            if kind not in ("true", "false"):
-                raise ValueError(f"string={kind!r}")
-            end = s.find(PARAM_END, j)
+            j = expect(s, k, param)
+            if marked:
+                key, j = _quoted_to(s, j, '"')
+                j = expect(s, j, 'string="')
+                kind, j = _quoted_to(s, j, '">')
+                if kind not in ("true", "false"):
+                    raise ValueError(f"string={kind!r}")
+            else:
+                key, j = _quoted_to(s, j, '">')
+            end = s.find(param_end, j)
             if end < 0:
                 raise Incomplete
-            parts.append(member(param, _value(s[j:end], kind == "true")))
-            j = end + len(PARAM_END)
+            raw = s[j:end]
+            parts.append(member(key, _value(raw, kind == "true") if marked
+                                else value(raw, schema_type(schemas, name, key), False)))
+            j = end + len(param_end)
     except Incomplete:
         raise Incomplete(ToolCall(name, args(parts, False), False)) from None
 
 
-class Dsml(ToolFormat):
-    block = ""
+class Invokes(ToolFormat):
+    """A block (`start` ... `close`) of invokes whose tags are prefixed by `ns`."""
+    start = close = ns = ""
+    marked = True                   # parameters say string="true"/"false"
+    style = "deepseek_xml"          # xgrammar's name for how the arguments are written
     separator = ""
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        start, close = f"<{D}{self.block}>", f"</{D}{self.block}>"
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            i = text.find(start, pos)
-            if i < 0:
-                tail = text[pos:]
-                content.append(tail[:len(tail) - held(tail, start)] if partial else tail)
-                break
-            content.append(text[pos:i])
-            j, found = i + len(start), []
-            try:
-                while True:
-                    k = skip_ws(text, j)
-                    if text.startswith(close, k):
-                        j = k + len(close)
-                        break
-                    if close.startswith(text[k:]):      # (also: nothing after it yet)
-                        raise Incomplete(None)
-                    call, j = _invoke(text, k, schemas)
-                    found.append(call)
-            except ValueError:              # no call after all: the block is text
-                content.append(text[i:i + len(start)])
-                pos = i + len(start)
-                continue
-            except Incomplete as e:         # the text ends inside the block
-                so_far = e.args[0] if e.args else None
-                if partial:
-                    calls += found + ([so_far] if so_far is not None else [])
-                elif found and so_far is None:
-                    calls += found          # only the closing mark is missing
-                else:
-                    content.append(text[i:])    # cut off: its text stays text
-                break
-            calls += found
-            pos = j
-        return "".join(content), calls
+        def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
+            return block_calls(text, j, self.close,
+                               lambda t, k: _invoke(t, k, schemas, self.ns, self.marked))
+        return scan_tagged(text, partial, self.start, read)
 
     def tag(self, name: str, schema: dict) -> dict:
-        return {"type": "tag", "begin": f'{INVOKE}{name}">\n',
-                "content": schema_content(schema, "deepseek_xml"), "end": f"{INVOKE_END}\n"}
+        return {"type": "tag", "begin": f'<{self.ns}invoke name="{name}">\n',
+                "content": schema_content(schema, self.style),
+                "end": f"</{self.ns}invoke>\n"}
 
     def wrap(self, calls: dict) -> dict:
         return {"type": "sequence", "elements": [
-            {"type": "const_string", "value": f"<{D}{self.block}>\n"}, calls,
-            {"type": "const_string", "value": f"</{D}{self.block}>"}]}
+            {"type": "const_string", "value": f"{self.start}\n"}, calls,
+            {"type": "const_string", "value": self.close}]}
 
 
-class DeepSeekV32(Dsml):
+class DeepSeekV32(Invokes):
     name = "deepseek_v3_2"
-    block = "function_calls"
+    start, close, ns = f"<{D}function_calls>", f"</{D}function_calls>", D
 
 
-class DeepSeekV4(Dsml):
+class DeepSeekV4(Invokes):
     name = "deepseek_v4"
-    block = "tool_calls"
+    start, close, ns = f"<{D}tool_calls>", f"</{D}tool_calls>", D
+
+
+class MiniMaxM2(Invokes):
+    name = "minimax_m2"
+    start, close = "<minimax:tool_call>", "</minimax:tool_call>"
+    marked = False
+    style = "minimax_xml"

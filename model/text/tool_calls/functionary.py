@@ -21,6 +21,7 @@ from ckptd.model.text.tool_calls.base import (
     held,
     scan_tagged,
     schema_content,
+    single_call,
 )
 from ckptd.model.text.tool_calls.jsonscan import skip_ws, value_end
 
@@ -62,7 +63,7 @@ class FunctionaryV31(ToolFormat):
             if END.startswith(text[k:]):
                 return ToolCall(name, arguments), len(text)   # ends in its closing tag
             return ToolCall(name, arguments), k
-        return scan_tagged(text, partial, START, read)
+        return scan_tagged(text, partial, START, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f"{START}{name}>", "content": schema_content(schema),

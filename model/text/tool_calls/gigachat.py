@@ -15,6 +15,7 @@ from ckptd.model.text.tool_calls.base import (
     json_call,
     scan_tagged,
     schema_content,
+    single_call,
 )
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
@@ -26,7 +27,7 @@ class MarkedJson(ToolFormat):
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
         def read(text: str, j: int):
             return json_call(text, skip_ws(text, j), schemas)
-        return scan_tagged(text, partial, self.mark, read)
+        return scan_tagged(text, partial, self.mark, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{self.mark}{{"name": {json.dumps(name)}, "arguments": ',

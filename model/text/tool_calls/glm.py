@@ -18,6 +18,7 @@ from ckptd.model.text.tool_calls.base import (
     scan_tagged,
     schema_content,
     schema_type,
+    single_call,
 )
 from ckptd.model.text.tool_calls.hermes import END, START
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
@@ -76,7 +77,7 @@ class Glm(ToolFormat):
                 return _call(text, j, schemas)
             except Incomplete as e:
                 return (e.args[0] if e.args else None), None
-        return scan_tagged(text, partial, START, read)
+        return scan_tagged(text, partial, START, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f"{START}{name}\n",

@@ -16,6 +16,7 @@ from ckptd.model.text.tool_calls.base import (
     json_call,
     scan_tagged,
     schema_content,
+    single_call,
 )
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
@@ -37,7 +38,7 @@ class Hermes(ToolFormat):
             if END.startswith(text[k:]):
                 return call, len(text)          # the text ends in (or before) the closing tag
             return call, k                      # a call without its closing tag
-        return scan_tagged(text, partial, START, read)
+        return scan_tagged(text, partial, START, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{START}\n{{"name": {json.dumps(name)}, "arguments": ',

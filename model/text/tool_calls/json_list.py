@@ -5,6 +5,8 @@ before it:
   {...}}, ...]`, no closing mark;
 - ServiceNow's Apriel 1.5 / 1.6: `<tool_calls>[...]</tool_calls>` (the model may add an
   "id" to each call: it is not read);
+- Mistral Nemo: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]` (the id,
+  9 letters or digits, is not read);
 - NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`;
 - Cohere's Command R7B and Command A (Cohere2): `<|START_ACTION|>[{"tool_call_id": "0",
   "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`.
@@ -14,7 +16,13 @@ from __future__ import annotations
 
 import json
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, held, json_call, schema_content
+from ckptd.model.text.tool_calls.base import (
+    ToolCall,
+    ToolFormat,
+    json_call,
+    scan_tagged,
+    schema_content,
+)
 from ckptd.model.text.tool_calls.jsonscan import array_items, skip_ws
 
 
@@ -27,26 +35,19 @@ class JsonList(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        mark = self.open + "["
-        i = text.find(mark)
-        if i < 0:
-            return (text[:len(text) - held(text, mark)] if partial else text), []
-        try:
-            items, end = array_items(text, i + len(mark) - 1)
+        def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
+            items, end = array_items(text, j - 1)      # from the list's "["
             calls = [c for c, _ in (json_call(text, a, schemas, self.name_key)
-                                          for a, _ in items)
-                     if c is not None]
-        except ValueError:                  # not a list of calls: it stays text
-            return text, []
-        if end is None:
-            return (text[:i], calls) if partial else (text, [])  # cut off: it stays text
-        if self.close:
+                                    for a, _ in items) if c is not None]
+            if end is None or not self.close:
+                return calls, end
             k = skip_ws(text, end)
             if text.startswith(self.close, k):
-                end = k + len(self.close)
-            elif self.close.startswith(text[k:]):
-                end = len(text)             # the text ends in (or before) the closing mark
-        return text[:i] + text[end:], calls
+                return calls, k + len(self.close)
+            if self.close.startswith(text[k:]):
+                return calls, len(text)     # the text ends in (or before) the closing mark
+            return calls, end
+        return scan_tagged(text, partial, self.open + "[", read)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": self.begin(name), "content": schema_content(schema),
@@ -69,6 +70,11 @@ class FireFunctionV2(JsonList):
 class Apriel(JsonList):
     name = "apriel"
     open, close = "<tool_calls>", "</tool_calls>"
+
+
+class MistralNemo(JsonList):
+    name = "mistral_nemo"
+    open = "[TOOL_CALLS]"
 
 
 class NemotronV2(JsonList):

@@ -9,7 +9,13 @@ not kept. Text before the first call is content."""
 
 from __future__ import annotations
 
-from ckptd.model.text.tool_calls.base import ToolCall, ToolFormat, scan_tagged, schema_content
+from ckptd.model.text.tool_calls.base import (
+    ToolCall,
+    ToolFormat,
+    scan_tagged,
+    schema_content,
+    single_call,
+)
 from ckptd.model.text.tool_calls.functionary import json_args
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 
@@ -42,7 +48,7 @@ class Mistral(ToolFormat):
                 raise ValueError(f"no {ARGS} after {name!r}")
             arguments, end = json_args(text, skip_ws(text, k + len(ARGS)))
             return ToolCall(name, arguments, end is not None), end
-        return scan_tagged(text, partial, START, read)
+        return scan_tagged(text, partial, START, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f"{START}{name}{ARGS}",

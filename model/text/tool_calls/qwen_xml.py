@@ -22,6 +22,7 @@ from ckptd.model.text.tool_calls.base import (
     scan_tagged,
     schema_content,
     schema_type,
+    single_call,
 )
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member, value
@@ -88,7 +89,7 @@ class QwenXml(ToolFormat):
                 if so_far is not None and so_far.done:
                     return so_far, len(text)    # only the closing tag is missing
                 return so_far, None
-        return scan_tagged(text, partial, self.start, read)
+        return scan_tagged(text, partial, self.start, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f"{self.start}\n{FUNC}{name}>\n",

@@ -47,13 +47,14 @@ class Delta:
 @dataclass(frozen=True)
 class ReplySpec:
     """How to read one answer: the call format (None: calls are not parsed), each tool's
-    parameter schema, whether thinking blocks are read and whether the answer starts
-    inside one, and whether more than one call is kept."""
+    parameter schema, whether thinking blocks are read (in `marks`) and whether the
+    answer starts inside one, and whether more than one call is kept."""
     fmt: ToolFormat | None
     schemas: dict = field(default_factory=dict)
     thinking: bool = False
     open_thinking: bool = False
     parallel: bool = True
+    marks: reasoning.Marks = reasoning.THINK
 
     @property
     def active(self) -> bool:
@@ -62,7 +63,7 @@ class ReplySpec:
     def parse(self, text: str, partial: bool = False) -> Parsed:
         think = ""
         if self.thinking:
-            think, text = reasoning.split(text, partial, self.open_thinking)
+            think, text = reasoning.split(text, partial, self.open_thinking, self.marks)
         calls: list[ToolCall] = []
         if self.fmt is not None:
             text, calls = self.fmt.parse(text, partial, self.schemas)
