@@ -195,7 +195,7 @@ class Checkpointer:
             pages = self.io.read_pages(seq.pages[first:upto])
         rec.stored_blocks = upto
         self.pending.append(Checkpoint(seq.tokens[:upto * self.B], seq.salt, rec.chain,
-                                       first, pages, Snapshot(), END))
+                                       first, pages, Snapshot(), END, seq.id))
 
     def store_pending(self) -> None:
         pending, self.pending = self.pending, []
