@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ckptd.cache.entry import TAIL_OFFSETS
+from ckptd.cache.entry import END, TAIL_OFFSETS
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
@@ -183,6 +183,19 @@ class Checkpointer:
             snap.logits = logits.detach().float().to("cpu", copy=True)   # kept on the host
         self.pending.append(Checkpoint(seq.tokens[:P], seq.salt, rec.chain, first, pages,
                                        snap, role, seq.id))
+
+    def capture_blocks(self, rec: Tracked, upto: int) -> None:
+        """Copy the sequence's blocks the store lacks below block `upto`, and no snapshot:
+        a window model's blocks before the device lets their window part go
+        (cache/windows.py). Its chain holds their keys (the pages are published)."""
+        seq, first = rec.seq, rec.stored_blocks
+        if upto <= first:
+            return
+        with self.io.deferred_reads():
+            pages = self.io.read_pages(seq.pages[first:upto])
+        rec.stored_blocks = upto
+        self.pending.append(Checkpoint(seq.tokens[:upto * self.B], seq.salt, rec.chain,
+                                       first, pages, Snapshot(), END, seq.id))
 
     def store_pending(self) -> None:
         pending, self.pending = self.pending, []

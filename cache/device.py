@@ -39,7 +39,10 @@ RECLAIMED = "least recently used, its page reclaimed for new tokens"
 
 
 class DevicePages:
-    def __init__(self, num_pages: int, block_size: int, on_evict: OnEvict | None = None) -> None:
+    def __init__(self, num_pages: int, block_size: int, on_evict: OnEvict | None = None,
+                 on_free: Callable[[list[int]], None] | None = None) -> None:
+        """on_free(pages): called (under the table's lock) with each page that goes back
+        to the free list: a window model's rooms go back with it (cache/windows.py)."""
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         self.num_pages, self.B = num_pages, block_size
@@ -52,6 +55,7 @@ class DevicePages:
         self._parent_of: dict[bytes, bytes | None] = {}   # key -> its parent block's key
         self._position: dict[bytes, int] = {}         # key -> tokens its block ends at
         self.on_evict = on_evict
+        self.on_free = on_free
         self._children = Children()                  # key -> registered keys naming it parent
         self._tokens: dict[int, bytes] = {}          # page -> its block's tokens (uint32 LE)
         self._used = [0] * num_pages                 # page -> clock of its last use
@@ -68,6 +72,11 @@ class DevicePages:
         """Pages held only by the prefix table."""
         with self._lock:
             return sum(1 for p in self._key_of if self.refs[p] == 1)
+
+    def cached_pages(self) -> list[int]:
+        """The pages held only by the prefix table."""
+        with self._lock:
+            return [p for p in self._key_of if self.refs[p] == 1]
 
     @property
     def num_registered(self) -> int:
@@ -223,6 +232,8 @@ class DevicePages:
         if self.refs[page] == 0:
             assert page not in self._key_of, f"page {page} freed while in the prefix table"
             heapq.heappush(self._free, page)
+            if self.on_free is not None:
+                self.on_free([page])
 
     def sanity_check(self, holders: Counter[int]) -> None:
         """holders: references live sequences hold, by page. AssertionError names the

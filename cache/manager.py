@@ -41,6 +41,7 @@ from ckptd.cache.lookup import DEVICE
 from ckptd.cache.restorer import Restorer
 from ckptd.cache.store import CacheStore
 from ckptd.cache.why.gone import BUDGET, EVICTED
+from ckptd.cache.windows import Windows
 from ckptd.cache.work import Deferred, Failed, RestoreInfo, Stalled, Tracked, Work
 from ckptd.model.sequence import Sequence, check_token_ids
 from ckptd.model.spec import StateIO, StateSpec, StepLogits
@@ -75,11 +76,14 @@ class CacheManager:
         self.interval, self.max_snapshots = snapshot_interval, max_snapshots
         self.step_tokens = step_tokens
         self.snapshot_ratio = snapshot_budget
-        self.device = DevicePages(num_pages, B, None if store is None else self._device_evicted)
-        self.restorer = Restorer(self.device, store, io, spec)
+        windowed = spec.attention is not None and bool(spec.attention.windows)
+        self.device = DevicePages(num_pages, B, None if store is None else self._device_evicted,
+                                  io.drop_window if windowed else None)
         self.checkpoints = Checkpointer(io, spec, store, max_snapshots)
-        self.rates = self.restorer.rates
         self.live: dict[int, Tracked] = {}
+        self.windows = Windows(io, spec, self.checkpoints, self.device, self.live)
+        self.restorer = Restorer(self.device, store, io, spec, self.windows)
+        self.rates = self.restorer.rates
         self.branches: dict[int, set[int]] = {}   # seq id -> branch points asked before
         #                                           it was admitted
 
@@ -158,17 +162,17 @@ class CacheManager:
             if not w.runs:
                 continue
             rec = self.live[w.seq.id]
-            if rec.chain is None:
-                continue
             P = w.seq.num_computed - w.drafted
-            self._publish(rec, P)
-            if rec.prompt_done:
-                continue
-            if P == rec.prompt_len:
-                rec.prompt_done = True
-                self.checkpoints.capture(rec, logits.last(w.seq), END)
-            elif P in rec.stops:
-                self.checkpoints.capture(rec, None, rec.stops.pop(P))
+            if rec.chain is not None:
+                self._publish(rec, P)
+                if rec.prompt_done:
+                    pass
+                elif P == rec.prompt_len:
+                    rec.prompt_done = True
+                    self.checkpoints.capture(rec, logits.last(w.seq), END)
+                elif P in rec.stops:
+                    self.checkpoints.capture(rec, None, rec.stops.pop(P))
+            self.windows.advance(rec, P)
 
     def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
         """A sequence is done: store its final state (checkpoint; the client has had
@@ -178,6 +182,7 @@ class CacheManager:
         if rec is not None and checkpoint and rec.chain is not None and seq.num_computed:
             self._publish(rec, seq.num_computed)
             self.checkpoints.capture(rec, None, END)
+            self.windows.advance(rec, seq.num_computed)
             self.checkpoints.store_pending()
         self.release(seq)
 
@@ -188,6 +193,8 @@ class CacheManager:
             full = min(seq.num_computed // self.B, rec.published)
             if full:
                 self.device.touch(seq.pages[full - 1])     # its run stays the freshest
+            # the prefix table keeps its pages; their window parts, only its last window's
+            self.windows.advance(rec, seq.num_computed, capture=False)
         self.device.decref(seq.pages)
         seq.pages = []
         self.io.detach(seq)
@@ -226,7 +233,8 @@ class CacheManager:
         full = seq.num_computed // self.B
         chain = None if parent.chain is None else parent.chain.copy(full)
         self.live[child.id] = Tracked(child, chain, parent.prompt_len, parent.prompt_done,
-                                      parent.stored_blocks, min(parent.published, full))
+                                      parent.stored_blocks, min(parent.published, full),
+                                      window_low=parent.window_low)
         return child
 
     def prepare(self, work: list[tuple[Sequence, int]]) -> None:
@@ -258,6 +266,7 @@ class CacheManager:
             self.release(seq)
             raise
         rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
+        self.windows.restored(rec, seq.num_computed)
         self._plan_stops(rec, anchors, tails)
         self._publish(rec, seq.num_computed)             # restored pages serve the next
         return info
@@ -364,6 +373,9 @@ class CacheManager:
         if not copies and not grow:
             return
         fresh = dev.alloc(len(copies) + grow)
+        if not self.windows.keep(fresh):               # the step writes every one of them
+            dev.decref(fresh)
+            raise OutOfPages("no room left for the window layers' KV")
         for i, new in zip(copies, fresh):
             self.io.copy_page(seq.pages[i], new)
             dev.decref([seq.pages[i]])
@@ -386,6 +398,8 @@ class CacheManager:
             page = seq.pages[i]
             held = dev.register(keys[i], keys[i - 1] if i else None, page,
                                 data[i * w:(i + 1) * w])
+            if held != page and self.windows.lacks(rec, i, held):
+                continue                # the table's copy lost the window part it reads
             if held != page:
                 dev.incref([held])
                 dev.decref([page])
@@ -411,6 +425,7 @@ class CacheManager:
             assert rec.published <= seq.num_computed // self.B
             assert len(seq.pages) * self.B >= seq.num_computed
         self.device.sanity_check(holders)
+        self.windows.check()
         cells = {rec.seq.cell for rec in self.live.values()}
         assert cells == self.io.live_cells(), \
             f"cells in use {sorted(self.io.live_cells())}, held by sequences {sorted(cells)}"

@@ -17,13 +17,14 @@ import time
 
 import torch
 
-from ckptd.cache.device import DevicePages
+from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.lookup import DEVICE, REMOTE, RestoredState, RestorePlan
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
 from ckptd.cache.why import gone as departures
 from ckptd.cache.why.explain import Attempt, Declined, Failed
 from ckptd.cache.why.report import TIER_FAULT, tier_runs, tokens_by_tier
+from ckptd.cache.windows import Windows
 from ckptd.cache.work import RestoreInfo
 from ckptd.model.spec import StateSpec
 
@@ -121,8 +122,10 @@ class PageViews:
 
 
 class Restorer:
-    def __init__(self, device: DevicePages, store: CacheStore | None, io, spec: StateSpec) -> None:
+    def __init__(self, device: DevicePages, store: CacheStore | None, io, spec: StateSpec,
+                 windows: Windows | None = None) -> None:
         self.device, self.store, self.io, self.spec = device, store, io, spec
+        self.windows = windows
         self.B = spec.block_size
         self.hybrid = spec.is_hybrid
         self.rates = Rates()
@@ -146,6 +149,10 @@ class Restorer:
             seen.declined = seen.declined or declined
             if plan.position == 0:
                 break
+            gap = self._window_gap(device, plan)
+            if gap is not None:               # the store has what the device let go of
+                dev = gap
+                continue
             t_read = time.perf_counter()
             restored, held = self._load(plan, device, self._deadline(plan))
             if restored.ok and plan.position == n and restored.snapshot.logits is None:
@@ -219,6 +226,16 @@ class Restorer:
                 best = plan
         return best, declined
 
+    def _window_gap(self, device: list[int], plan: RestorePlan) -> int | None:
+        """A window model: the first device page the plan's window reads (the pages
+        within W of its position) that no longer holds its window part, else None."""
+        w = self.windows
+        if w is None or not w.on:
+            return None
+        lo, hi = w.low(plan.position), min(plan.device_blocks, -(-plan.position // self.B))
+        held = self.io.has_window(device[lo:hi]) if lo < hi else []
+        return None if all(held) else lo + held.index(False)
+
     def _worth_it(self, plan: RestorePlan) -> bool:
         return self.rates.read_seconds(plan) <= plan.position / self.rates.prefill_tps
 
@@ -289,6 +306,9 @@ class Restorer:
         try:
             if len(pages) < n_full or P % B:
                 seq.pages += dev.alloc(-(-P // B) - len(pages))
+            w = self.windows
+            if w is not None and w.on and not w.keep(seq.pages[max(first, w.low(P)):]):
+                raise OutOfPages("no room left for the window layers' KV")
         except BaseException:
             dev.decref(seq.pages)
             seq.pages = []

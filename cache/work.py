@@ -59,6 +59,8 @@ class Tracked:
     published: int = 0            # leading full pages registered on the device
     stops: dict[int, str] = field(default_factory=dict)   # position -> snapshot role
     shared: int = 0               # prompt tokens something cached or running shares
+    window_low: int = 0           # leading pages whose window-layer KV it reads no more
+    #                               (a window model: cache/windows.py)
 
 
 class Draft(Protocol):

@@ -77,18 +77,22 @@ class Runtime:
         B = cfg.block_size
         spec = model.state_spec(B)
         draft = _draft(cfg, where, tok, model) if cfg.drafting else None
-        # with a draft, a page of the budget is one page of each model's KV
-        page_bytes = spec.page_bytes() + (draft.state_spec(B).page_bytes() if draft else 0)
-        sizes = memory.plan(page_bytes, model.device, cfg.kv_budget, cfg.host_budget,
-                            -(-max_context // B) + 1, cfg.parallel)
         drafted = cfg.parallel * cfg.spec_draft_n_max if draft else 0
+        # with a draft, a page of the budget is one page of each model's KV; a window
+        # model's window layers have a pool of their own, sized by their windows
+        rooms = memory.window_rooms(spec, cfg.parallel, cfg.step_tokens + drafted)
+        page_bytes = spec.page_bytes() - spec.window_page_bytes() + \
+            (draft.state_spec(B).page_bytes() if draft else 0)
+        sizes = memory.plan(page_bytes, model.device, cfg.kv_budget, cfg.host_budget,
+                            -(-max_context // B) + 1, cfg.parallel,
+                            (rooms or 0) * spec.window_page_bytes())
         embedder = load_embedder(cfg, path, model, tok, where)
         # a prefill chunk takes an image whole: room for one beyond the step's budget
         image_room = max_image_tokens(embedder) if embedder is not None else 0
         runner = Runner(model, sizes.kv_pages, cfg.parallel, B,
                         max_batch_tokens=cfg.step_tokens + drafted + image_room,
                         graphs=False if cfg.enforce_eager else None,
-                        max_seq_pages=-(-max_context // B))
+                        max_seq_pages=-(-max_context // B), window_pages=rooms)
         runner.embedder = embedder
         remote = _remote(cfg, model.fingerprint, runner.spec) if cfg.remote else None
         store = CacheStore(cfg.cache_dir, runner.spec, model.fingerprint,

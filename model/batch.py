@@ -46,6 +46,14 @@ class ImageRows:
 
 
 @dataclass
+class WindowRows:
+    """Where the window layers' KV of a step is (model/window_pages.py): each new
+    token's flat index in the window pool and the sequences' tables of rooms."""
+    kv_index: torch.Tensor      # int64 [N], on the model's device
+    varlen: Varlen
+
+
+@dataclass
 class StepBatch:
     seqs: list[SeqChunk]
     input_ids: torch.Tensor     # int64 [N], on the model's device (as all below)
@@ -57,17 +65,20 @@ class StepBatch:
     lora: Rows | None = None    # LoRA scales per token (model/lora); None: none is used
     mrope: torch.Tensor | None = None   # int64 [3, N] when a chunk has image tokens
     images: ImageRows | None = None
+    window: WindowRows | None = None    # the window layers' (a model with windows)
 
     @classmethod
     def build(cls, seqs: list[SeqChunk], input_ids: list[int], logits_index: list[int],
               block_size: int, device: torch.device, pad: Padding | None = None,
               lora: list[tuple[float, ...]] | None = None,
-              dtype: torch.dtype = torch.float32) -> StepBatch:
+              dtype: torch.dtype = torch.float32,
+              rooms: list[torch.Tensor] | None = None) -> StepBatch:
         """seqs in flat order (q_start rising, packed without gaps). `pad` appends
         one-token rows up to a fixed batch size and widens the page tables to a fixed
         width, so the layout is the one a captured CUDA graph reads (model/graphs.py).
         `lora`: each sequence's adapter scales (none: ()), made per-token rows of the
-        model's `dtype`."""
+        model's `dtype`. `rooms`: each sequence's table of window rooms (host int32, as
+        long as its page table), for a model with window layers."""
         B = block_size
         if pad is not None:
             seqs, input_ids, logits_index = pad.apply(seqs, input_ids, logits_index)
@@ -85,25 +96,36 @@ class StepBatch:
             if width > pad.width:
                 raise ValueError(f"a page table of {width} pages is wider than {pad.width}")
             width = pad.width
+        if rooms is not None and pad is not None:
+            raise ValueError("a step with window rooms is not padded for a graph")
         tables = torch.zeros(n, max(width, 1), dtype=torch.int64, device=_HOST)
-        pos, kv_index = [], []
+        room_tables = None if rooms is None else torch.zeros_like(tables)
+        pos, kv_index, room_index = [], [], []
         for i, s in enumerate(seqs):
             table = s.page_table.to(_HOST, torch.int64)
             tables[i, :len(table)] = table
             p = torch.arange(s.ctx_len, s.ctx_len + s.q_len, device=_HOST)
             pos.append(p + s.shift if s.shift else p)
             kv_index.append(table[p // B] * B + p % B)
+            if rooms is not None:
+                room = rooms[i].to(_HOST, torch.int64)
+                room_tables[i, :len(room)] = room
+                room_index.append(room[p // B] * B + p % B)
         bos, eos = chunk_bounds(cu, CHUNK)
         empty = torch.zeros(0, dtype=torch.int64, device=_HOST)
         wide = [torch.tensor(input_ids, dtype=torch.int64, device=_HOST),
                 torch.cat(pos) if pos else empty, torch.cat(kv_index) if kv_index else empty,
                 torch.tensor(logits_index, dtype=torch.int64, device=_HOST),
                 torch.tensor([s.cell for s in seqs], dtype=torch.int64, device=_HOST)]
+        if rooms is not None:
+            wide.append(torch.cat(room_index) if room_index else empty)
         if any(s.mrope is not None for s in seqs):
             wide.append(torch.cat([s.mrope if s.mrope is not None else p.expand(3, -1)
                                    for s, p in zip(seqs, pos)], dim=1).flatten())
         narrow = [torch.tensor(x, dtype=torch.int64, device=_HOST)
                   for x in (cu, [s.ctx_len for s in seqs], bos, eos)] + [tables.flatten()]
+        if rooms is not None:
+            narrow.append(room_tables.flatten())
         # int64 where torch indexes with it, int32 what the kernels read: two buffers, of
         # which every tensor of the step is a view (a graph's inputs are refilled in place)
         buffers = (torch.cat(wide), torch.cat(narrow).to(torch.int32))
@@ -111,16 +133,21 @@ class StepBatch:
             buffers = tuple(b.pin_memory().to(device, non_blocking=True) for b in buffers)
         elif device != _HOST:
             buffers = tuple(b.to(device) for b in buffers)
-        ids, positions, kv_index, logits, state, *mrope = \
+        ids, positions, kv_index, logits, state, *rest = \
             buffers[0].split([p.numel() for p in wide])
-        cu_t, ctx, bos_t, eos_t, tab = buffers[1].split([p.numel() for p in narrow])
+        cu_t, ctx, bos_t, eos_t, tab, *room_tab = buffers[1].split([p.numel() for p in narrow])
         varlen = Varlen(tuple(cu), tuple(s.ctx_len for s in seqs),
                         tuple(s.page_table for s in seqs), cu_t, ctx, state, tab.view(n, -1),
                         bos_t, eos_t)
+        window = None
+        if rooms is not None:
+            window = WindowRows(rest.pop(0), Varlen(
+                varlen.cu, varlen.ctx, tuple(rooms), cu_t, ctx, state,
+                room_tab[0].view(n, -1), bos_t, eos_t))
         rows = None if lora is None or pad is not None else \
             Rows.build(lora, [s.q_len for s in seqs], device, dtype)
         return cls(seqs, ids, positions, kv_index, logits, varlen, buffers, rows,
-                   mrope[0].view(3, -1) if mrope else None, _image_rows(seqs, device))
+                   rest[0].view(3, -1) if rest else None, _image_rows(seqs, device), window)
 
 
 def _image_rows(seqs: list[SeqChunk], device: torch.device) -> ImageRows | None:

@@ -39,11 +39,13 @@ class Mark:
 class Runner:
     def __init__(self, model, num_pages: int, num_cells: int, block_size: int = 16,
                  device: str | torch.device | None = None, max_batch_tokens: int = 2048,
-                 graphs: bool | None = None, max_seq_pages: int | None = None) -> None:
+                 graphs: bool | None = None, max_seq_pages: int | None = None,
+                 window_pages: int | None = None) -> None:
         """device: where the state lives (default: the model's device). graphs: decode
         steps replay CUDA graphs (model/graphs.py; default: on CUDA; True on the CPU runs
         their static buffers eagerly, for tests). max_seq_pages: pages of the longest
-        sequence (default num_pages), the width of a graph's page tables."""
+        sequence (default num_pages), the width of a graph's page tables. window_pages:
+        the window layers' pool, in pages (default num_pages; model/window_pages.py)."""
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.model = model
@@ -53,7 +55,10 @@ class Runner:
         self.device = torch.device(device) if device is not None else model.device
         if graphs is None:
             graphs = self.device.type == "cuda"
+        if self.spec.attention is not None and self.spec.attention.windows:
+            graphs = False        # a graph's page tables have no rooms (a known gap)
         self._sizes = (num_pages, num_cells, max_seq_pages or max(num_pages, 1), graphs)
+        self.window_pages = window_pages
         self.vocab_size = model.config.vocab_size
         self.cells = CellPool(num_cells)
         self.embedder = None     # model/vision/embedder.py: images' rows, when it sees images
@@ -64,7 +69,8 @@ class Runner:
         num_pages, num_cells, max_seq_pages, graphs = self._sizes
         # graphs: one page and one cell more, which no sequence gets: padded rows' own
         spare = 1 if graphs else 0
-        self.state = DeviceState(self.spec, num_pages + spare, num_cells + spare, self.device)
+        self.state = DeviceState(self.spec, num_pages + spare, num_cells + spare, self.device,
+                                 self.window_pages)
         self.graphs = None
         if graphs:
             self.graphs = DecodeGraphs(self.model, self.state, self.block_size, num_cells,
@@ -109,9 +115,12 @@ class Runner:
         B = self.block_size
         ids, chunks, rows, spans = [], [], [], {}
         images = self._images(work)
+        rooms = None if self.state.rooms is None else []
         for seq, n in work:
             start, end = seq.num_computed, seq.num_computed + n
             table = torch.tensor(seq.pages[:-(-end // B)], dtype=torch.int32, device="cpu")
+            if rooms is not None:
+                rooms.append(self._rooms(seq, end))
             chunk = SeqChunk(len(ids), n, start, table, seq.cell)
             if seq.images:
                 chunk.shift, chunk.mrope = chunk_positions(seq.images, start, end)
@@ -128,7 +137,7 @@ class Runner:
             logits = self.graphs.run(chunks, ids)
         else:
             batch = StepBatch.build(chunks, ids, rows, B, self.device, lora=lora,
-                                    dtype=self.model.dtype)
+                                    dtype=self.model.dtype, rooms=rooms)
             logits = self.model(batch, self.state)
         # the step's one wait for the device: its logits, for sampling on the host (a
         # copy: a graph's output buffer is overwritten by its next replay)
@@ -159,6 +168,21 @@ class Runner:
         if total > self.max_batch_tokens:
             raise ValueError(f"step of {total} tokens exceeds max_batch_tokens "
                              f"({self.max_batch_tokens})")
+
+    def _rooms(self, seq: Sequence, end: int) -> torch.Tensor:
+        """seq's table of window rooms up to `end` tokens: a room for each page its
+        window layers read or write in the step (given here to a page written the first
+        time: the cache gives rooms to the pages it restores), 0 for blocks no query of
+        the step sees (model/window_pages.py)."""
+        B, W = self.block_size, self.spec.attention.max_window
+        pages = seq.pages[:-(-end // B)]
+        low, computed = max(0, seq.num_computed - W) // B, -(-seq.num_computed // B)
+        self.state.rooms.rooms(pages[low:computed])    # its window's keys are all there
+        if not self.state.rooms.keep(pages[computed:]):
+            raise ValueError(f"sequence {seq.id}: no window room left for its step "
+                             f"({self.state.rooms.num_rooms} rooms)")
+        return torch.tensor(self.state.rooms.rooms(pages, missing=0), dtype=torch.int32,
+                            device="cpu")
 
     def _images(self, work: list[tuple[Sequence, int]]
                 ) -> dict[int, list[tuple[int, torch.Tensor]]]:
@@ -227,50 +251,112 @@ class Runner:
         return self.cells.in_use()
 
     def copy_page(self, src: int, dst: int) -> None:
-        """Copy-on-write: page dst gets src's contents before a step writes into it."""
-        if self.state.kv is not None:
-            self.state.kv[dst] = self.state.kv[src]
+        """Copy-on-write: page dst gets src's contents before a step writes into it (its
+        window part too, in a room of its own, where src has one)."""
+        st = self.state
+        if st.kv is None:
+            return
+        st.kv[dst] = st.kv[src]
+        if st.rooms is not None and st.rooms.has([src])[0]:
+            if not st.rooms.keep([dst]):
+                raise ValueError(f"no window room left to copy page {src}")
+            r_src, r_dst = st.rooms.rooms([src, dst])
+            st.kv_win[r_dst] = st.kv_win[r_src]
+
+    def keep_window(self, pages: list[int]) -> bool:
+        """Rooms for these pages' window-layer KV (model/window_pages.py), before a
+        restore loads it; all or nothing, False when too few are free. True for a model
+        without window layers."""
+        return self.state.rooms is None or self.state.rooms.keep(pages)
+
+    def drop_window(self, pages: list[int]) -> None:
+        """The window layers' KV of these pages is read no more: their rooms go back."""
+        if self.state.rooms is not None:
+            self.state.rooms.drop(pages)
+
+    def has_window(self, pages: list[int]) -> list[bool]:
+        """Whether each page holds its window layers' KV on the device (all do where the
+        model has no window layer)."""
+        rooms = self.state.rooms
+        return [True] * len(pages) if rooms is None else rooms.has(pages)
 
     def page_views(self, pages: list[int]) -> list[torch.Tensor] | None:
         """Writable views [*kv_shape()] of pages held by the caller alone, for a restore
-        to decode values straight into; None where that is not the fast way (no KV, or
-        a pool off the CPU: load_pages copies in one go there)."""
+        to decode values straight into; None where that is not the fast way (no KV, a
+        pool off the CPU: load_pages copies in one go there, or a page in two pools)."""
         kv = self.state.kv
-        if kv is None or kv.device.type != "cpu":
+        if kv is None or kv.device.type != "cpu" or self.state.rooms is not None:
             return None
         return [kv[p] for p in pages]
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:
         """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim] ([n, 0]
-        for a model without attention: its blocks hold no KV)."""
-        if self.state.kv is None:
+        for a model without attention: its blocks hold no KV). ValueError for a page
+        whose window part left the device."""
+        st, index = self.state, self.transfers.index
+        if st.kv is None:
             return torch.empty((len(pages), *self.spec.kv_shape()), dtype=self.spec.kv_dtype)
-        return self.transfers.to_host(self.state.kv.index_select(0, self.transfers.index(pages)))
+        full = st.kv.index_select(0, index(pages))
+        if st.rooms is None:
+            return self.transfers.to_host(full)
+        win = st.kv_win.index_select(0, index(st.rooms.rooms(pages)))
+        return self.transfers.to_host(self._join(full, win))
 
     def load_pages(self, pages: list[int], kv: torch.Tensor) -> None:
-        """Write whole pages kv [n, n_attn, 2, block_size, kv_heads, head_dim]."""
+        """Write whole pages kv [n, n_attn, 2, block_size, kv_heads, head_dim]; the window
+        layers' part only into the pages with a room (keep_window)."""
         want = (len(pages), *self.spec.kv_shape())
         if tuple(kv.shape) != want:
             raise ValueError(f"pages have shape {tuple(kv.shape)}, expected {want}")
-        pool = self.state.kv
-        if pool is None:
+        st, index = self.state, self.transfers.index
+        if st.kv is None:
             return
-        self.transfers.to_device(
-            lambda x: pool.index_copy_(0, self.transfers.index(pages), x.to(pool.dtype)), kv)
+        if st.rooms is None:
+            self.transfers.to_device(
+                lambda x: st.kv.index_copy_(0, index(pages), x.to(st.kv.dtype)), kv)
+            return
+        self.transfers.to_device(lambda x: st.kv.index_copy_(0, index(pages), x.to(
+            st.kv.dtype)), kv[:, st.full_layers])
+        held = [i for i, h in enumerate(st.rooms.has(pages)) if h]
+        if held:
+            rooms = st.rooms.rooms([pages[i] for i in held])
+            self.transfers.to_device(lambda x: st.kv_win.index_copy_(0, index(rooms), x.to(
+                st.kv_win.dtype)), kv[held][:, st.window_layers])
 
     def read_partial(self, page: int, n: int) -> torch.Tensor:
         """KV of the first n tokens of a page: [n_attn, 2, n, kv_heads, head_dim]."""
-        return self.transfers.to_host(
-            self.state.kv[page, :, :, :n].clone(memory_format=torch.contiguous_format))
+        st = self.state
+        full = st.kv[page, :, :, :n].clone(memory_format=torch.contiguous_format)
+        if st.rooms is None:
+            return self.transfers.to_host(full)
+        win = st.kv_win[st.rooms.rooms([page])[0], :, :, :n]
+        return self.transfers.to_host(self._join(full[None], win[None])[0])
 
     def load_partial(self, page: int, kv: torch.Tensor) -> None:
-        """Write kv [n_attn, 2, r, kv_heads, head_dim] as the first r tokens of a page."""
+        """Write kv [n_attn, 2, r, kv_heads, head_dim] as the first r tokens of a page
+        (a window model's page needs its room: keep_window)."""
         r = kv.shape[2] if kv.dim() == 5 else -1
         if tuple(kv.shape) != self.spec.kv_shape(r):
             raise ValueError(f"partial page KV has shape {tuple(kv.shape)}, "
                              f"expected {self.spec.kv_shape(max(r, 0))}")
-        pool = self.state.kv
-        self.transfers.to_device(lambda x: pool[page, :, :, :r].copy_(x), kv)
+        st = self.state
+        if st.rooms is None:
+            self.transfers.to_device(lambda x: st.kv[page, :, :, :r].copy_(x), kv)
+            return
+        room = st.rooms.rooms([page])[0]
+        self.transfers.to_device(lambda x: st.kv[page, :, :, :r].copy_(x), kv[st.full_layers])
+        self.transfers.to_device(lambda x: st.kv_win[room, :, :, :r].copy_(x),
+                                 kv[st.window_layers])
+
+    def _join(self, full: torch.Tensor, win: torch.Tensor) -> torch.Tensor:
+        """[n, n_attn, ...] in the model's layer order from the full and window pools'
+        parts [n, n_full, ...] and [n, n_win, ...] (on the device)."""
+        st = self.state
+        out = torch.empty((full.shape[0], len(st.where), *full.shape[2:]), dtype=full.dtype,
+                          device=full.device)
+        out[:, st.full_layers] = full
+        out[:, st.window_layers] = win
+        return out
 
     def read_recurrent(self, cell: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Host copies of a cell's conv state [n_rec, conv_dim, K-1] and ssm state

@@ -38,6 +38,20 @@ class AttentionSpec:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    # each attention layer's sliding window (0: it sees every key), () when none has
+    # one. A page still holds every layer's KV in the store's and the host's copies; on
+    # the device the window layers' KV lives apart and only while a live sequence's
+    # window reaches it (model/window_pages.py)
+    windows: tuple[int, ...] = ()
+
+    @property
+    def window_layers(self) -> list[int]:
+        return [i for i, w in enumerate(self.windows) if w]
+
+    @property
+    def max_window(self) -> int:
+        """The widest window of the window layers (0: no layer has one)."""
+        return max(self.windows, default=0)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,13 @@ class StateSpec:
             return 0
         return _numel(self.kv_shape()) * _itemsize(self.attention.dtype)
 
+    def window_page_bytes(self) -> int:
+        """The window layers' part of a page (0 without window layers)."""
+        a = self.attention
+        if a is None or not a.windows:
+            return 0
+        return self.page_bytes() // a.n_layers * len(a.window_layers)
+
     def kv_bytes_per_token(self) -> int:
         return self.page_bytes() // self.block_size
 
@@ -122,7 +143,9 @@ class StateSpec:
         def one(x):
             if x is None:
                 return None
-            return {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(x).items()}
+            # the windows change where the device keeps KV, not what is stored
+            return {k: str(v) if isinstance(v, torch.dtype) else v for k, v in vars(x).items()
+                    if k != "windows"}
         return {"block_size": self.block_size, "attention": one(self.attention),
                 "recurrent": one(self.recurrent)}
 
@@ -168,7 +191,8 @@ class OutOfCells(RuntimeError):
 class StateIO(Protocol):
     """What the cache asks of the runner (model/runner.py), which owns the state tensors:
     a sequence's cell, copy-on-write of a page, and host copies in and out of pages,
-    partial pages and recurrent cells, for restores and checkpoints."""
+    partial pages and recurrent cells, for restores and checkpoints; a window model's
+    rooms for its window layers' KV on the device (model/window_pages.py)."""
 
     vocab_size: int
 
@@ -181,6 +205,9 @@ class StateIO(Protocol):
     def load_pages(self, pages: list[int], kv: torch.Tensor) -> None: ...
     def read_partial(self, page: int, n: int) -> torch.Tensor: ...
     def load_partial(self, page: int, kv: torch.Tensor) -> None: ...
+    def keep_window(self, pages: list[int]) -> bool: ...
+    def drop_window(self, pages: list[int]) -> None: ...
+    def has_window(self, pages: list[int]) -> list[bool]: ...
     def read_recurrent(self, cell: int) -> tuple[torch.Tensor, torch.Tensor]: ...
     def load_recurrent(self, cell: int, conv: torch.Tensor, ssm: torch.Tensor) -> None: ...
     def deferred_reads(self) -> AbstractContextManager: ...

@@ -14,6 +14,7 @@ import torch
 
 from ckptd.kernels.paged_attention import layout
 from ckptd.model.spec import OutOfCells, StateSpec
+from ckptd.model.window_pages import WindowRooms
 
 
 class DeviceState:
@@ -21,23 +22,44 @@ class DeviceState:
          head-major memory: kernels/paged_attention/layout.py)
     conv [num_cells, n_rec, conv_dim, conv_kernel - 1]
     ssm  [num_cells, n_rec, v_heads, k_head_dim, v_head_dim] (float32)
+
+    With sliding-window layers (spec.attention.windows), `kv` holds the full layers
+    only ([num_pages, n_full, ...]) and `kv_win` [num_rooms, n_win, ...] the window
+    layers, at the room `rooms` gives a page (model/window_pages.py); `where[i]` is
+    attention layer i's (pool, index in it).
     """
 
     def __init__(self, spec: StateSpec, num_pages: int, num_cells: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", num_rooms: int | None = None) -> None:
         if num_pages < 0 or num_cells <= 0:
             raise ValueError(f"need num_pages >= 0 and num_cells > 0, got {num_pages}, {num_cells}")
         self.spec = spec
         self.num_pages = num_pages
         self.num_cells = num_cells
         self.device = torch.device(device)
-        self.kv = None
+        self.kv = self.kv_win = self.rooms = None
         self.conv = None
         self.ssm = None
-        if spec.attention is not None:
+        a = spec.attention
+        if a is not None:
+            win = a.window_layers
+            self.full_layers = [i for i in range(a.n_layers) if i not in win]
+            self.window_layers = win
+            shape = spec.kv_shape()
             # head-major memory on the CPU: attention reads a sequence's KV in place
-            self.kv = layout.new_pool(num_pages, spec.kv_shape(), spec.attention.dtype,
-                                      self.device, head_major=self.device.type == "cpu")
+            head_major = self.device.type == "cpu"
+            self.kv = layout.new_pool(num_pages, (len(self.full_layers), *shape[1:]), a.dtype,
+                                      self.device, head_major=head_major)
+            self.where = [(self.kv, i) for i in range(a.n_layers)]
+            if win:
+                rooms = num_pages if num_rooms is None else min(num_rooms, num_pages)
+                self.rooms = WindowRooms(num_pages, rooms)
+                self.kv_win = layout.new_pool(rooms, (len(win), *shape[1:]), a.dtype,
+                                              self.device, head_major=head_major)
+                for j, i in enumerate(self.full_layers):
+                    self.where[i] = (self.kv, j)
+                for j, i in enumerate(win):
+                    self.where[i] = (self.kv_win, j)
         if spec.recurrent is not None:
             r = spec.recurrent
             self.conv = torch.zeros((num_cells, *spec.conv_shape()), dtype=r.conv_dtype,
@@ -52,8 +74,8 @@ class DeviceState:
             self.ssm[cell].zero_()
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.conv, self.ssm)
-                   if t is not None)
+        return sum(t.numel() * t.element_size()
+                   for t in (self.kv, self.kv_win, self.conv, self.ssm) if t is not None)
 
 
 class CellPool:

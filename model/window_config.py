@@ -44,8 +44,10 @@ class WindowedAttention(LayerKinds):
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
 
     def state_spec(self, block_size: int, dtype: torch.dtype = torch.float32) -> StateSpec:
+        windows = tuple(self.window(i) for i in range(self.num_layers))
         return StateSpec(block_size, AttentionSpec(self.num_layers, self.num_kv_heads,
-                                                   self.head_dim, dtype), None)
+                                                   self.head_dim, dtype,
+                                                   windows if any(windows) else ()), None)
 
 
 def config_of(cls, d: dict, fields: Callable[[dict], dict]):

@@ -72,7 +72,7 @@ def _plan(page_table, start, end, block_size, max_spans, device):
     pages = page_table[first:-(-end // block_size)].long()
     cuts = ((pages[1:] - pages[:-1]) != 1).nonzero().flatten().add(1).tolist()
     if len(cuts) >= max_spans:
-        tokens = torch.arange(start, end)
+        tokens = torch.arange(start, end, device=pages.device)
         kv_index = pages[tokens // block_size - first] * block_size + tokens % block_size
         plan = kv_index.to(device)
     else:

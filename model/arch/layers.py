@@ -235,9 +235,14 @@ class Attention(nn.Module):
         cos, sin = ctx.local if self.local_rotary else (ctx.cos, ctx.sin)
         q = ops.apply_rotary(q, cos, sin)
         k = ops.apply_rotary(k, cos, sin)
-        kv = ctx.state.kv
-        ops.write_kv(kv, self.attn_index, ctx.batch.kv_index, k, v)
-        out = ops.step_attention(q, kv, self.attn_index, ctx.batch.varlen, self.scale,
+        # a window layer's KV is in the window pool, at its pages' rooms (model/state.py);
+        # a batch without rooms (a caller owning its pages: model/testing.py) uses page ids
+        kv, layer = ctx.state.where[self.attn_index]
+        rows = ctx.batch
+        if kv is ctx.state.kv_win and ctx.batch.window is not None:
+            rows = ctx.batch.window
+        ops.write_kv(kv, layer, rows.kv_index, k, v)
+        out = ops.step_attention(q, kv, layer, rows.varlen, self.scale,
                                  self.window, self.sinks if self.has_sinks else None)
         out = out.reshape(N, self.h * self.d)
         if gate is not None:

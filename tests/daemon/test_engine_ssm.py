@@ -1,8 +1,9 @@
 """The cache on the state space hybrids (Nemotron-H, Granite-4.0-H, Falcon-H1, Mamba2,
 Jamba) and the sliding-window models (Gemma 3): the hybrids' StateSpec declares a conv
 and an SSM state per recurrent layer, and the cache stores, thins and restores those
-as it does Gated DeltaNet's; a window layer's KV pages are kept like a full layer's,
-so a restore at any prefix is exact. Every cache path must give the uncached tokens.
+as it does Gated DeltaNet's; the store keeps every page of a window layer's KV (the
+device only what a live window reads: cache/windows.py), so a restore at any prefix is
+exact. Every cache path must give the uncached tokens.
 test_engine.py's properties, run on each; and a burst of questions over a 16K-token
 document computes the document once and then only the questions, before and after a
 restart."""

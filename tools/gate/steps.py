@@ -68,7 +68,7 @@ def cache_moves(model: CausalLM) -> None:
     scatter_pages, gather_states, scatter_states)."""
     state = DeviceState(model.state_spec(BLOCK), 8, 4, META)
     ids = torch.arange(3, device=META)
-    for pool in (state.kv, state.conv, state.ssm):
+    for pool in (state.kv, state.kv_win, state.conv, state.ssm):
         if pool is not None:
             ops.scatter_pages(pool, ids, ops.gather_pages(pool, ids))
 
