@@ -164,13 +164,13 @@ def test_logprobs_are_the_same_on_every_route(strict):
 
 
 def test_tools_are_refused_with_a_template_whose_calls_are_not_read(tiny_llama_dir, tmp_path):
-    """Mistral's template writes calls as [TOOL_CALLS]...: no format of ckptd reads that,
-    so tools are refused (a 400 naming them) rather than read wrong; tool_choice none
-    still serves."""
+    """Granite 3.3's template renders no past call (its syntax can't be probed): no
+    format of ckptd reads its calls, so tools are refused (a 400 naming them) rather
+    than read wrong; tool_choice none still serves."""
     from ckptd.tools import llama_suite
     template = llama_suite.fetch_templates(llama_suite.ROOT / "third_party") / \
-        "mistralai-Mistral-Nemo-Instruct-2407.jinja"
-    d = start(tiny_llama_dir, tmp_path / "cache", "--max-context", "256",
+        "ibm-granite-granite-3.3-2B-Instruct.jinja"
+    d = start(tiny_llama_dir, tmp_path / "cache", "--max-context", "1024",
               "--chat-template-file", str(template))
     try:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
@@ -178,7 +178,7 @@ def test_tools_are_refused_with_a_template_whose_calls_are_not_read(tiny_llama_d
                            ("/v1/messages", {"messages": USER, "tools": [TOOL]})):
             r = d.post(path, {**body, "max_tokens": 1})
             assert r.status == 400 and r.json["error"]["param"] == "tools", r.text
-            assert r.json["error"]["code"] == "not_supported" and "[TOOL_CALLS]" in r.text
+            assert r.json["error"]["code"] == "not_supported" and "does not read" in r.text
         r = d.post("/v1/chat/completions", {"messages": USER, "tools": tools,
                                             "tool_choice": "none", "max_tokens": 1})
         assert r.status == 200, r.text
