@@ -165,13 +165,12 @@ class CacheManager:
             P = w.seq.num_computed - w.drafted
             if rec.chain is not None:
                 self._publish(rec, P)
-                if rec.prompt_done:
-                    pass
-                elif P == rec.prompt_len:
-                    rec.prompt_done = True
-                    self.checkpoints.capture(rec, logits.last(w.seq), END)
-                elif P in rec.stops:
-                    self.checkpoints.capture(rec, None, rec.stops.pop(P))
+                if not rec.prompt_done:
+                    if P == rec.prompt_len:
+                        rec.prompt_done = True
+                        self.checkpoints.capture(rec, logits.last(w.seq), END)
+                    elif P in rec.stops:
+                        self.checkpoints.capture(rec, None, rec.stops.pop(P))
             self.windows.advance(rec, P)
 
     def finish(self, seq: Sequence, checkpoint: bool = True) -> None:
