@@ -12,7 +12,7 @@
 Tiers, fastest first: device pages (cache/device.py, shared in place), then the
 store (cache/store/: RAM, LMDB). A restore (cache/restorer.py) adopts the device
 pages of the prompt's leading blocks and reads the rest from the store. Each new
-sequence gets a plan of where its prefill stops to leave a snapshot (branch
+sequence gets a plan of where its prefill stops to leave a snapshot (cache/stops.py: branch
 points, interval positions within a byte budget) and the end of its prompt; the
 checkpoints are captured after the step that reaches them and stored off the
 first token's path (cache/checkpoints.py). The runner owns the state tensors; the
@@ -24,21 +24,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection
 
-from ckptd.cache.checkpoints import (
-    TAIL_COST_SHARE,
-    Checkpointer,
-    TailCosts,
-    interval_stops,
-    snapshot_budget,
-    step_ends,
-    tail_budget,
-    tail_stops,
-)
+from ckptd.cache.checkpoints import Checkpointer
 from ckptd.cache.device import DevicePages, OutOfPages
-from ckptd.cache.entry import BRANCH, END, INTERVAL, TAIL, TAIL_OFFSETS
+from ckptd.cache.entry import BRANCH, END, TAIL
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.lookup import DEVICE
 from ckptd.cache.restorer import Restorer
+from ckptd.cache.stops import StopPlanner, before_image
 from ckptd.cache.store import CacheStore
 from ckptd.cache.why.gone import BUDGET, EVICTED
 from ckptd.cache.windows import Windows
@@ -73,9 +65,6 @@ class CacheManager:
         self.store = store
         if snapshot_budget <= 0:
             raise ValueError(f"snapshot_budget must be positive, got {snapshot_budget}")
-        self.interval, self.max_snapshots = snapshot_interval, max_snapshots
-        self.step_tokens = step_tokens
-        self.snapshot_ratio = snapshot_budget
         windowed = spec.attention is not None and bool(spec.attention.windows)
         self.device = DevicePages(num_pages, B, None if store is None else self._device_evicted,
                                   io.drop_window if windowed else None)
@@ -84,6 +73,8 @@ class CacheManager:
         self.windows = Windows(io, spec, self.checkpoints, self.device, self.live)
         self.restorer = Restorer(self.device, store, io, spec, self.windows)
         self.rates = self.restorer.rates
+        self.stops = StopPlanner(spec, self.rates, snapshot_interval, max_snapshots,
+                                 snapshot_budget, step_tokens)
         self.branches: dict[int, set[int]] = {}   # seq id -> branch points asked before
         #                                           it was admitted
 
@@ -123,7 +114,7 @@ class CacheManager:
         """Ask a prefill to stop at `position` and leave a snapshot there (a waiting
         prompt parts from it there). Before the sequence is admitted, kept for then."""
         rec = self.live.get(seq.id)
-        position = _before_image(seq.images, position)
+        position = before_image(seq.images, position)
         if rec is None:
             self.branches.setdefault(seq.id, set()).add(position)
         elif rec.chain is not None and seq.num_computed < position < rec.prompt_len:
@@ -266,7 +257,7 @@ class CacheManager:
             raise
         rec.prompt_done = info.logits is not None       # an exact repeat: nothing to compute
         self.windows.restored(rec, seq.num_computed)
-        self._plan_stops(rec, anchors, tails)
+        self.stops.plan(rec, self.branches.pop(seq.id, ()), anchors, tails)
         self._publish(rec, seq.num_computed)             # restored pages serve the next
         return info
 
@@ -290,48 +281,6 @@ class CacheManager:
             n = im.start - P if im.start > P else im.end - P
         return n
 
-    def _plan_stops(self, rec: Tracked, anchors: Collection[int], tails: bool) -> None:
-        """Where this prefill stops for a snapshot: where the prompt parts from what is
-        cached (or from a prompt waiting for this one), and, for a hybrid (whose state
-        can't be cut back: an attention-only model restores at any block or cut page),
-        at its anchors, interval positions within the snapshot byte budget, and its
-        tails within their byte and time budgets (where a step ends anyway, they cost no
-        step: an interval stop there serves as one). Intervals leave room for the rest
-        within --max-snapshots, so that none of what this prefill leaves is thinned at
-        once.
-        A stop that would fall inside an image moves to the image's start (no state is
-        taken inside one)."""
-        P, end, spec = rec.seq.num_computed, rec.prompt_len, self.spec
-        images = rec.seq.images
-
-        def placed(ps) -> set[int]:
-            return {q for q in (_before_image(images, p) for p in ps) if P < q < end}
-
-        branch = placed({rec.shared, *self.branches.pop(rec.seq.id, ())})
-        if spec.is_hybrid:
-            branch |= placed(anchors)
-        for p in branch:
-            rec.stops[p] = BRANCH
-        if not spec.is_hybrid:
-            return
-        count = tail_budget(end - P, spec, self.snapshot_ratio) if tails else 0
-        costs = self._tail_costs(end - P)
-        for reserved in range(min(count, len(TAIL_OFFSETS)) + 1):    # the most intervals
-            room = self.max_snapshots - 1 - len(branch) - reserved
-            budget = min(snapshot_budget(end, spec, self.snapshot_ratio), room)
-            interval = placed(interval_stops(P, end, self.interval, budget)) - branch
-            planned = branch | interval
-            free = (step_ends(P, end, planned, self.step_tokens) if self.step_tokens
-                    else planned)
-            tail = placed(tail_stops(P, end, max(branch, default=0), count, free, costs))
-            tail -= planned                          # an interval stop serves as one
-            if len(tail) <= reserved:
-                break
-        for p in interval:
-            rec.stops[p] = INTERVAL
-        for p in tail:
-            rec.stops[p] = TAIL
-
     def _in_tail(self) -> bool:
         """Whether a pending checkpoint is a tail of a prompt still being computed."""
         for cp in self.checkpoints.pending:
@@ -339,13 +288,6 @@ class CacheManager:
             if rec is not None and not rec.prompt_done:
                 return True
         return False
-
-    def _tail_costs(self, tokens: int) -> TailCosts:
-        """What tails cost a prefill of `tokens`, by the measured rates: a step's fixed
-        part, a snapshot's copy off the device, within TAIL_COST_SHARE of its time."""
-        r = self.rates
-        return TailCosts(r.step_seconds, self.spec.snapshot_bytes() / r.bytes_per_s["host"],
-                         TAIL_COST_SHARE * tokens / r.prefill_tps)
 
     def _preempt(self, batch: list[Work]) -> None:
         """No work can run: the newest stalled one gives its pages back. A prefill is
@@ -430,12 +372,6 @@ class CacheManager:
             f"cells in use {sorted(self.io.live_cells())}, held by sequences {sorted(cells)}"
         if self.store is not None:
             self.store.sanity_check()
-
-
-def _before_image(images, p: int) -> int:
-    """p, or the start of the image p would fall inside: no state is taken there."""
-    im = inside(images, p)
-    return p if im is None else im.start
 
 
 def _images_part(a, b) -> int:
