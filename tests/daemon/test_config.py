@@ -65,7 +65,8 @@ def test_max_snapshots_reaches_the_engine(tiny_dir, tmp_path):
     service = Service(cfg)
     service.load()
     try:
-        assert service.rt.cache.max_snapshots == 5
+        cache = service.rt.cache          # the stops' plan and the store's thinning
+        assert cache.stops.max_snapshots == cache.checkpoints.max_snapshots == 5
     finally:
         service.close()
 
