@@ -3,8 +3,12 @@
 The environment mirrors what transformers gives a template: trim_blocks and
 lstrip_blocks, the loop-controls extension, a `tojson` that keeps non-ASCII
 text as is, and the globals `raise_exception` and `strftime_now`. Templates
-come from model files, so they are untrusted code: the sandbox is immutable
-and messages are copied into plain JSON types before a template sees them.
+come from model files, so they are untrusted code: jinja2's sandbox refuses every
+attribute of Python's internals (`__class__`, `__globals__`, a function's code...),
+and messages and variables are copied into plain JSON types before a template sees
+them. A template may change its own lists and dicts (`ids.append(x)`, `d.update(...)`,
+as jinja2's sandbox and llama.cpp's minja allow, and Kimi K2's templates do): all it
+can reach are those copies and what it built itself, fresh on every render.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from functools import lru_cache
 
 import jinja2.ext
 from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 # Used when a model ships none: plain ChatML.
 CHATML = (
@@ -44,7 +48,7 @@ def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separa
 
 @lru_cache(maxsize=8)
 def compile_template(source: str | None) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise

@@ -214,3 +214,25 @@ def test_chat_template_helpers_and_errors():
         render_chat("{{ messages.__class__.__mro__ }}", [])
     # no template: ChatML
     assert render_chat(None, CHATS[0]).startswith("<|im_start|>user\nWhat is")
+
+
+def test_chat_template_changes_its_own_lists_not_python_internals():
+    # Kimi K2's templates queue call ids with list.append/pop (jinja2's sandbox and
+    # llama.cpp's minja allow it); each render starts from fresh lists
+    t = ("{% set q = namespace(ids=[]) %}{% for m in messages %}"
+         "{% set _ = q.ids.append(m['role']) %}{% endfor %}{% set d = {} %}"
+         "{% set _ = d.update({'n': q.ids | length}) %}{{ q.ids.pop(0) }}{{ d['n'] }}"
+         "{% set _ = messages.append({'role': 'x'}) %}")
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert render_chat(t, msgs) == "user2" and render_chat(t, msgs) == "user2"
+    assert len(msgs) == 2                       # the template changed its own copy
+    for reach in ("messages.__class__", "raise_exception.__globals__",
+                  "strftime_now.__code__", "cycler.__init__.__globals__",
+                  "''.__class__.__mro__[1].__subclasses__()", "namespace.__init__",
+                  "messages.append.__self__.__class__", "range.__call__.__self__"):
+        try:        # an unsafe attribute is undefined: empty, and refused once used
+            assert render_chat("{{ " + reach + " }}", msgs) == ""
+        except TemplateError:
+            pass
+        with pytest.raises(TemplateError, match="unsafe"):
+            render_chat("{{ " + reach + ".__name__ }}", msgs)

@@ -30,8 +30,8 @@ EXPECTED = {
     "GigaChat3-10B-A1.8B": "gigachat_v3",
     "GigaChat3.1-10B-A1.8B": "gigachat_v3_1",
     "HuggingFaceTB-SmolLM3-3B": "generic",
-    "Kimi-K2-Instruct": None,
-    "Kimi-K2-Thinking": None,
+    "Kimi-K2-Instruct": "kimi_k2",
+    "Kimi-K2-Thinking": "kimi_k2",
     "Kimi-K3": None,
     "LFM2-8B-A1B": None,
     "LFM2.5-8B-A1B": "generic",
@@ -125,6 +125,40 @@ def test_format_per_template_family(llama_templates, name):
     assert syntax.short_ids == (name in SHORT_IDS)
     if got is None:                  # refused with what the template writes, as a hint
         assert syntax.shows_tools
+
+
+_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "days": {"type": "integer"}}}}}
+_CALL_ARGS = {"city": "Paris", "days": 3}
+
+
+def _past_call(arguments: object) -> list[dict]:
+    return [{"role": "user", "content": "what's the weather"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": "call00000", "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call00000", "content": "sunny"}]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in EXPECTED.items()
+                                        if f not in (None, "generic")))
+def test_a_past_call_parses_back(llama_templates, name):
+    """The round trip: what the template writes for a past call is what the model was
+    taught to write, and the format reads it back as the same call."""
+    render = _render((llama_templates / f"{name}.jinja").read_text())
+    syntax = detect(render)
+    arguments = json.dumps(_CALL_ARGS) if syntax.string_arguments else _CALL_ARGS
+    text = render(_past_call(arguments), [_WEATHER])
+    asked = render(_past_call(arguments)[:1], [_WEATHER])
+    # the model's answer: what follows the prompt it was given (templates that drop
+    # past thinking write it otherwise: from the question on)
+    answer = text[len(asked):] if text.startswith(asked) else \
+        text[text.rfind("what's the weather"):]
+    _, calls = syntax.fmt.parse(answer, False,
+                                {"get_weather": _WEATHER["function"]["parameters"]})
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", _CALL_ARGS)]
 
 
 # Thinking marks other than <think>, as llama.cpp's parsers read them (common/chat.cpp,
