@@ -1,7 +1,9 @@
 """Chat templates: Hugging Face-style jinja2, rendered in a sandbox.
 
 The environment mirrors what transformers gives a template: trim_blocks and
-lstrip_blocks, the loop-controls extension, a `tojson` that keeps non-ASCII
+lstrip_blocks, the loop-controls extension, `{% generation %}` blocks (transformers
+marks the assistant's tokens with them; rendered here as their body, as llama.cpp's
+minja does), a `tojson` that keeps non-ASCII
 text as is, and the globals `raise_exception` and `strftime_now`. Templates
 come from model files, so they are untrusted code: jinja2's sandbox refuses every
 attribute of Python's internals (`__class__`, `__globals__`, a function's code...),
@@ -35,6 +37,15 @@ class ChatTemplateError(TemplateError, ValueError):
     A TemplateError for callers that catch jinja2's errors, a ValueError for the rest."""
 
 
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: its body, as written."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 def _raise(message: str):
     raise ChatTemplateError(message)
 
@@ -49,7 +60,7 @@ def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separa
 @lru_cache(maxsize=8)
 def compile_template(source: str | None) -> jinja2.Template:
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[jinja2.ext.loopcontrols, _Generation])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -236,3 +236,12 @@ def test_chat_template_changes_its_own_lists_not_python_internals():
             pass
         with pytest.raises(TemplateError, match="unsafe"):
             render_chat("{{ " + reach + ".__name__ }}", msgs)
+
+
+def test_chat_template_generation_blocks_render_their_body():
+    # transformers' assistant-mask tag (LFM2.5, Laguna): these did not compile at all
+    t = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}"
+         "[{{ m['content'] }}]{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}"
+         "{% endfor %}")
+    assert render_chat(t, [{"role": "user", "content": "a"},
+                           {"role": "assistant", "content": "b"}]) == "a[b]"

@@ -22,25 +22,30 @@ from ckptd.model.text.tool_calls.glm import Glm
 from ckptd.model.text.tool_calls.harmony import Harmony
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.json_list import (
+    Apertus,
     Apriel,
     CommandR7B,
     FireFunctionV2,
+    Granite,
     MistralNemo,
     NemotronV2,
 )
 from ckptd.model.text.tool_calls.kimi import KimiK2
+from ckptd.model.text.tool_calls.lfm2 import Lfm2
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.minimax_m1 import MiniMaxM1
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
 from ckptd.model.text.tool_calls.reasoning import THINK, Marks
+from ckptd.model.text.tool_calls.solar import SolarOpen
 
 FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), FunctionaryV31(),
                                FunctionaryV32(), FireFunctionV2(), Apriel(), NemotronV2(),
                                Mistral(), CommandR7B(), DeepSeekV32(),
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
                                MiniMaxM1(), MiniMaxM2(), KimiK2(), Harmony(),
-                               MistralNemo(), Generic())}
+                               MistralNemo(), Granite(), Lfm2(), Apertus(), SolarOpen(),
+                               Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -76,6 +81,16 @@ _SHAPES = [
     ("mistral_nemo", r'\[TOOL_CALLS\]\s*\[\{"name":\s*"ckptd_probe_tool",\s*"arguments":'),
     ("mistral", r'\[TOOL_CALLS\]ckptd_probe_tool(\[CALL_ID\]\w+)?\[ARGS\]\{"probe_arg"'),
     ("llama3", r'\{"name":\s*"ckptd_probe_tool",\s*"parameters":\s*\{"probe_arg"'),
+    ("solar_open", r"<\|tool_calls\|>\s*<\|tool_call:begin\|>[^<]*<\|tool_call:name\|>"
+                   r"ckptd_probe_tool<\|tool_call:args\|>"),
+    ("lfm2", r"<\|tool_call_start\|>\[ckptd_probe_tool\(probe_arg="),
+    ("apertus", r'<\|tools_prefix\|>\[\{"ckptd_probe_tool":\s*\{"probe_arg"'),
+]
+# Templates that write no past call but name their syntax with the tools (as llama.cpp
+# tells them by their source): the mark in the prompt -> the format
+_HINTS = [
+    ("granite", r"<\|tool_call\|> followed by a JSON list"),
+    ("lfm2", r"List of tools: (<\|tool_list_start\|>)?\["),
 ]
 
 # render(messages, tools) -> the prompt; ValueError when the template refuses them
@@ -112,7 +127,8 @@ def _try(render: Render, messages: list[dict], tools: list[dict]) -> str | None:
 
 
 def detect(render: Render) -> ToolSyntax:
-    if PROBE not in (_try(render, [{"role": "user", "content": "hi"}], [_TOOL]) or ""):
+    shown = _try(render, [{"role": "user", "content": "hi"}], [_TOOL]) or ""
+    if PROBE not in shown:
         return ToolSyntax(FORMATS["generic"], False)       # it teaches no syntax
     text, as_string = _try(render, _conversation(_ARGS), [_TOOL]), False
     if text is None:            # some templates concatenate the arguments as text
@@ -121,6 +137,9 @@ def detect(render: Render) -> ToolSyntax:
     short_ids = text is not None and _try(render, _conversation(args, _LONG_ID), [_TOOL]) is None
     for name, shape in _SHAPES:
         if text is not None and re.search(shape, text):
+            return ToolSyntax(FORMATS[name], True, as_string, short_ids=short_ids)
+    for name, hint in _HINTS:
+        if "probe_value" not in (text or "") and re.search(hint, shown):
             return ToolSyntax(FORMATS[name], True, as_string, short_ids=short_ids)
     at = (text or "").rfind(PROBE)
     sample = text[max(0, at - 40):at + 60] if at >= 0 else ""

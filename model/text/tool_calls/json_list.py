@@ -9,7 +9,11 @@ before it:
   9 letters or digits, is not read);
 - NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`;
 - Cohere's Command R7B and Command A (Cohere2): `<|START_ACTION|>[{"tool_call_id": "0",
-  "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`.
+  "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`;
+- IBM's Granite 3.3: `<|tool_call|>[...]`, no closing mark (its system message asks
+  for it; the template writes no past call);
+- Swiss AI's Apertus: `<|tools_prefix|>[{"get_weather": {"city": "Paris"}}, ...]
+  <|tools_suffix|>`, each call an object whose one key is the function's name.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ckptd.model.text.tool_calls.base import (
     scan_tagged,
     schema_content,
 )
-from ckptd.model.text.tool_calls.jsonscan import array_items, skip_ws
+from ckptd.model.text.tool_calls.jsonscan import array_items, object_fields, skip_ws
 
 
 class JsonList(ToolFormat):
@@ -37,8 +41,8 @@ class JsonList(ToolFormat):
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
         def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
             items, end = array_items(text, j - 1)      # from the list's "["
-            calls = [c for c, _ in (json_call(text, a, schemas, self.name_key)
-                                    for a, _ in items) if c is not None]
+            calls = [c for c, _ in (self.call(text, a, schemas) for a, _ in items)
+                     if c is not None]
             if end is None or not self.close:
                 return calls, end
             k = skip_ws(text, end)
@@ -48,6 +52,9 @@ class JsonList(ToolFormat):
                 return calls, len(text)     # the text ends in (or before) the closing mark
             return calls, end
         return scan_tagged(text, partial, self.open + "[", read)
+
+    def call(self, s: str, i: int, schemas: dict[str, dict]):
+        return json_call(s, i, schemas, self.name_key)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": self.begin(name), "content": schema_content(schema),
@@ -91,3 +98,32 @@ class CommandR7B(JsonList):
 
     def begin(self, name: str) -> str:
         return f'{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": '
+
+
+class Granite(JsonList):
+    name = "granite"
+    open = "<|tool_call|>"
+
+
+class Apertus(JsonList):
+    name = "apertus"
+    open, close = "<|tools_prefix|>", "<|tools_suffix|>"
+
+    def call(self, s: str, i: int, schemas: dict[str, dict]):
+        """{NAME: {arguments}} at s[i], as json_call reads its form."""
+        fields, end = object_fields(s, i)
+        if len(fields) > 1 or (end is not None and len(fields) != 1):
+            raise ValueError("a call is an object of one member")
+        if not fields:
+            return None, None
+        (key, (a, b)), = fields.items()
+        if (schemas and key not in schemas) or not key:
+            raise ValueError(f"{key!r} is not a tool")
+        if s[a] != "{":
+            raise ValueError("a call's arguments are an object")
+        if b is None:
+            return ToolCall(key, s[a:], False), None
+        return ToolCall(key, s[a:b], end is not None), end
+
+    def begin(self, name: str) -> str:
+        return f"{{{json.dumps(name)}: "

@@ -1,0 +1,73 @@
+"""The call formats of llama.cpp's named handlers that ckptd's first ~20 did not read
+(Granite 3.3, LFM2, Apertus, Solar Open, ...): each read whole and streamed in
+arbitrary splits, and its tool_choice "required" grammar taking calls only. The
+round trip through each real template is in test_tool_templates.py."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from ckptd.model.text.tool_calls.constrain import structural_tag
+from ckptd.model.text.tool_calls.detect import FORMATS
+from ckptd.model.text.tool_calls.reply import ReplySpec
+from tests.model.test_tool_calls import SCHEMAS, TOOLS, _accepts, _calls, _stream
+
+WEATHER = ("get_weather", {"city": "Paris", "days": 3})
+SOLAR = "<|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>{}<|tool_call:args|>{}<|tool_call:end|>"
+
+# (format, model text, content, [(name, arguments)])
+CASES = [
+    ("granite", 'Checking.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"days": 3}}, {"name": "ping", "arguments": {}}]',
+     "Checking.", [WEATHER, ("ping", {})]),
+    ("lfm2", "Sure.<|tool_call_start|>[get_weather(city='Paris', days=3), ping()]"
+             "<|tool_call_end|>", "Sure.", [WEATHER, ("ping", {})]),
+    ("lfm2", '<|tool_call_start|>[{"name": "get_weather", "arguments": {"city": "Paris", '
+             '"days": 3}}]<|tool_call_end|>Done.', "Done.", [WEATHER]),
+    ("lfm2", "<|tool_call_start|>[rm_rf(path='/')]<|tool_call_end|>",
+     "<|tool_call_start|>[rm_rf(path='/')]<|tool_call_end|>", []),
+    ("apertus", 'Sure.<|tools_prefix|>[{"get_weather": {"city": "Paris", "days": 3}}, '
+                '{"ping": {}}]<|tools_suffix|>', "Sure.", [WEATHER, ("ping", {})]),
+    ("solar_open", "<|tool_calls|>" + SOLAR.format("get_weather", '{"city": "Paris", "days": 3}')
+     + SOLAR.format("ping", "{}") + "<|calls|>", "", [WEATHER, ("ping", {})]),
+    ("solar_open", "Hm.<|tool_calls|>" + SOLAR.format("ping", "{}"), "Hm.", [("ping", {})]),
+]
+
+
+@pytest.mark.parametrize("fmt,text,content,calls", CASES)
+def test_whole_and_streamed_give_the_same_calls(fmt, text, content, calls):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS)
+    whole = spec.parse(text)
+    assert whole.content == content
+    assert _calls(whole) == calls
+    for seed in range(20):
+        got = _stream(spec, text, random.Random(seed))
+        assert got["content"] == content, seed
+        assert [(n, json.loads(a)) for n, a in got["calls"]] == calls, seed
+
+
+PING = '{"name": "ping", "arguments": {}}'
+
+
+@pytest.mark.parametrize("fmt,call,twice", [
+    ("granite", f"<|tool_call|>[{PING}]", f"<|tool_call|>[{PING}, {PING}]"),
+    ("lfm2", f"<|tool_call_start|>[{PING}]<|tool_call_end|>",
+     f"<|tool_call_start|>[{PING}, {PING}]<|tool_call_end|>"),
+    ("apertus", '<|tools_prefix|>[{"ping": {}}]<|tools_suffix|>',
+     '<|tools_prefix|>[{"ping": {}}, {"ping": {}}]<|tools_suffix|>'),
+    ("solar_open", f"<|tool_calls|>{SOLAR.format('ping', '{}')}<|calls|>",
+     f"<|tool_calls|>{SOLAR.format('ping', '{}')}{SOLAR.format('ping', '{}')}<|calls|>"),
+])
+def test_required_grammar_takes_calls_only(fmt, call, twice):
+    f = FORMATS[fmt]
+    src = structural_tag(f, TOOLS, "required", None, True, False, False)
+    assert _accepts(src, call) and _accepts(src, twice)
+    assert not _accepts(src, "Sure! " + call) and not _accepts(src, "")
+    assert [c.name for c in ReplySpec(f, SCHEMAS).parse(twice).calls] == ["ping", "ping"]
+    one = structural_tag(f, TOOLS, "required", "ping", True, False, False)
+    assert _accepts(one, call) and not _accepts(one, twice)
+    weather = structural_tag(f, TOOLS, "required", "get_weather", True, False, False)
+    assert not _accepts(weather, call)
