@@ -34,6 +34,17 @@ CASES = [
     ("solar_open", "<|tool_calls|>" + SOLAR.format("get_weather", '{"city": "Paris", "days": 3}')
      + SOLAR.format("ping", "{}") + "<|calls|>", "", [WEATHER, ("ping", {})]),
     ("solar_open", "Hm.<|tool_calls|>" + SOLAR.format("ping", "{}"), "Hm.", [("ping", {})]),
+    ("hy3", "Ok.<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>"
+            "\n<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris"
+            "</arg_value:opensource>\n<arg_key:opensource>days</arg_key:opensource>\n"
+            "<arg_value:opensource>3</arg_value:opensource>\n</tool_call:opensource>\n"
+            "<tool_call:opensource>ping<tool_sep:opensource>\n</tool_call:opensource>\n"
+            "</tool_calls:opensource>", "Ok.", [WEATHER, ("ping", {})]),
+    ("minicpm5", 'Ok.\n<function name="get_weather"><param name="city"><![CDATA[a </param> b]]>'
+                 '</param><param name="days">3</param></function><function name="ping">'
+                 "</function>", "Ok.", [("get_weather", {"city": "a </param> b", "days": 3}),
+                                          ("ping", {})]),
+    ("minicpm5", '<function name="rm_rf"></function>', '<function name="rm_rf"></function>', []),
 ]
 
 
@@ -60,6 +71,13 @@ PING = '{"name": "ping", "arguments": {}}'
      '<|tools_prefix|>[{"ping": {}}, {"ping": {}}]<|tools_suffix|>'),
     ("solar_open", f"<|tool_calls|>{SOLAR.format('ping', '{}')}<|calls|>",
      f"<|tool_calls|>{SOLAR.format('ping', '{}')}{SOLAR.format('ping', '{}')}<|calls|>"),
+    ("hy3", "<tool_calls:opensource>\n<tool_call:opensource>ping<tool_sep:opensource>\n"
+            "</tool_call:opensource>\n</tool_calls:opensource>",
+     "<tool_calls:opensource>\n<tool_call:opensource>ping<tool_sep:opensource>\n"
+     "</tool_call:opensource>\n<tool_call:opensource>ping<tool_sep:opensource>\n"
+     "</tool_call:opensource>\n</tool_calls:opensource>"),
+    ("minicpm5", '<function name="ping"></function>',
+     '<function name="ping"></function>\n<function name="ping"></function>'),
 ])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     f = FORMATS[fmt]
@@ -71,3 +89,20 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
     assert _accepts(one, call) and not _accepts(one, twice)
     weather = structural_tag(f, TOOLS, "required", "get_weather", True, False, False)
     assert not _accepts(weather, call)
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("minicpm5", '<function name="get_weather"><param name="days">3</param><param name="city">'
+                 "a <b> c</param></function>",
+     '<function name="get_weather"><param name="days">three</param></function>'),
+    ("hy3", "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
+            "<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>3"
+            "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
+     "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
+     "<arg_key:opensource>town</arg_key:opensource>\n<arg_value:opensource>3"
+     "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"),
+])
+def test_required_grammar_holds_arguments_to_the_schema(fmt, good, bad):
+    src = structural_tag(FORMATS[fmt], TOOLS, "required", "get_weather", True, False, False)
+    assert _accepts(src, good) and not _accepts(src, bad)
+    assert _calls(ReplySpec(FORMATS[fmt], SCHEMAS).parse(good))[0][0] == "get_weather"

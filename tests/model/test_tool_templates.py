@@ -80,11 +80,11 @@ EXPECTED = {
     "moonshotai-Kimi-K2": "kimi_k2",
     "muse-glimmer": None,
     "openai-gpt-oss-120b": "gpt_oss",
-    "openbmb-MiniCPM5-1B": None,
+    "openbmb-MiniCPM5-1B": "minicpm5",
     "poolside-Laguna-S-2.1": "glm",
     "poolside-Laguna-XS-2.1": "glm",
     "poolside-Laguna-XS.2": "glm",
-    "tencent-Hy3": None,
+    "tencent-Hy3": "hy3",
     "unsloth-Apriel-1.5": "apriel",
     "unsloth-mistral-Devstral-Small-2507": "mistral",
     "upstage-Solar-Open-100B": "solar_open",
@@ -132,9 +132,11 @@ def test_format_per_template_family(llama_templates, name):
 
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"},
-                                         "days": {"type": "integer"}}}}}
-_CALL_ARGS = {"city": "Paris", "days": 3}
+        "type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"},
+            "opts": {"type": "object"}, "ok": {"type": "boolean"}}}}}
+# (templates write other values than strings as JSON, or as Python's `string` does)
+_CALL_ARGS = {"city": "Paris", "days": 3, "opts": {"a": [1, "x"]}, "ok": True}
 
 
 def _past_call(arguments: object) -> list[dict]:

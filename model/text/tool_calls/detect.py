@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckptd.model.text.tool_calls.base import ToolFormat
-from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32, MiniMaxM2
+from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32, MiniCpm5, MiniMaxM2
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
-from ckptd.model.text.tool_calls.glm import Glm
+from ckptd.model.text.tool_calls.glm import Glm, Hy3
 from ckptd.model.text.tool_calls.harmony import Harmony
 from ckptd.model.text.tool_calls.hermes import Hermes
 from ckptd.model.text.tool_calls.json_list import (
@@ -45,7 +45,7 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
                                MiniMaxM1(), MiniMaxM2(), KimiK2(), Harmony(),
                                MistralNemo(), Granite(), Lfm2(), Apertus(), SolarOpen(),
-                               Generic())}
+                               Hy3(), MiniCpm5(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -84,6 +84,9 @@ _SHAPES = [
     ("solar_open", r"<\|tool_calls\|>\s*<\|tool_call:begin\|>[^<]*<\|tool_call:name\|>"
                    r"ckptd_probe_tool<\|tool_call:args\|>"),
     ("lfm2", r"<\|tool_call_start\|>\[ckptd_probe_tool\(probe_arg="),
+    ("hy3", r"<tool_calls:opensource>\s*<tool_call:opensource>ckptd_probe_tool"
+            r"<tool_sep:opensource>\s*<arg_key:opensource>probe_arg</arg_key:opensource>"),
+    ("minicpm5", r'<function name="ckptd_probe_tool">\s*<param name="probe_arg">'),
     ("apertus", r'<\|tools_prefix\|>\[\{"ckptd_probe_tool":\s*\{"probe_arg"'),
 ]
 # Templates that write no past call but name their syntax with the tools (as llama.cpp

@@ -18,6 +18,12 @@ typed by the function's schema (as Qwen3-Coder's),
     </invoke>
     </minimax:tool_call>
 
+OpenBMB's MiniCPM5 writes one such invoke per call, with no block around it, as
+`function` and `param` tags; a value with markup in it is CDATA, and the template
+writes values that are not strings as Python does (`True`, `{'a': 1}`):
+
+    <function name="get_weather"><param name="city">Paris</param></function>
+
 Text before a block is content."""
 
 from __future__ import annotations
@@ -31,9 +37,17 @@ from ckptd.model.text.tool_calls.base import (
     scan_tagged,
     schema_content,
     schema_type,
+    single_call,
 )
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
-from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member, value
+from ckptd.model.text.tool_calls.xml_args import (
+    Incomplete,
+    args,
+    expect,
+    keyed_args,
+    member,
+    value,
+)
 
 D = "｜DSML｜"
 
@@ -60,13 +74,19 @@ def _quoted_to(s: str, i: int, stop: str) -> tuple[str, int]:
     return s[i:k], k + len(stop)
 
 
-def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str,
-            marked: bool) -> tuple[ToolCall, int]:
-    """The invoke at s[i] and the index after it, its tags prefixed by `ns`; `marked`:
-    each parameter says string="true"/"false" (else the schema types it). Incomplete
-    carrying the call so far (or nothing) when the text ends inside it."""
-    invoke_end, param, param_end = f"</{ns}invoke>", f'<{ns}parameter name="', f"</{ns}parameter>"
-    j = expect(s, i, f'<{ns}invoke name="')
+CDATA, CDATA_END = "<![CDATA[", "]]>"
+
+
+def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str, marked: bool,
+            tags: tuple[str, str] = ("invoke", "parameter")) -> tuple[ToolCall, int]:
+    """The invoke at s[i] and the index after it, its tags (`tags`: the call's and a
+    parameter's) prefixed by `ns`; `marked`: each parameter says string="true"/"false"
+    (else the schema types it). Incomplete carrying the call so far (or nothing) when
+    the text ends inside it."""
+    invoke, parameter = tags
+    invoke_end, param = f"</{ns}{invoke}>", f'<{ns}{parameter} name="'
+    param_end = f"</{ns}{parameter}>"
+    j = expect(s, i, f'<{ns}{invoke} name="')
     name, j = _quoted_to(s, j, '">')
     if not name or (schemas and name not in schemas):
         raise ValueError(f"{name!r} is not a tool")
@@ -87,12 +107,20 @@ def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str,
                     raise ValueError(f"string={kind!r}")
             else:
                 key, j = _quoted_to(s, j, '">')
+            typ = schema_type(schemas, name, key)
+            if s.startswith(CDATA, j):      # (its text may hold the closing tag)
+                end = s.find(CDATA_END, j)
+                if end < 0:
+                    raise Incomplete
+                raw, j = s[j + len(CDATA):end], expect(s, end + len(CDATA_END), param_end)
+                parts.append(member(key, value(raw, typ, False)))
+                continue
             end = s.find(param_end, j)
             if end < 0:
                 raise Incomplete
             raw = s[j:end]
             parts.append(member(key, _value(raw, kind == "true") if marked
-                                else value(raw, schema_type(schemas, name, key), False)))
+                                else value(raw, typ, False)))
             j = end + len(param_end)
     except Incomplete:
         raise Incomplete(ToolCall(name, args(parts, False), False)) from None
@@ -138,3 +166,23 @@ class MiniMaxM2(Invokes):
     start, close = "<minimax:tool_call>", "</minimax:tool_call>"
     marked = False
     style = "minimax_xml"
+
+
+class MiniCpm5(ToolFormat):
+    name = "minicpm5"
+    start = '<function name="'
+
+    def parse(self, text: str, partial: bool,
+              schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
+        def read(text: str, j: int) -> tuple[ToolCall | None, int | None]:
+            try:
+                return _invoke(text, j - len(self.start), schemas, "", False,
+                               ("function", "param"))
+            except Incomplete as e:
+                return (e.args[0] if e.args else None), None
+        return scan_tagged(text, partial, self.start, single_call(read))
+
+    def tag(self, name: str, schema: dict) -> dict:
+        return {"type": "tag", "begin": f'{self.start}{name}">',
+                "content": keyed_args(schema, lambda k: f'<param name="{k}">', "</param>"),
+                "end": "</function>"}

@@ -5,6 +5,7 @@ argument at a time (a stream sends each once it is closed)."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
@@ -40,7 +41,14 @@ def value(raw: str, typ: object, padded: bool = True) -> object:
     try:
         return json.loads(raw)
     except ValueError:
+        pass
+    # templates that write a value with jinja's `string` filter give Python's form
+    # (`True`, `{'a': 1}`: Qwen3-Coder's booleans, Seed-OSS's and MiniCPM5's objects)
+    try:
+        got = ast.literal_eval(raw.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return raw
+    return got if isinstance(got, (bool, int, float, dict, list)) or got is None else raw
 
 
 def member(key: str, v: object) -> str:
@@ -52,3 +60,31 @@ def args(parts: list[str], done: bool) -> str:
     if not parts:
         return "{}" if done else ""
     return "{" + ", ".join(parts) + ("}" if done else "")
+
+
+def keyed_args(schema: dict, begin, end: str, separator: str = "",
+               string_end: str | None = None) -> dict:
+    """A structural tag's arguments for a format that writes each in tags of its own,
+    where xgrammar has no style for it: begin(key) + the value + `end` per argument the
+    schema names, a string as text up to `end` (or `string_end`, then `end`), any other
+    value as JSON held to its schema. (Arguments may come in any order, and one the
+    schema requires may be left out: xgrammar's any_order rule.)"""
+    tags = []
+    for key, prop in ((schema or {}).get("properties") or {}).items():
+        prop = prop if isinstance(prop, dict) else {}
+        if prop.get("type") == "string" and not ({"enum", "const", "pattern"} & set(prop)):
+            if string_end is None:
+                tags.append({"type": "tag", "begin": begin(key),
+                             "content": {"type": "any_text"}, "end": end})
+            else:
+                tags.append({"type": "tag", "begin": begin(key), "content": {
+                    "type": "tag", "begin": "", "content": {"type": "any_text"},
+                    "end": string_end}, "end": end})
+        else:
+            tags.append({"type": "tag", "begin": begin(key), "content": {
+                "type": "json_schema", "json_schema": prop or True, "style": "json",
+                "max_whitespace_cnt": 1}, "end": end})
+    if not tags:
+        return {"type": "const_string", "value": ""}
+    return {"type": "tags_with_separator", "tags": tags, "separator": separator,
+            "at_least_one": False, "stop_after_first": False}
