@@ -16,6 +16,11 @@ from ckptd.model.text.tool_calls.reply import ReplySpec
 from tests.model.test_tool_calls import SCHEMAS, TOOLS, _accepts, _calls, _stream
 
 WEATHER = ("get_weather", {"city": "Paris", "days": 3})
+MM3 = "]<]minimax[>["
+K3_RESPONSE, K3_RESPONSE_END = "<|open|>response<|sep|>", "<|close|>response<|sep|>"
+K3_TOOLS, K3_TOOLS_END = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"
+K3_CALL = '<|open|>call tool="{}" index="1"<|sep|>{}<|close|>call<|sep|>'
+K3_ARG = '<|open|>argument key="{}" type="{}"<|sep|>{}<|close|>argument<|sep|>'
 SOLAR = "<|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>{}<|tool_call:args|>{}<|tool_call:end|>"
 
 # (format, model text, content, [(name, arguments)])
@@ -45,6 +50,21 @@ CASES = [
                  "</function>", "Ok.", [("get_weather", {"city": "a </param> b", "days": 3}),
                                           ("ping", {})]),
     ("minicpm5", '<function name="rm_rf"></function>', '<function name="rm_rf"></function>', []),
+    ("kimi_k3", f"{K3_RESPONSE}Checking.{K3_RESPONSE_END}{K3_TOOLS}" + K3_CALL.format(
+        "get_weather", K3_ARG.format("city", "string", "Paris")
+        + K3_ARG.format("days", "number", "3")) + K3_CALL.format("ping", "")
+     + f"{K3_TOOLS_END}<|close|>message<|sep|>", "Checking.", [WEATHER, ("ping", {})]),
+    ("kimi_k3", f"{K3_RESPONSE}Hi <b>.{K3_RESPONSE_END}", "Hi <b>.", []),
+    ("minimax_m3", f"Ok.{MM3}<tool_call>\n{MM3}<invoke name=\"get_weather\">{MM3}<city>Paris"
+                   f"{MM3}</city>{MM3}<days>3{MM3}</days>{MM3}<opts>{MM3}<a>{MM3}<item>1"
+                   f"{MM3}</item>{MM3}<item>x{MM3}</item>{MM3}</a>{MM3}</opts>{MM3}</invoke>\n"
+                   f"{MM3}<invoke name=\"ping\">{MM3}</invoke>\n{MM3}</tool_call>", "Ok.",
+     [("get_weather", {"city": "Paris", "days": 3, "opts": {"a": [1, "x"]}}), ("ping", {})]),
+    ("gemma4", 'Sure.<|tool_call>call:get_weather{city:<|"|>a, {b}: c<|"|>,days:3,'
+               'opts:{a:[1,<|"|>x<|"|>],"b":{"c":null}}}<tool_call|><|tool_call>call:ping{}'
+               "<tool_call|>", "Sure.", [("get_weather", {"city": "a, {b}: c", "days": 3, "opts": {
+                   "a": [1, "x"], "b": {"c": None}}}), ("ping", {})]),
+    ("gemma4", "<|tool_call>call:rm_rf{}<tool_call|>", "<|tool_call>call:rm_rf{}<tool_call|>", []),
 ]
 
 
@@ -78,6 +98,14 @@ PING = '{"name": "ping", "arguments": {}}'
      "</tool_call:opensource>\n</tool_calls:opensource>"),
     ("minicpm5", '<function name="ping"></function>',
      '<function name="ping"></function>\n<function name="ping"></function>'),
+    ("kimi_k3", f"{K3_TOOLS}{K3_CALL.format('ping', '')}{K3_TOOLS_END}",
+     f"{K3_RESPONSE}{K3_RESPONSE_END}{K3_TOOLS}{K3_CALL.format('ping', '')}"
+     f"{K3_CALL.format('ping', '')}{K3_TOOLS_END}"),
+    ("minimax_m3", f'{MM3}<tool_call>\n{MM3}<invoke name="ping">{MM3}</invoke>\n{MM3}</tool_call>',
+     f'{MM3}<tool_call>\n{MM3}<invoke name="ping">{MM3}</invoke>\n{MM3}<invoke name="ping">'
+     f"{MM3}</invoke>\n{MM3}</tool_call>"),
+    ("gemma4", "<|tool_call>call:ping{}<tool_call|>",
+     "<|tool_call>call:ping{}<tool_call|><|tool_call>call:ping{}<tool_call|>"),
 ])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     f = FORMATS[fmt]
@@ -101,6 +129,16 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
      "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
      "<arg_key:opensource>town</arg_key:opensource>\n<arg_value:opensource>3"
      "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"),
+    ("gemma4", '<|tool_call>call:get_weather{days:3,city:<|"|>Paris<|"|>}<tool_call|>',
+     "<|tool_call>call:get_weather{days:x}<tool_call|>"),
+    ("kimi_k3", K3_TOOLS + K3_CALL.format("get_weather", K3_ARG.format("city", "string", "Paris")
+                                          + K3_ARG.format("days", "number", "3")) + K3_TOOLS_END,
+     K3_TOOLS + K3_CALL.format("get_weather", K3_ARG.format("days", "number", "x"))
+     + K3_TOOLS_END),
+    ("minimax_m3", f'{MM3}<tool_call>\n{MM3}<invoke name="get_weather">{MM3}<city>Paris{MM3}'
+                   f"</city>{MM3}<days>3{MM3}</days>{MM3}</invoke>\n{MM3}</tool_call>",
+     f'{MM3}<tool_call>\n{MM3}<invoke name="get_weather">{MM3}<days>x{MM3}</days>{MM3}'
+     f"</invoke>\n{MM3}</tool_call>"),
 ])
 def test_required_grammar_holds_arguments_to_the_schema(fmt, good, bad):
     src = structural_tag(FORMATS[fmt], TOOLS, "required", "get_weather", True, False, False)

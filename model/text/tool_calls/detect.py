@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ckptd.model.text.tool_calls.base import ToolFormat
 from ckptd.model.text.tool_calls.dsml import DeepSeekV4, DeepSeekV32, MiniCpm5, MiniMaxM2
 from ckptd.model.text.tool_calls.functionary import FunctionaryV31, FunctionaryV32
+from ckptd.model.text.tool_calls.gemma4 import Gemma4
 from ckptd.model.text.tool_calls.generic import Generic
 from ckptd.model.text.tool_calls.gigachat import GigaChat3, GigaChat31
 from ckptd.model.text.tool_calls.glm import Glm, Hy3
@@ -31,9 +32,11 @@ from ckptd.model.text.tool_calls.json_list import (
     NemotronV2,
 )
 from ckptd.model.text.tool_calls.kimi import KimiK2
+from ckptd.model.text.tool_calls.kimi_k3 import KimiK3
 from ckptd.model.text.tool_calls.lfm2 import Lfm2
 from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.minimax_m1 import MiniMaxM1
+from ckptd.model.text.tool_calls.minimax_m3 import MiniMaxM3
 from ckptd.model.text.tool_calls.mistral import Mistral
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
 from ckptd.model.text.tool_calls.reasoning import THINK, Marks
@@ -45,7 +48,7 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
                                MiniMaxM1(), MiniMaxM2(), KimiK2(), Harmony(),
                                MistralNemo(), Granite(), Lfm2(), Apertus(), SolarOpen(),
-                               Hy3(), MiniCpm5(), Generic())}
+                               Hy3(), MiniCpm5(), KimiK3(), MiniMaxM3(), Gemma4(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -87,6 +90,11 @@ _SHAPES = [
     ("hy3", r"<tool_calls:opensource>\s*<tool_call:opensource>ckptd_probe_tool"
             r"<tool_sep:opensource>\s*<arg_key:opensource>probe_arg</arg_key:opensource>"),
     ("minicpm5", r'<function name="ckptd_probe_tool">\s*<param name="probe_arg">'),
+    ("kimi_k3", r'<\|open\|>tools<\|sep\|><\|open\|>call tool="ckptd_probe_tool" index="\d+"'
+                r'<\|sep\|><\|open\|>argument key="probe_arg"'),
+    ("minimax_m3", r'\]<\]minimax\[>\[<tool_call>\s*\]<\]minimax\[>\['
+                   r'<invoke name="ckptd_probe_tool">\]<\]minimax\[>\[<probe_arg>'),
+    ("gemma4", r'<\|tool_call>call:ckptd_probe_tool\{probe_arg:<\|"\|>probe_value<\|"\|>\}'),
     ("apertus", r'<\|tools_prefix\|>\[\{"ckptd_probe_tool":\s*\{"probe_arg"'),
 ]
 # Templates that write no past call but name their syntax with the tools (as llama.cpp

@@ -25,7 +25,11 @@ class Marks:
 
 THINK = Marks("<think>", "</think>")
 # Each is known by its closing mark in the template's source
-_MARKS = (THINK, Marks("<|START_THINKING|>", "<|END_THINKING|>"), Marks("[THINK]", "[/THINK]"))
+_MARKS = (THINK, Marks("<|START_THINKING|>", "<|END_THINKING|>"), Marks("[THINK]", "[/THINK]"),
+          Marks("<mm:think>", "</mm:think>"),                          # MiniMax M3
+          Marks("<|channel>thought", "<channel|>"))                     # Gemma 4
+# Kimi K3's sections, which its template writes with a macro: open_tag('think')
+KIMI_K3 = Marks("<|open|>think<|sep|>", "<|close|>think<|sep|>")
 # GPT-OSS's analysis message (harmony.py), known by its opening (others end turns with <|end|>)
 HARMONY = Marks("<|channel|>analysis<|message|>", "<|end|>")
 # Apriel 1.6 writes a past answer's reasoning_content before this mark (Apriel 1.5 only
@@ -39,6 +43,8 @@ def marks_of(template: str | None) -> Marks | None:
         return None
     if HARMONY.open in template:
         return HARMONY
+    if "<|open|>" in template and "open_tag('think')" in template:
+        return KIMI_K3
     for m in _MARKS:
         if m.close in template:
             return m

@@ -63,23 +63,18 @@ def args(parts: list[str], done: bool) -> str:
 
 
 def keyed_args(schema: dict, begin, end: str, separator: str = "",
-               string_end: str | None = None) -> dict:
+               quotes: tuple[str, str] = ("", "")) -> dict:
     """A structural tag's arguments for a format that writes each in tags of its own,
     where xgrammar has no style for it: begin(key) + the value + `end` per argument the
-    schema names, a string as text up to `end` (or `string_end`, then `end`), any other
+    schema names, a string as text between `quotes` up to their closing one, any other
     value as JSON held to its schema. (Arguments may come in any order, and one the
     schema requires may be left out: xgrammar's any_order rule.)"""
     tags = []
     for key, prop in ((schema or {}).get("properties") or {}).items():
         prop = prop if isinstance(prop, dict) else {}
         if prop.get("type") == "string" and not ({"enum", "const", "pattern"} & set(prop)):
-            if string_end is None:
-                tags.append({"type": "tag", "begin": begin(key),
-                             "content": {"type": "any_text"}, "end": end})
-            else:
-                tags.append({"type": "tag", "begin": begin(key), "content": {
-                    "type": "tag", "begin": "", "content": {"type": "any_text"},
-                    "end": string_end}, "end": end})
+            tags.append({"type": "tag", "begin": begin(key) + quotes[0],
+                         "content": {"type": "any_text"}, "end": quotes[1] + end})
         else:
             tags.append({"type": "tag", "begin": begin(key), "content": {
                 "type": "json_schema", "json_schema": prop or True, "style": "json",
