@@ -12,6 +12,8 @@ import pytest
 
 from ckptd.model.text.tool_calls.constrain import structural_tag
 from ckptd.model.text.tool_calls.detect import FORMATS
+from ckptd.model.text.tool_calls.reasoning import KIMI_K3, Marks
+from ckptd.model.text.tool_calls.reasoning import MUSE as MUSE_MARKS
 from ckptd.model.text.tool_calls.reply import ReplySpec
 from tests.model.test_tool_calls import SCHEMAS, TOOLS, _accepts, _calls, _stream
 
@@ -21,6 +23,9 @@ K3_RESPONSE, K3_RESPONSE_END = "<|open|>response<|sep|>", "<|close|>response<|se
 K3_TOOLS, K3_TOOLS_END = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"
 K3_CALL = '<|open|>call tool="{}" index="1"<|sep|>{}<|close|>call<|sep|>'
 K3_ARG = '<|open|>argument key="{}" type="{}"<|sep|>{}<|close|>argument<|sep|>'
+MUSE = ('<atem:function_calls>\n<atem:invoke name="{}">\n{}</atem:invoke>\n'
+        "</atem:function_calls>")
+MUSE_ARG = '<atem:parameter name="{}">{}</atem:parameter>\n'
 SOLAR = "<|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>{}<|tool_call:args|>{}<|tool_call:end|>"
 
 # (format, model text, content, [(name, arguments)])
@@ -65,6 +70,13 @@ CASES = [
                "<tool_call|>", "Sure.", [("get_weather", {"city": "a, {b}: c", "days": 3, "opts": {
                    "a": [1, "x"], "b": {"c": None}}}), ("ping", {})]),
     ("gemma4", "<|tool_call>call:rm_rf{}<tool_call|>", "<|tool_call>call:rm_rf{}<tool_call|>", []),
+    ("muse_glimmer", " to=user<|message|>Checking.<|eom|><|start|>assistant to=self<|message|>"
+                     "hm<|eom|><|start|>assistant to=get_weather<|message|>" + MUSE.format(
+                         "get_weather", MUSE_ARG.format("city", "Paris")
+                         + MUSE_ARG.format("days", "3")) + "<|eom|><|start|>assistant "
+                     "to=ping<|message|>" + MUSE.format("ping", "") + "<|eom|>",
+     "Checking.", [WEATHER, ("ping", {})]),
+    ("muse_glimmer", " to=user<|message|>x to=y, <b> and to=z<|eot|>", "x to=y, <b> and to=z", []),
 ]
 
 
@@ -106,6 +118,9 @@ PING = '{"name": "ping", "arguments": {}}'
      f"{MM3}</invoke>\n{MM3}</tool_call>"),
     ("gemma4", "<|tool_call>call:ping{}<tool_call|>",
      "<|tool_call>call:ping{}<tool_call|><|tool_call>call:ping{}<tool_call|>"),
+    ("muse_glimmer", " to=ping<|message|>" + MUSE.format("ping", ""),
+     " to=ping<|message|><atem:function_calls>\n" + '<atem:invoke name="ping">\n</atem:invoke>\n'
+     * 2 + "</atem:function_calls>"),
 ])
 def test_required_grammar_takes_calls_only(fmt, call, twice):
     f = FORMATS[fmt]
@@ -144,3 +159,28 @@ def test_required_grammar_holds_arguments_to_the_schema(fmt, good, bad):
     src = structural_tag(FORMATS[fmt], TOOLS, "required", "get_weather", True, False, False)
     assert _accepts(src, good) and not _accepts(src, bad)
     assert _calls(ReplySpec(FORMATS[fmt], SCHEMAS).parse(good))[0][0] == "get_weather"
+
+
+# The new formats' thinking blocks, each before a call: (format, marks, opened, answer)
+THINKING = [
+    ("kimi_k3", KIMI_K3, True, f"first, the city.{KIMI_K3.close}{K3_RESPONSE}{K3_RESPONSE_END}"
+     f"{K3_TOOLS}{K3_CALL.format('ping', '')}{K3_TOOLS_END}"),
+    ("minimax_m3", Marks("<mm:think>", "</mm:think>"), False,
+     f'<mm:think>first, the city.</mm:think>{MM3}<tool_call>\n{MM3}<invoke name="ping">'
+     f"{MM3}</invoke>\n{MM3}</tool_call>"),
+    ("gemma4", Marks("<|channel>thought", "<channel|>"), False,
+     "<|channel>thought\nfirst, the city.<channel|><|tool_call>call:ping{}<tool_call|>"),
+    ("muse_glimmer", MUSE_MARKS, False, " to=self<|message|>first, the city.<|eom|>"
+     "<|start|>assistant to=ping<|message|>" + MUSE.format("ping", "") + "<|eom|>"),
+]
+
+
+@pytest.mark.parametrize("fmt,marks,opened,text", THINKING)
+def test_thinking_goes_to_reasoning(fmt, marks, opened, text):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS, thinking=True, open_thinking=opened, marks=marks)
+    whole = spec.parse(text)
+    assert whole.reasoning == "first, the city." and whole.content == ""
+    assert _calls(whole) == [("ping", {})]
+    for seed in range(10):
+        got = _stream(spec, text, random.Random(seed))
+        assert got["reasoning"] == "first, the city." and got["content"] == "", seed

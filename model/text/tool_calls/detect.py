@@ -38,6 +38,7 @@ from ckptd.model.text.tool_calls.llama3 import Llama3
 from ckptd.model.text.tool_calls.minimax_m1 import MiniMaxM1
 from ckptd.model.text.tool_calls.minimax_m3 import MiniMaxM3
 from ckptd.model.text.tool_calls.mistral import Mistral
+from ckptd.model.text.tool_calls.muse import MuseGlimmer
 from ckptd.model.text.tool_calls.qwen_xml import QwenXml, SeedOss
 from ckptd.model.text.tool_calls.reasoning import THINK, Marks
 from ckptd.model.text.tool_calls.solar import SolarOpen
@@ -48,7 +49,8 @@ FORMATS = {f.name: f for f in (Hermes(), QwenXml(), Glm(), Llama3(), Functionary
                                DeepSeekV4(), GigaChat3(), GigaChat31(), SeedOss(),
                                MiniMaxM1(), MiniMaxM2(), KimiK2(), Harmony(),
                                MistralNemo(), Granite(), Lfm2(), Apertus(), SolarOpen(),
-                               Hy3(), MiniCpm5(), KimiK3(), MiniMaxM3(), Gemma4(), Generic())}
+                               Hy3(), MiniCpm5(), KimiK3(), MiniMaxM3(), Gemma4(),
+                               MuseGlimmer(), Generic())}
 PROBE = "ckptd_probe_tool"          # a tool name no template writes by itself
 _ARGS = {"probe_arg": "probe_value"}
 _ID = "call00000"                   # Mistral's templates take ids of 9 letters or digits
@@ -95,6 +97,8 @@ _SHAPES = [
     ("minimax_m3", r'\]<\]minimax\[>\[<tool_call>\s*\]<\]minimax\[>\['
                    r'<invoke name="ckptd_probe_tool">\]<\]minimax\[>\[<probe_arg>'),
     ("gemma4", r'<\|tool_call>call:ckptd_probe_tool\{probe_arg:<\|"\|>probe_value<\|"\|>\}'),
+    ("muse_glimmer", r'to=ckptd_probe_tool<\|message\|><atem:function_calls>\s*'
+                     r'<atem:invoke name="ckptd_probe_tool">\s*<atem:parameter name="probe_arg">'),
     ("apertus", r'<\|tools_prefix\|>\[\{"ckptd_probe_tool":\s*\{"probe_arg"'),
 ]
 # Templates that write no past call but name their syntax with the tools (as llama.cpp

@@ -28,6 +28,8 @@ THINK = Marks("<think>", "</think>")
 _MARKS = (THINK, Marks("<|START_THINKING|>", "<|END_THINKING|>"), Marks("[THINK]", "[/THINK]"),
           Marks("<mm:think>", "</mm:think>"),                          # MiniMax M3
           Marks("<|channel>thought", "<channel|>"))                     # Gemma 4
+# Muse Glimmer's message to itself (muse.py), known by its opening
+MUSE = Marks("to=self<|message|>", "<|eom|>")
 # Kimi K3's sections, which its template writes with a macro: open_tag('think')
 KIMI_K3 = Marks("<|open|>think<|sep|>", "<|close|>think<|sep|>")
 # GPT-OSS's analysis message (harmony.py), known by its opening (others end turns with <|end|>)
@@ -43,6 +45,8 @@ def marks_of(template: str | None) -> Marks | None:
         return None
     if HARMONY.open in template:
         return HARMONY
+    if MUSE.open in template:
+        return MUSE
     if "<|open|>" in template and "open_tag('think')" in template:
         return KIMI_K3
     for m in _MARKS:
