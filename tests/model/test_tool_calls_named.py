@@ -184,3 +184,19 @@ def test_thinking_goes_to_reasoning(fmt, marks, opened, text):
     for seed in range(10):
         got = _stream(spec, text, random.Random(seed))
         assert got["reasoning"] == "first, the city." and got["content"] == "", seed
+
+
+@pytest.mark.parametrize("text", ["<|START_RESPONSE|>It is <b>sunny</b>.<|END_RESPONSE|>",
+                                  "<|START_TEXT|>It is <b>sunny</b>.<|END_TEXT|>"])
+def test_cohere_frames_are_not_content(text):
+    """Command R7B's and Command A's (Cohere2) answers are framed; tools or not (a
+    format that frames content reads answers without tools: no calls then)."""
+    for schemas in (SCHEMAS, {}):
+        spec = ReplySpec(FORMATS["command_r7b"], schemas)
+        assert spec.parse(text).content == "It is <b>sunny</b>."
+        for seed in range(10):
+            assert _stream(spec, text, random.Random(seed))["content"] == "It is <b>sunny</b>."
+    action = '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "ping", "parameters": {}}]' \
+        "<|END_ACTION|>"
+    assert ReplySpec(FORMATS["command_r7b"], {}).parse(action).calls == ()
+    assert _calls(ReplySpec(FORMATS["command_r7b"], SCHEMAS).parse(action)) == [("ping", {})]

@@ -56,6 +56,16 @@ def held(text: str, marker: str) -> int:
     return 0
 
 
+def unframe(content: str, partial: bool, frames: tuple[str, ...]) -> str:
+    """`content` without the marks a format frames its text in (Cohere's
+    <|START_RESPONSE|>...); while streaming, a mark being written is held back."""
+    for mark in frames:
+        content = content.replace(mark, "")
+    if partial:
+        content = content[:len(content) - max(held(content, m) for m in frames)]
+    return content
+
+
 def scan_tagged(text: str, partial: bool, start: str, read) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a format whose calls follow the tag `start`, one call (see
     `single_call`) or a block of them after each tag. read(text, j) reads what follows a

@@ -9,7 +9,9 @@ before it:
   9 letters or digits, is not read);
 - NVIDIA's Nemotron Nano v2: `<TOOLCALL>[...]</TOOLCALL>`;
 - Cohere's Command R7B and Command A (Cohere2): `<|START_ACTION|>[{"tool_call_id": "0",
-  "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`;
+  "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>`; their text is framed,
+  `<|START_RESPONSE|>...<|END_RESPONSE|>` (R7B) or `<|START_TEXT|>...<|END_TEXT|>`
+  (Command A), and the frame is not content (as llama.cpp reads it), tools or not;
 - IBM's Granite 3.3: `<|tool_call|>[...]`, no closing mark (its system message asks
   for it; the template writes no past call);
 - Swiss AI's Apertus: `<|tools_prefix|>[{"get_weather": {"city": "Paris"}}, ...]
@@ -26,6 +28,7 @@ from ckptd.model.text.tool_calls.base import (
     json_call,
     scan_tagged,
     schema_content,
+    unframe,
 )
 from ckptd.model.text.tool_calls.jsonscan import array_items, object_fields, skip_ws
 
@@ -95,6 +98,18 @@ class CommandR7B(JsonList):
     name = "command_r7b"
     open, close = "<|START_ACTION|>", "<|END_ACTION|>"
     name_key = "tool_name"
+    frames_content = True
+    frames = ("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")
+
+    def parse(self, text: str, partial: bool,
+              schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
+        content, calls = super().parse(text, partial, schemas)
+        return unframe(content, partial, self.frames), calls
+
+    def call(self, s: str, i: int, schemas: dict[str, dict]):
+        if not schemas:                 # (an answer read without tools has no calls)
+            raise ValueError("no tools")
+        return super().call(s, i, schemas)
 
     def begin(self, name: str) -> str:
         return f'{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": '

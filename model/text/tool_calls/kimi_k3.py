@@ -17,10 +17,10 @@ from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
     block_calls,
-    held,
     scan_tagged,
     schema_content,
     schema_type,
+    unframe,
 )
 from ckptd.model.text.tool_calls.dsml import _quoted_to
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
@@ -77,11 +77,7 @@ class KimiK3(ToolFormat):
         def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
             return block_calls(text, j, TOOLS_END, lambda t, k: _call(t, k, schemas))
         content, calls = scan_tagged(text, partial, TOOLS, read)
-        for mark in FRAMES:
-            content = content.replace(mark, "")
-        if partial:                     # (a mark being written is held back)
-            content = content[:len(content) - max(held(content, m) for m in FRAMES)]
-        return content, calls
+        return unframe(content, partial, FRAMES), calls
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'{OPEN}call tool="{name}" index="',
