@@ -200,3 +200,33 @@ def test_cohere_frames_are_not_content(text):
         "<|END_ACTION|>"
     assert ReplySpec(FORMATS["command_r7b"], {}).parse(action).calls == ()
     assert _calls(ReplySpec(FORMATS["command_r7b"], SCHEMAS).parse(action)) == [("ping", {})]
+
+
+HARMONY_MARKS = Marks("<|channel|>analysis<|message|>", "<|end|>")
+TWO_ANALYSES = ("<|channel|>analysis<|message|>first, the city.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{}<|call|>"
+                "<|start|>assistant<|channel|>analysis<|message|>then the days.<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>Done.<|return|>")
+
+
+def test_gpt_oss_every_analysis_is_reasoning():
+    """A second analysis message (after a call) is reasoning too, not dropped."""
+    spec = ReplySpec(FORMATS["gpt_oss"], SCHEMAS, thinking=True, marks=HARMONY_MARKS)
+    whole = spec.parse(TWO_ANALYSES)
+    assert whole.reasoning == "first, the city.\n\nthen the days."
+    assert whole.content == "Done." and _calls(whole) == [("ping", {})]
+    for seed in range(10):
+        got = _stream(spec, TWO_ANALYSES, random.Random(seed))
+        assert got["reasoning"] == whole.reasoning and got["content"] == "Done.", seed
+
+
+def test_gpt_oss_analysis_stays_in_content_with_reasoning_format_none():
+    """reasoning_format "none" (no thinking read): the analysis is kept in content, as
+    written, as llama-server leaves it."""
+    text = ("<|channel|>analysis<|message|>first, the city.<|end|><|start|>assistant"
+            "<|channel|>final<|message|>Paris.<|return|>")
+    spec = ReplySpec(FORMATS["gpt_oss"], SCHEMAS, thinking=False)
+    want = "<|channel|>analysis<|message|>first, the city.<|end|>Paris."
+    assert spec.parse(text).content == want
+    for seed in range(10):
+        assert _stream(spec, text, random.Random(seed))["content"] == want, seed

@@ -40,6 +40,14 @@ class ToolFormat:
         parameters, for formats that write values without JSON types."""
         raise NotImplementedError
 
+    def read(self, text: str, partial: bool, schemas: dict[str, dict],
+             thinking: bool) -> tuple[str, list[ToolCall], str]:
+        """parse, and the reasoning the format finds past the first thinking block
+        (`thinking`: reasoning is read; a format whose later messages are reasoning,
+        GPT-OSS's, gives it here)."""
+        content, calls = self.parse(text, partial, schemas)
+        return content, calls, ""
+
     def tag(self, name: str, schema: dict) -> dict:
         raise NotImplementedError
 

@@ -2,8 +2,10 @@
 `<|channel|>NAME`, a header, `<|message|>`, the text, and `<|end|>` (`<|call|>` after
 a call, `<|return|>` at the answer's end); a message after the first opens with
 `<|start|>assistant`. `analysis` is reasoning (the first one is read as a thinking
-block, reasoning.py), `final` and a `commentary` message to no one are content, and a
-message to a function is a call of it, its text the JSON arguments:
+block, reasoning.py, a later one here; with thinking not read, reasoning_format
+"none", it stays in the content as written, as llama-server leaves it), `final` and
+a `commentary` message to no one are content, and a message to a function is a call
+of it, its text the JSON arguments:
 
     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": 1}<|call|>
 
@@ -42,8 +44,14 @@ class Harmony(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
+        content, calls, _ = self.read(text, partial, schemas, True)
+        return content, calls
+
+    def read(self, text: str, partial: bool, schemas: dict[str, dict],
+             thinking: bool) -> tuple[str, list[ToolCall], str]:
         content: list[str] = []
         calls: list[ToolCall] = []
+        reasoning: list[str] = []
         pos = 0
         while pos < len(text):
             k = skip_ws(text, pos)
@@ -84,15 +92,17 @@ class Harmony(ToolFormat):
                     break
                 continue
             stop, nxt = _body_end(text, body)
-            if channel != "analysis":       # (a later analysis message is reasoning)
+            if channel == "analysis" and not thinking:      # the message as written
+                piece = text[pos:nxt if nxt >= 0 else len(text)]
+            else:
                 piece = text[body:stop]
-                if nxt < 0 and partial:
-                    piece = piece[:len(piece) - max(held(piece, m) for m in (*ENDS, START))]
-                content.append(piece)
+            if nxt < 0 and partial:
+                piece = piece[:len(piece) - max(held(piece, m) for m in (*ENDS, START))]
+            (reasoning if channel == "analysis" and thinking else content).append(piece)
             if nxt < 0:
                 break
             pos = nxt
-        return "".join(content), calls
+        return "".join(content), calls, "\n\n".join(reasoning)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag",

@@ -66,7 +66,8 @@ class ReplySpec:
             think, text = reasoning.split(text, partial, self.open_thinking, self.marks)
         calls: list[ToolCall] = []
         if self.fmt is not None:
-            text, calls = self.fmt.parse(text, partial, self.schemas)
+            text, calls, more = self.fmt.read(text, partial, self.schemas, self.thinking)
+            think = f"{think}\n\n{more}" if think and more else think or more
         if not self.parallel:
             calls = calls[:1]
         return Parsed(text.strip(), tuple(calls), think)
