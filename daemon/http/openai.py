@@ -27,7 +27,7 @@ from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.sampling.sampler import SamplingParams
-from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_id
+from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_ids
 
 
 def usage(fins: list[Finished], jobs: list[tuple[list[int], SamplingParams]],
@@ -192,7 +192,7 @@ class ChatFormat(_Base):
         if self.spec is None:
             return {"role": "assistant", "content": text}, False
         parsed = self.spec.parse(text)
-        calls = [(call_id(), c) for c in parsed.calls]
+        calls = list(zip(call_ids(parsed.calls), parsed.calls))
         msg = {"role": "assistant", "content": parsed.content or (None if calls else "")}
         if parsed.reasoning:
             msg["reasoning_content"] = parsed.reasoning

@@ -28,7 +28,7 @@ from ckptd.daemon.request import Finished, Progress
 from ckptd.daemon.service import Service
 from ckptd.model.sampling.decoding import TokenEvent
 from ckptd.model.text.tool_calls.base import ToolCall
-from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_id
+from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_ids
 
 
 class ResponsesFormat:
@@ -182,7 +182,7 @@ class ResponsesFormat:
         if self.spec is not None:
             parsed = self.spec.parse(self.text)
             self.text, self.reasoning = parsed.content, parsed.reasoning
-            self.calls = [(call_id(), c) for c in parsed.calls]
+            self.calls = list(zip(call_ids(parsed.calls), parsed.calls))
         out = self.response(res.finished)
         out["timings"] = res.finished.stats.timings()
         if self.verbose:

@@ -14,7 +14,7 @@ from ckptd.model.text.tool_calls.constrain import structural_tag
 from ckptd.model.text.tool_calls.detect import FORMATS
 from ckptd.model.text.tool_calls.reasoning import KIMI_K3, Marks
 from ckptd.model.text.tool_calls.reasoning import MUSE as MUSE_MARKS
-from ckptd.model.text.tool_calls.reply import ReplySpec
+from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_ids
 from tests.model.test_tool_calls import SCHEMAS, TOOLS, _accepts, _calls, _stream
 
 WEATHER = ("get_weather", {"city": "Paris", "days": 3})
@@ -230,3 +230,40 @@ def test_gpt_oss_analysis_stays_in_content_with_reasoning_format_none():
     assert spec.parse(text).content == want
     for seed in range(10):
         assert _stream(spec, text, random.Random(seed))["content"] == want, seed
+
+
+@pytest.mark.parametrize("fmt,text,ids", [
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+                "<|tool_call_begin|>functions.ping:1<|tool_call_argument_begin|>{}"
+                "<|tool_call_end|><|tool_calls_section_end|>",
+     ["functions.get_weather:0", "functions.ping:1"]),
+    ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}'
+                "[TOOL_CALLS]ping[CALL_ID]Z9y8X7w6v[ARGS]{}", ["a1B2c3D4e", "Z9y8X7w6v"]),
+    ("command_r7b", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}}, {"tool_call_id": "1", "tool_name": '
+                    '"ping", "parameters": {}}]<|END_ACTION|>', ["0", "1"]),
+    ("solar_open", "<|tool_calls|>" + SOLAR.format("get_weather", '{"city": "Paris"}')
+     + SOLAR.format("ping", "{}").replace("a1b2c3d4e5", "f6g7h8i9j0") + "<|calls|>",
+     ["a1b2c3d4e5", "f6g7h8i9j0"]),
+    # the grammar numbers every call "0": an id used twice gets one of ckptd's
+    ("command_r7b", '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}}, {"tool_call_id": "0", "tool_name": '
+                    '"ping", "parameters": {}}]<|END_ACTION|>', ["0", None]),
+])
+def test_the_models_own_call_ids_are_kept(fmt, text, ids):
+    spec = ReplySpec(FORMATS[fmt], SCHEMAS)
+    got = call_ids(spec.parse(text).calls)
+    assert [g if i is not None else None for g, i in zip(got, ids)] == ids
+    assert len(set(got)) == len(got) and all(g.startswith("call_") for g, i in zip(got, ids)
+                                              if i is None)
+    for seed in range(5):
+        parser = ReplyParser(spec)
+        rng, i = random.Random(seed), 0
+        while i < len(text):
+            n = rng.choice([1, 2, 3, 5, 8])
+            parser.feed(text[i:i + n])
+            i += n
+        parser.finish()
+        streamed = [cid for cid, _ in parser.calls]
+        assert [s if i is not None else None for s, i in zip(streamed, ids)] == ids, seed

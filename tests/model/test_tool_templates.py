@@ -196,3 +196,26 @@ def test_thinking_marks_per_template(llama_templates, name):
         assert marks == THINK
     else:                   # Apriel 1.5 only asks for the final response's mark
         assert marks is None and (APRIEL.close not in source or name == "unsloth-Apriel-1.5")
+
+
+def test_mistral_small_call_id_round_trip(llama_templates):
+    """Mistral Small 3.2 writes a 9-character id with its call, and its template takes
+    no other: the id ckptd answers with is the model's, so a client sending the call
+    and its result back gets them rendered (ckptd's own ids are refused there)."""
+    from ckptd.model.text.tool_calls.reply import ReplySpec, call_ids
+    render = _render((llama_templates / "Mistral-Small-3.2-24B-Instruct-2506.jinja").read_text())
+    syntax = detect(render)
+    answer = '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris", "days": 3}'
+    parsed = ReplySpec(syntax.fmt, {"get_weather": _WEATHER["function"]["parameters"]}) \
+        .parse(answer)
+    (cid,) = call_ids(parsed.calls)
+    assert cid == "a1B2c3D4e"
+    arguments = parsed.calls[0].arguments
+    arguments = arguments if syntax.string_arguments else json.loads(arguments)
+    messages = [{"role": "user", "content": "what's the weather"},
+                {"role": "assistant", "content": "", "tool_calls": [{
+                    "id": cid, "type": "function",
+                    "function": {"name": "get_weather", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": cid, "content": "sunny"}]
+    prompt = render(messages, [_WEATHER])
+    assert answer in prompt and "a1B2c3D4e" in prompt.split(answer, 1)[1]

@@ -22,6 +22,7 @@ class ToolCall:
     name: str
     arguments: str              # JSON text of an object; while streaming, as far as written
     done: bool = True
+    id: str | None = None       # the model's own id for it, where its format writes one
 
 
 class ToolFormat:

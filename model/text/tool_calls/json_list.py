@@ -21,6 +21,7 @@ before it:
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ckptd.model.text.tool_calls.base import (
     ToolCall,
@@ -93,8 +94,9 @@ class NemotronV2(JsonList):
 
 
 class CommandR7B(JsonList):
-    """The grammar numbers every call "0": the ids are not read back (ckptd gives its
-    own), and a tag's opening text is fixed."""
+    """A call's tool_call_id, written before its name, is kept as its id (the grammar
+    numbers every call "0", a tag's opening text being fixed: an id used twice in an
+    answer is replaced, reply.call_ids)."""
     name = "command_r7b"
     open, close = "<|START_ACTION|>", "<|END_ACTION|>"
     name_key = "tool_name"
@@ -109,7 +111,13 @@ class CommandR7B(JsonList):
     def call(self, s: str, i: int, schemas: dict[str, dict]):
         if not schemas:                 # (an answer read without tools has no calls)
             raise ValueError("no tools")
-        return super().call(s, i, schemas)
+        call, end = super().call(s, i, schemas)
+        fields, _ = object_fields(s, i)
+        at, name_at = fields.get("tool_call_id"), fields.get(self.name_key)
+        if call is None or at is None or at[1] is None or at[0] > name_at[0]:
+            return call, end            # (an id after the name: a stream sent the call)
+        call_id = json.loads(s[at[0]:at[1]])
+        return replace(call, id=str(call_id) if call_id is not None else None), end
 
     def begin(self, name: str) -> str:
         return f'{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": '

@@ -4,8 +4,8 @@
     <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0
     <|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
 
-(without the line breaks). The id is read for the name and not kept (ckptd gives
-its own). Text before the section is content."""
+(without the line breaks). The id names the function and is kept as the call's
+id (as llama.cpp keeps it). Text before the section is content."""
 
 from __future__ import annotations
 
@@ -41,16 +41,17 @@ def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
         if len(s) - j > _ID_MAX or "\n" in s[j:]:
             raise ValueError("a call id runs on")
         raise Incomplete
-    name = _name(s[j:k])
+    call_id = s[j:k].strip()
+    name = _name(call_id)
     if not name or (schemas and name not in schemas):
         raise ValueError(f"{name!r} is not a tool")
     arguments, end = json_args(s, skip_ws(s, k + len(ARGS)))
     if end is None:
-        raise Incomplete(ToolCall(name, arguments, False))
+        raise Incomplete(ToolCall(name, arguments, False, call_id))
     try:
-        return ToolCall(name, arguments), expect(s, end, CALL_END)
+        return ToolCall(name, arguments, True, call_id), expect(s, end, CALL_END)
     except Incomplete:
-        raise Incomplete(ToolCall(name, arguments)) from None
+        raise Incomplete(ToolCall(name, arguments, True, call_id)) from None
 
 
 class KimiK2(ToolFormat):

@@ -4,8 +4,9 @@
 
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}
 
-Mistral Small 3.2 writes the call's id between them (`[CALL_ID]abc123def`): read past,
-not kept. Text before the first call is content."""
+Mistral Small 3.2 writes the call's id between them (`[CALL_ID]abc123def`): kept as
+the call's id, so a client that sends it back gives the template the 9-character id
+it asks for. Text before the first call is content."""
 
 from __future__ import annotations
 
@@ -38,16 +39,19 @@ class Mistral(ToolFormat):
             name = text[j:k]
             if not name or any(c.isspace() for c in name) or (schemas and name not in schemas):
                 raise ValueError(f"{name!r} is not a tool")
+            call_id = None
             if text.startswith(CALL_ID, k):
-                k = text.find(ARGS, k + len(CALL_ID))
+                at = k + len(CALL_ID)
+                k = text.find(ARGS, at)
                 if k < 0:
                     return None, None
+                call_id = text[at:k].strip() or None
             elif not text.startswith(ARGS, k):
                 if ARGS.startswith(text[k:]) or CALL_ID.startswith(text[k:]):
                     return None, None       # a mark still being written
                 raise ValueError(f"no {ARGS} after {name!r}")
             arguments, end = json_args(text, skip_ws(text, k + len(ARGS)))
-            return ToolCall(name, arguments, end is not None), end
+            return ToolCall(name, arguments, end is not None, call_id), end
         return scan_tagged(text, partial, START, single_call(read))
 
     def tag(self, name: str, schema: dict) -> dict:

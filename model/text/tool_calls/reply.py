@@ -19,6 +19,16 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def call_ids(calls, ids: list[str] | None = None) -> list[str]:
+    """Each call's id: the model's own where its format writes one (Kimi K2's
+    functions.NAME:0, Mistral's 9-character ids...) and it is new in the answer, else
+    one of ckptd's. `ids`: those given already (a stream's), extended in place."""
+    ids = [] if ids is None else ids
+    for c in calls[len(ids):]:
+        ids.append(c.id if c.id and c.id not in ids else call_id())
+    return ids
+
+
 @dataclass(frozen=True)
 class Parsed:
     content: str
@@ -100,7 +110,7 @@ class ReplyParser:
                     out.calls.append(CallDelta(i, None, None, piece))
                     sent_calls[i] = ToolCall(call.name, sent_calls[i].arguments + piece)
             else:
-                self.ids.append(call_id())
+                call_ids(now.calls[:i + 1], self.ids)
                 out.calls.append(CallDelta(i, self.ids[i], call.name, call.arguments))
                 sent_calls.append(call)
         self.sent = Parsed(self.sent.content + out.content, tuple(sent_calls),

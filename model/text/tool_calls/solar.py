@@ -5,7 +5,7 @@
     <|tool_call:args|>{"city": "Paris"}<|tool_call:end|><|calls|>
 
 (without the line breaks; `<|calls|>` ends the message, and may be its stop token).
-Text before the block is content."""
+The id is kept as the call's. Text before the block is content."""
 
 from __future__ import annotations
 
@@ -37,17 +37,17 @@ def _field(s: str, i: int, stop: str) -> tuple[str, int]:
 
 
 def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
-    _, j = _field(s, expect(s, i, CALL), NAME)
+    call_id, j = _field(s, expect(s, i, CALL), NAME)
     name, j = _field(s, j, ARGS)
     if not name or (schemas and name not in schemas):
         raise ValueError(f"{name!r} is not a tool")
     arguments, end = json_args(s, skip_ws(s, j))
     if end is None:
-        raise Incomplete(ToolCall(name, arguments, False))
+        raise Incomplete(ToolCall(name, arguments, False, call_id or None))
     try:
-        return ToolCall(name, arguments), expect(s, end, CALL_END)
+        return ToolCall(name, arguments, True, call_id or None), expect(s, end, CALL_END)
     except Incomplete:
-        raise Incomplete(ToolCall(name, arguments)) from None
+        raise Incomplete(ToolCall(name, arguments, True, call_id or None)) from None
 
 
 class SolarOpen(ToolFormat):
