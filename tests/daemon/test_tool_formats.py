@@ -70,8 +70,16 @@ FORMATS = {
     "minimax_m2": ("MiniMax-M2",
                    '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
                    "Paris</parameter>\n</invoke>\n</minimax:tool_call>"),
+    "gemma4": ("google-gemma-4-31B-it",
+               '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
+    "kimi_k3": ("Kimi-K3",
+                '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+                '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+                "<|close|>call<|sep|><|close|>tools<|sep|>"),
     "generic": (None, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'),
 }
+# Formats that write an id with a call: it is the call's id
+KEPT_IDS = {"kimi_k2": "functions.get_weather:0", "command_r7b": "0"}
 # One argument with one value: the call the grammar forces is known in advance
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}},
           "required": ["city"], "additionalProperties": False}
@@ -126,7 +134,9 @@ def test_required_call_comes_back_parsed(served):
     assert choice.finish_reason == "tool_calls", choice
     assert not choice.message.content, choice
     [call] = choice.message.tool_calls
-    assert call.type == "function" and call.id.startswith("call_")
+    assert call.type == "function"
+    assert call.id == KEPT_IDS[served.fmt] if served.fmt in KEPT_IDS else \
+        call.id.startswith("call_")
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
 

@@ -135,17 +135,22 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
 
 
 @pytest.mark.parametrize("fmt,good,bad", [
-    ("minicpm5", '<function name="get_weather"><param name="days">3</param><param name="city">'
-                 "a <b> c</param></function>",
+    ("minicpm5", '<function name="get_weather"><param name="city">a <b> c</param>'
+                 '<param name="days">3</param></function>',
      '<function name="get_weather"><param name="days">three</param></function>'),
+    ("minicpm5", '<function name="get_weather"><param name="days">3</param></function>',
+     '<function name="get_weather"><param name="days">3</param><param name="days">3</param>'
+     "</function>"),
     ("hy3", "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
             "<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>3"
             "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
      "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
      "<arg_key:opensource>town</arg_key:opensource>\n<arg_value:opensource>3"
      "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"),
-    ("gemma4", '<|tool_call>call:get_weather{days:3,city:<|"|>Paris<|"|>}<tool_call|>',
+    ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>',
      "<|tool_call>call:get_weather{days:x}<tool_call|>"),
+    ("gemma4", '<|tool_call>call:get_weather{zip:<|"|>75001<|"|>}<tool_call|>',
+     '<|tool_call>call:get_weather{city:<|"|>a<|"|>,city:<|"|>a<|"|>}<tool_call|>'),
     ("kimi_k3", K3_TOOLS + K3_CALL.format("get_weather", K3_ARG.format("city", "string", "Paris")
                                           + K3_ARG.format("days", "number", "3")) + K3_TOOLS_END,
      K3_TOOLS + K3_CALL.format("get_weather", K3_ARG.format("days", "number", "x"))
@@ -156,6 +161,8 @@ def test_required_grammar_takes_calls_only(fmt, call, twice):
      f"</invoke>\n{MM3}</tool_call>"),
 ])
 def test_required_grammar_holds_arguments_to_the_schema(fmt, good, bad):
+    """Known arguments only, of their schema's type, each at most once (a grammar that
+    let an argument repeat let a small model write it for ever)."""
     src = structural_tag(FORMATS[fmt], TOOLS, "required", "get_weather", True, False, False)
     assert _accepts(src, good) and not _accepts(src, bad)
     assert _calls(ReplySpec(FORMATS[fmt], SCHEMAS).parse(good))[0][0] == "get_weather"
@@ -267,3 +274,13 @@ def test_the_models_own_call_ids_are_kept(fmt, text, ids):
         parser.finish()
         streamed = [cid for cid, _ in parser.calls]
         assert [s if i is not None else None for s, i in zip(streamed, ids)] == ids, seed
+
+
+def test_required_arguments_come_first_and_always():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["b"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    src = structural_tag(FORMATS["gemma4"], tools, "required", "f", True, False, False)
+    call = "<|tool_call>call:f{{{}}}<tool_call|>".format
+    assert _accepts(src, call('b:<|"|>x<|"|>,a:1')) and _accepts(src, call('b:<|"|>x<|"|>'))
+    assert not _accepts(src, call("a:1")) and not _accepts(src, call(""))

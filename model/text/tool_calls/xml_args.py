@@ -66,20 +66,34 @@ def keyed_args(schema: dict, begin, end: str, separator: str = "",
                quotes: tuple[str, str] = ("", "")) -> dict:
     """A structural tag's arguments for a format that writes each in tags of its own,
     where xgrammar has no style for it: begin(key) + the value + `end` per argument the
-    schema names, a string as text between `quotes` up to their closing one, any other
-    value as JSON held to its schema. (Arguments may come in any order, and one the
-    schema requires may be left out: xgrammar's any_order rule.)"""
-    tags = []
-    for key, prop in ((schema or {}).get("properties") or {}).items():
+    schema names, each at most once, the required ones first and always, `separator`
+    between them; a string as text between `quotes` up to their closing one, any other
+    value as JSON held to its schema."""
+    props = (schema or {}).get("properties") or {}
+    required = set((schema or {}).get("required") or ())
+    tags = {}
+    for key, prop in props.items():
         prop = prop if isinstance(prop, dict) else {}
         if prop.get("type") == "string" and not ({"enum", "const", "pattern"} & set(prop)):
-            tags.append({"type": "tag", "begin": begin(key) + quotes[0],
-                         "content": {"type": "any_text"}, "end": quotes[1] + end})
+            tags[key] = (begin(key) + quotes[0], {"type": "any_text"}, quotes[1] + end)
         else:
-            tags.append({"type": "tag", "begin": begin(key), "content": {
-                "type": "json_schema", "json_schema": prop or True, "style": "json",
-                "max_whitespace_cnt": 1}, "end": end})
-    if not tags:
-        return {"type": "const_string", "value": ""}
-    return {"type": "tags_with_separator", "tags": tags, "separator": separator,
-            "at_least_one": False, "stop_after_first": False}
+            tags[key] = (begin(key), {"type": "json_schema", "json_schema": prop or True,
+                                      "style": "json", "max_whitespace_cnt": 1}, end)
+
+    def tag(key: str, first: bool) -> dict:
+        b, content, e = tags[key]
+        return {"type": "tag", "begin": b if first else separator + b, "content": content,
+                "end": e}
+
+    def optional(keys: list[str]) -> list[dict]:
+        return [{"type": "optional", "content": tag(k, False)} for k in keys]
+
+    must = [k for k in props if k in required]
+    may = [k for k in props if k not in required]
+    if must:
+        return {"type": "sequence", "elements": [
+            tag(must[0], True), *(tag(k, False) for k in must[1:]), *optional(may)]}
+    # all optional: none, or a first one and any of those after it
+    return {"type": "or", "elements": [{"type": "const_string", "value": ""}, *(
+        {"type": "sequence", "elements": [tag(k, True), *optional(may[i + 1:])]}
+        for i, k in enumerate(may))]}
