@@ -60,8 +60,10 @@ def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
             if end < 0:
                 raise Incomplete
             raw = s[j:end]
+            # (xgrammar's kimi_k3_xml style puts a newline around a value: the
+            # format's, as Qwen3-Coder's, not the value's)
             parts.append(member(key, value(raw, "string" if typ == "string" else
-                                           schema_type(schemas, name, key), False)))
+                                           schema_type(schemas, name, key))))
             j = end + len(ARG_END)
     except Incomplete:
         raise Incomplete(ToolCall(name, args(parts, False), False)) from None
