@@ -172,6 +172,10 @@ def _assemble(deltas: list[Delta]) -> dict:
 
 @pytest.mark.parametrize("fmt,text,content,calls", CASES)
 def test_whole_and_streamed_give_the_same_calls(fmt, text, content, calls):
+    check_whole_and_streamed(fmt, text, content, calls)
+
+
+def check_whole_and_streamed(fmt: str, text: str, content: str, calls: list) -> None:
     spec = ReplySpec(FORMATS[fmt], SCHEMAS)
     whole = spec.parse(text)
     assert whole.content == content

@@ -5,7 +5,6 @@ round trip through each real template is in test_tool_templates.py."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -15,7 +14,14 @@ from ckptd.model.text.tool_calls.detect import FORMATS
 from ckptd.model.text.tool_calls.reasoning import KIMI_K3, Marks
 from ckptd.model.text.tool_calls.reasoning import MUSE as MUSE_MARKS
 from ckptd.model.text.tool_calls.reply import ReplyParser, ReplySpec, call_ids
-from tests.model.test_tool_calls import SCHEMAS, TOOLS, _accepts, _calls, _stream
+from tests.model.test_tool_calls import (
+    SCHEMAS,
+    TOOLS,
+    _accepts,
+    _calls,
+    _stream,
+    check_whole_and_streamed,
+)
 
 WEATHER = ("get_weather", {"city": "Paris", "days": 3})
 MM3 = "]<]minimax[>["
@@ -82,14 +88,7 @@ CASES = [
 
 @pytest.mark.parametrize("fmt,text,content,calls", CASES)
 def test_whole_and_streamed_give_the_same_calls(fmt, text, content, calls):
-    spec = ReplySpec(FORMATS[fmt], SCHEMAS)
-    whole = spec.parse(text)
-    assert whole.content == content
-    assert _calls(whole) == calls
-    for seed in range(20):
-        got = _stream(spec, text, random.Random(seed))
-        assert got["content"] == content, seed
-        assert [(n, json.loads(a)) for n, a in got["calls"]] == calls, seed
+    check_whole_and_streamed(fmt, text, content, calls)
 
 
 PING = '{"name": "ping", "arguments": {}}'
