@@ -162,6 +162,10 @@ class MessagesFormat:
 
 
 def _tool_id(cid: str) -> str:
+    # Anthropic's ids are letters, digits, _ and -: a model's own id in other
+    # characters (Kimi K2's functions.NAME:0) gets one of ckptd's
+    if not cid.replace("_", "").replace("-", "").isalnum() or not cid.isascii():
+        cid = call_id()
     return "toolu_" + cid.removeprefix("call_")
 
 

@@ -283,3 +283,10 @@ def test_required_arguments_come_first_and_always():
     call = "<|tool_call>call:f{{{}}}<tool_call|>".format
     assert _accepts(src, call('b:<|"|>x<|"|>,a:1')) and _accepts(src, call('b:<|"|>x<|"|>'))
     assert not _accepts(src, call("a:1")) and not _accepts(src, call(""))
+
+
+def test_anthropic_ids_stay_in_its_alphabet():
+    from ckptd.daemon.http.anthropic import _tool_id
+    assert _tool_id("a1B2c3D4e") == "toolu_a1B2c3D4e" and _tool_id("call_x") == "toolu_x"
+    kimi = _tool_id("functions.get_weather:0")
+    assert kimi.startswith("toolu_") and kimi[6:].isalnum()
