@@ -81,7 +81,8 @@ CASES = [
                          "get_weather", MUSE_ARG.format("city", "Paris")
                          + MUSE_ARG.format("days", "3")) + "<|eom|><|start|>assistant "
                      "to=ping<|message|>" + MUSE.format("ping", "") + "<|eom|>",
-     "Checking.", [WEATHER, ("ping", {})]),
+     # (thinking not read: a message to self stays as written)
+     "Checking.<|start|>assistant to=self<|message|>hm<|eom|>", [WEATHER, ("ping", {})]),
     ("muse_glimmer", " to=user<|message|>x to=y, <b> and to=z<|eot|>", "x to=y, <b> and to=z", []),
 ]
 
@@ -290,3 +291,21 @@ def test_anthropic_ids_stay_in_its_alphabet():
     assert _tool_id("a1B2c3D4e") == "toolu_a1B2c3D4e" and _tool_id("call_x") == "toolu_x"
     kimi = _tool_id("functions.get_weather:0")
     assert kimi.startswith("toolu_") and kimi[6:].isalnum()
+
+
+MUSE_TWO_SELF = (" to=self<|message|>first, the city.<|eom|><|start|>assistant to=ping<|message|>"
+                 + MUSE.format("ping", "") + "<|eom|><|start|>assistant to=self<|message|>"
+                 "then the days.<|eom|><|start|>assistant to=user<|message|>Done.<|eot|>")
+
+
+def test_muse_every_message_to_self_is_reasoning():
+    spec = ReplySpec(FORMATS["muse_glimmer"], SCHEMAS, thinking=True, marks=MUSE_MARKS)
+    whole = spec.parse(MUSE_TWO_SELF)
+    assert whole.reasoning == "first, the city.\n\nthen the days."
+    assert whole.content == "Done." and _calls(whole) == [("ping", {})]
+    for seed in range(10):
+        got = _stream(spec, MUSE_TWO_SELF, random.Random(seed))
+        assert got["reasoning"] == whole.reasoning and got["content"] == "Done.", seed
+    kept = ReplySpec(FORMATS["muse_glimmer"], SCHEMAS).parse(MUSE_TWO_SELF)
+    assert kept.content == ("to=self<|message|>first, the city.<|eom|><|start|>assistant "
+                            "to=self<|message|>then the days.<|eom|>Done.")

@@ -11,8 +11,9 @@ prefixed `atem:`,
     </atem:invoke>
     </atem:function_calls><|eom|>
 
-Headers and ends are not content, nor is a later message to `self`; the format reads
-every answer, tools or not, for them."""
+Headers and ends are not content; a later message to `self` is reasoning too (with
+reasoning not read, `reasoning_format: "none"`, messages to `self` stay in the content
+as written). The format reads every answer, tools or not, for them."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ from ckptd.model.text.tool_calls.xml_args import Incomplete, keyed_args
 NS = "atem:"
 BLOCK, BLOCK_END = f"<{NS}function_calls>", f"</{NS}function_calls>"
 START, MESSAGE, ENDS = "<|start|>assistant", "<|message|>", ("<|eom|>", "<|eot|>")
-_SELF = re.compile(r"(?:<\|start\|>assistant)?[ \t]*to=self[ \t]*<\|message\|>.*?(?:<\|eom\|>|$)",
-                   re.S)
+_SELF = re.compile(
+    r"(?:<\|start\|>assistant)?[ \t]*to=self[ \t]*<\|message\|>(.*?)(?:<\|eom\|>|$)", re.S)
 _HEADER = re.compile(r"(?:<\|start\|>assistant)?[ \t]*to=[^\s<]*[ \t]*<\|message\|>|<\|eo[mt]\|>")
 _UNFINISHED = re.compile(
     r"(?:<\|start\|>assistant)?[ \t]*(?:to=[^\s<]*[ \t]*(?:<[^>]*)?|to?)$"
@@ -60,15 +61,36 @@ class MuseGlimmer(ToolFormat):
 
     def parse(self, text: str, partial: bool,
               schemas: dict[str, dict]) -> tuple[str, list[ToolCall]]:
-        def read(text: str, j: int) -> tuple[list[ToolCall], int | None]:
-            return block_calls(text, j, BLOCK_END, lambda t, k: _tool_invoke(t, k, schemas))
-        content, calls = scan_tagged(text, partial, BLOCK, read)
-        content = _HEADER.sub("", _SELF.sub("", content))
-        if partial:                     # a header or an end being written is held back
-            cut = _UNFINISHED.search(content)
-            content = content[:cut.start()] if cut else content
-            content = content[:len(content) - max(held(content, m) for m in (START, *ENDS))]
+        content, calls, _ = self.read(text, partial, schemas, True)
         return content, calls
+
+    def read(self, text: str, partial: bool, schemas: dict[str, dict],
+             thinking: bool) -> tuple[str, list[ToolCall], str]:
+        def calls_at(text: str, j: int) -> tuple[list[ToolCall], int | None]:
+            return block_calls(text, j, BLOCK_END, lambda t, k: _tool_invoke(t, k, schemas))
+        text, calls = scan_tagged(text, partial, BLOCK, calls_at)
+        content: list[str] = []
+        reasoning: list[str] = []
+        pos = 0
+        for m in _SELF.finditer(text):
+            content.append(_HEADER.sub("", text[pos:m.start()]))
+            if thinking:
+                reasoning.append(m.group(1))
+            else:
+                content.append(m.group(0))      # as written
+            pos = m.end()
+        tail = _HEADER.sub("", text[pos:])
+        if partial:                     # a header or an end being written is held back
+            cut = _UNFINISHED.search(tail)
+            tail = tail[:cut.start()] if cut else tail
+        content.append(tail)
+        out = "".join(content)
+        if partial:
+            out = out[:len(out) - max(held(out, m) for m in (START, *ENDS))]
+            if reasoning:
+                last = reasoning[-1]
+                reasoning[-1] = last[:len(last) - held(last, ENDS[0])]
+        return out, calls, "\n\n".join(reasoning)
 
     def tag(self, name: str, schema: dict) -> dict:
         return {"type": "tag", "begin": f'<{NS}invoke name="{name}">\n',
