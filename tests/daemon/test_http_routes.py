@@ -163,13 +163,20 @@ def test_logprobs_are_the_same_on_every_route(strict):
     assert streamed == chat
 
 
+# A template that shows the tools and writes calls in a syntax no format of ckptd reads
+# (each of llama.cpp's 70 has a format: tests/model/test_tool_templates.py)
+UNREAD_CALLS = (
+    "{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}{% for m in messages %}"
+    "{{ m['role'] }}: {% for c in m.get('tool_calls') or [] %}<<CALL {{ c['function']['name'] }}"
+    " {{ c['function']['arguments'] | tojson }}>>{% endfor %}{{ m['content'] or '' }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+
+
 def test_tools_are_refused_with_a_template_whose_calls_are_not_read(tiny_llama_dir, tmp_path):
-    """Granite 3.3's template renders no past call (its syntax can't be probed): no
-    format of ckptd reads its calls, so tools are refused (a 400 naming them) rather
-    than read wrong; tool_choice none still serves."""
-    from ckptd.tools import llama_suite
-    template = llama_suite.fetch_templates(llama_suite.ROOT / "third_party") / \
-        "ibm-granite-granite-3.3-2B-Instruct.jinja"
+    """No format of ckptd reads the calls this template writes, so tools are refused
+    (a 400 naming them) rather than read wrong; tool_choice none still serves."""
+    template = tmp_path / "unread.jinja"
+    template.write_text(UNREAD_CALLS)
     d = start(tiny_llama_dir, tmp_path / "cache", "--max-context", "1024",
               "--chat-template-file", str(template))
     try:
