@@ -60,7 +60,7 @@ def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separa
 @lru_cache(maxsize=8)
 def compile_template(source: str | None) -> jinja2.Template:
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, _Generation])
+                               extensions=[jinja2.ext.loopcontrols, _Generation])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
