@@ -103,7 +103,7 @@ def markdown(rows: list[dict]) -> str:
                   and r["phase"].startswith(prefix)]
             return sum(xs) / len(xs)
         for phase in ("cold", "question", "restart"):
-            if not any(r["phase"] == phase for r in rows):
+            if not any(r["phase"].startswith(phase) for r in rows):
                 continue
             out.append(f"\n{phase}: {b} / {a} = {mean(b, phase) / mean(a, phase):.2f}x")
         out.append(f"\nquestion, whole request: {b} / {a} = "
