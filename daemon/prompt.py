@@ -162,6 +162,8 @@ class PromptBuilder:
         """A prompt's ids: text encoded, a list of ids with text pieces encoded in place."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if str not in set(map(type, prompt)):       # ids only: a copy, in C
+            return list(prompt)
         out: list[int] = []
         for x in prompt:
             out += self.tokenizer.encode(x) if isinstance(x, str) else [x]

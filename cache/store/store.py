@@ -226,12 +226,13 @@ class CacheStore:
         if tuple(pages.shape[1:]) != self.spec.kv_shape() or pages.dtype != self.spec.kv_dtype:
             raise ValueError(f"pages must be [n, {', '.join(map(str, self.spec.kv_shape()))}] "
                              f"{self.spec.kv_dtype}, got {list(pages.shape)} {pages.dtype}")
-        tokens = [int(t) for t in tokens[:(first_block + n) * self.B]]
-        if first_block < 0 or len(tokens) < (first_block + n) * self.B:
+        tokens = _ints(tokens)        # not a copy: a checkpoint of 1 block at 64K stores 1
+        end = (first_block + n) * self.B
+        if first_block < 0 or len(tokens) < end:
             raise ValueError(f"blocks {first_block}..{first_block + n - 1} need "
-                             f"{(first_block + n) * self.B} tokens, got {len(tokens)}")
+                             f"{end} tokens, got {len(tokens)}")
         if chain is None:
-            chain = self.chain(tokens, salt, extras, positions)
+            chain = self.chain(tokens[:end], salt, extras, positions)
         elif len(chain) < first_block + n:
             raise ValueError(f"the key chain holds {len(chain)} blocks, need {first_block + n}")
         ctx, root, keys = chain.ctx, chain.root, chain.keys

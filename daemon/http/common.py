@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -27,6 +28,11 @@ def ready(request: web.Request) -> Service:
     svc = request.app[SERVICE]
     svc.require_ready()
     return svc
+
+
+# Lone surrogates come only from \uD800-\uDFFF escapes (valid UTF-8 holds none): a body
+# without one needs no re-encoding check, which costs a 64K-token prompt ~25 ms
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _no_constant(name: str):
@@ -60,6 +66,8 @@ async def read_json(request: web.Request) -> object:
     except RecursionError:       # the parser recurses per level: a hostile body nests deep
         raise bad_request("the JSON body is nested too deeply", None, "invalid_json") \
             from None
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return data
     try:                 # "\ud800" escapes decode to lone surrogates no tokenizer can take
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except RecursionError:

@@ -34,7 +34,7 @@ class Prepared:
     will part): one per prompt (a chat has one)."""
     req: ApiRequest
     prompts: list[Prompt]
-    texts: list[str]            # each prompt as text, as llama.cpp's answers report it
+    texts: PromptTexts          # each prompt as text, as llama.cpp's answers report it
     salt: str | None
     spec: ReplySpec | None = None
 
@@ -43,29 +43,47 @@ class Prepared:
         return [p.tokens for p in self.prompts]
 
 
+class PromptTexts:
+    """Each prompt as text, decoded from its ids only when an answer reads it: llama.cpp's
+    /completion reports it at the end; OpenAI's answers never do, and a 64K-token
+    prompt's decode costs ~30 ms before its first token otherwise."""
+
+    def __init__(self, svc: Service, given: list[str | None], prompts: list[Prompt]) -> None:
+        self.svc, self.given, self.prompts = svc, given, prompts
+
+    def __len__(self) -> int:
+        return len(self.given)
+
+    def __getitem__(self, i: int) -> str:
+        if self.given[i] is None:
+            self.given[i] = self.svc.tokenizer.decode(self.prompts[i].tokens)
+        return self.given[i]
+
+
 Parse = Callable[[object, Service], ApiRequest]
 MakeFormat = Callable[[Service, Prepared, Jobs], ReplyFormat]
 
 
 def _prompts(svc: Service, req: ApiRequest, anchors: bool
-             ) -> tuple[list[Prompt], list[str], str | None]:
+             ) -> tuple[list[Prompt], PromptTexts, str | None]:
     """Every prompt and its text, and the cache salt (blocking: tokenizing). anchors:
     where the next request will part (not needed to count tokens)."""
     cache = req.gen.cache
     if req.chat is not None:
         prompt = svc.prompts.chat_prompt(req.chat, cache, anchors, req.prompt_param)
-        return [prompt], [""], prompt.salt
+        return [prompt], PromptTexts(svc, [""], [prompt]), prompt.salt
     if req.fill is not None:
         gap = req.prompts[0]
-        return [Prompt(svc.prompts.infill_tokens(req.fill, gap), cache.salt)], \
-            [gap if isinstance(gap, str) else ""], cache.salt
-    out, texts, salt = [], [], None
+        prompt = Prompt(svc.prompts.infill_tokens(req.fill, gap), cache.salt)
+        return [prompt], PromptTexts(svc, [gap if isinstance(gap, str) else ""], [prompt]), \
+            cache.salt
+    out, given, salt = [], [], None
     for p in req.prompts:
         prompt = svc.prompts.completion_prompt(p, cache)
         out.append(prompt)
         salt = prompt.salt
-        texts.append(p if isinstance(p, str) else svc.tokenizer.decode(prompt.tokens))
-    return out, texts, salt
+        given.append(p if isinstance(p, str) else None)
+    return out, PromptTexts(svc, given, out), salt
 
 
 async def prepare(request: web.Request, parse: Parse,

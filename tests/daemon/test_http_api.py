@@ -109,6 +109,12 @@ def test_llama_completion(daemon):
                                         "seed": 5, "temperature": 1.0}).json
     assert text["tokens"] == again["tokens"]      # a seed fixes sampled tokens
     assert text["prompt"] == "The quick brown"
+    ids = daemon.post("/tokenize", {"content": "The quick brown"}).json["tokens"]
+    by_ids = daemon.post("/completion", {"prompt": ids, "n_predict": 1}).json
+    assert by_ids["prompt"] == "The quick brown"   # decoded only for the answer
+    tail = daemon.post("/tokenize", {"content": " lazy dog"}).json["tokens"]
+    mixed = daemon.post("/completion", {"prompt": ids + [" lazy dog"] + ids, "n_predict": 1})
+    assert mixed.json["tokens_evaluated"] == 2 * len(ids) + len(tail)
 
 
 def _local_text(model_dir, params: SamplingParams) -> str:

@@ -20,6 +20,10 @@ CASES = [
      "invalid_utf8"),
     ("lone-surrogate", "POST", "/v1/completions", b'{"prompt": "\\ud800"}', 400, None,
      "invalid_utf8"),
+    ("lone-surrogate-upper", "POST", "/v1/completions", b'{"prompt": "\\uDFFF"}', 400, None,
+     "invalid_utf8"),
+    ("lone-surrogate-in-key", "POST", "/v1/completions", b'{"\\udc00": 1, "prompt": [5]}',
+     400, None, "invalid_utf8"),
     ("missing-prompt", "POST", "/v1/completions", {"max_tokens": 1}, 400, "prompt",
      "missing_field"),
     ("empty-prompt", "POST", "/v1/completions", {"prompt": ""}, 400, "prompt", None),
@@ -27,6 +31,14 @@ CASES = [
      "invalid_type"),
     ("prompt-bad-token", "POST", "/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt",
      None),
+    ("prompt-bool-token", "POST", "/v1/completions", {"prompt": [5, True]}, 400, "prompt",
+     "invalid_type"),
+    ("prompt-float-token", "POST", "/v1/completions", {"prompt": [5, 6.0]}, 400, "prompt",
+     "invalid_type"),
+    ("prompt-negative-token", "POST", "/v1/completions", {"prompt": [5, -1]}, 400, "prompt",
+     None),
+    ("prompt-mixed-bad-token", "POST", "/v1/completions", {"prompt": [5, "a", 10**9]}, 400,
+     "prompt", None),
     ("prompt-too-long", "POST", "/v1/completions",
      {"prompt": [5] * (MAX_CONTEXT + 10), "max_tokens": 1}, 400, "prompt",
      "context_length_exceeded"),
@@ -131,6 +143,8 @@ CASES = [
     ("tokenize-missing", "POST", "/tokenize", {}, 400, "content", "missing_field"),
     ("detokenize-bad", "POST", "/detokenize", {"tokens": ["a"]}, 400, "tokens",
      "invalid_type"),
+    ("detokenize-bool", "POST", "/detokenize", {"tokens": [5, True]}, 400, "tokens",
+     "invalid_type"),
     ("context-bad-name", "POST", "/v1/contexts", {"name": "a b", "text": "x"}, 400, "name",
      None),
     ("context-no-source", "POST", "/v1/contexts", {"name": "a"}, 400, "text", None),
@@ -158,6 +172,15 @@ def test_bad_input(daemon, case):
     assert err["param"] == param
     if code is not None:
         assert err["code"] == code
+
+
+def test_escapes_that_are_no_lone_surrogate_pass(daemon):
+    """Only a lone surrogate escape is refused: a pair is one character, and an escaped
+    backslash before "ud800" is text (the check before the re-encoding finds both)."""
+    for raw in (b'{"prompt": "a\\ud83d\\ude00", "max_tokens": 1}',
+                b'{"prompt": "a\\\\ud800", "max_tokens": 1}'):
+        r = daemon.request("POST", "/v1/completions", None, raw=raw)
+        assert r.status == 200, (raw, r.text)
 
 
 def test_over_long_requests_are_clamped_to_the_context(daemon):

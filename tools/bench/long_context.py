@@ -11,6 +11,7 @@ For each server, from nothing cached: a short warm-up request, then
     cold        the context followed by a first question (the whole prompt computed)
     question i  the same context followed by another question, --questions times
     restart     SIGKILL, start again (ckptd on the same cache folder), one more question
+                (left out with --no-restart)
 
 Prompts are token ids (random, within the model's vocabulary), sent to
 /v1/completions, so both servers see the very same tokens, and each generates exactly
@@ -63,8 +64,9 @@ def _complete(client: Client, prompt: list[int], answer: int) -> Measured:
 
 
 def scenario(name: str, server, doc: list[int], questions: list[list[int]],
-             answer: int) -> list[dict]:
-    """Runs the workload on a started server (ManagedDaemon or ManagedPeer)."""
+             answer: int, restart: bool = True) -> list[dict]:
+    """Runs the workload on a started server (ManagedDaemon or ManagedPeer); restart:
+    with the SIGKILL and one more question after it."""
     client: Client = server.client
     client.timeout = _TIMEOUT
     client.complete([1, 2, 3, 4], 2)                       # one-time costs land here
@@ -72,6 +74,9 @@ def scenario(name: str, server, doc: list[int], questions: list[list[int]],
     for i, q in enumerate(questions[1:-1], 1):
         rows.append(_row(name, f"question {i}", _complete(client, doc + q, answer)))
         print(f"{name}: {rows[-1]}", flush=True)
+    if not restart:
+        print(f"{name}: {rows[0]}", flush=True)
+        return rows
     server.kill()
     client = server.start()
     client.timeout = _TIMEOUT
@@ -98,6 +103,8 @@ def markdown(rows: list[dict]) -> str:
                   and r["phase"].startswith(prefix)]
             return sum(xs) / len(xs)
         for phase in ("cold", "question", "restart"):
+            if not any(r["phase"].startswith(phase) for r in rows):
+                continue
             out.append(f"\n{phase}: {b} / {a} = {mean(b, phase) / mean(a, phase):.2f}x")
         out.append(f"\nquestion, whole request: {b} / {a} = "
                    f"{mean(b, 'question', 'total_ms') / mean(a, 'question', 'total_ms'):.2f}x")
@@ -116,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="an extra `ckptd serve` argument (repeatable)")
     p.add_argument("--peer-name", default="peer")
     p.add_argument("--peer-command", help="a shell command starting the peer on {port}")
+    p.add_argument("--no-restart", dest="restart", action="store_false",
+                   help="leave out the SIGKILL and restart (a 250K cold prefill is long: "
+                        "a peer without a persistent cache computes it all again there)")
     p.add_argument("--out", default="bench-out/long-context")
     args = p.parse_args(argv)
     if args.length < 1 or args.questions < 1 or args.answer < 1:
@@ -134,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         serve = [a for arg in args.serve_arg for a in shlex.split(arg)]
         with ManagedDaemon(args.model, Path(tmp) / "cache", out / "ckptd.log", serve) as d:
             d.start()
-            rows += scenario("ckptd", d, doc, questions, args.answer)
+            rows += scenario("ckptd", d, doc, questions, args.answer, args.restart)
     if args.peer_command:
         with ManagedPeer(args.peer_command, out / f"{args.peer_name}.log") as peer:
             peer.start()
-            rows += scenario(args.peer_name, peer, doc, questions, args.answer)
+            rows += scenario(args.peer_name, peer, doc, questions, args.answer, args.restart)
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     report = markdown(rows)
     (out / "report.md").write_text(report)
