@@ -127,16 +127,18 @@ def fresh_url() -> str:
 
 
 @contextmanager
-def local_unless(url: str | None, name: str) -> Iterator[str]:
+def local_unless(url: str | None, name: str, keep: Path | None = None) -> Iterator[str]:
     """The store a benchmark uses: `url` (reached with the AWS_* variables) when it names
     one, else a SeaweedFS started here for the block (the variables set to reach it)
-    and a prefix `name`-RANDOM of its bucket."""
+    and a prefix `name`-RANDOM of its bucket; with `keep`, its data stays in that folder
+    and the prefix is `name`-kept, so a later run with the same folder finds it again."""
     if url is not None:
         yield url
         return
-    server = SeaweedS3(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start().wait_ready()
+    root = keep if keep is not None else Path(tempfile.mkdtemp(prefix="bench-s3-"))
+    server = SeaweedS3(root).start().wait_ready()
     os.environ.update(server.env())
     try:
-        yield f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
+        yield f"s3://{BUCKET}/{name}-{'kept' if keep is not None else uuid.uuid4().hex[:8]}"
     finally:
         server.kill()
