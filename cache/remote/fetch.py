@@ -210,7 +210,9 @@ class Fetcher:
         """One ranged GET, read in parts: the values each part completes are decoded
         while the rest comes in (a range's decode waiting for its last byte was most of
         a 32K restore's fetch on two loaded cores)."""
-        buf = bytearray(c.end - c.start)       # never resized: views of it go to decodes
+        # Never resized, each byte written once: views of it go to decodes, and outlive
+        # the fetch (a restore writes the values through into LMDB as they are).
+        buf = bytearray(c.end - c.start)
         have, nxt = 0, 0                       # bytes in; c.values[nxt]: first not handed
 
         def take(size: int, data: bytes) -> bool:

@@ -29,7 +29,7 @@ class Fetched(NamedTuple):
     """A queue item read from the remote tier: its LMDB value as the remote had it."""
     key: bytes
     meta: EntryMeta
-    blob: bytes
+    blob: bytes | memoryview      # a view of the fetch's buffer (never written again)
 
 
 class Committer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from ckptd.cache.lookup import REMOTE
 from ckptd.cache.remote.fetch import Loc, plan_ranges
 from tests.cache.conftest import check_restored, fake_pages, fake_snapshot, fill
 from tests.cache.test_remote import GRID, aws, names, remote  # noqa: F401 (aws: a fixture)
@@ -277,3 +278,34 @@ def test_a_corrupt_segment_takes_every_state_of_its_cell_that_names_it(
     assert len(left) == 1 and f"/{low}-" in left[0]
     c = open_store(spec, path=tmp_path / "c", remote=remote(spec, url))
     check_restored(spec, c.load(c.lookup_remote(t[:low], low, c.chain(t[:low]))), t[:low])
+
+
+@pytest.mark.parametrize("range_bytes", [300, 1 << 20])
+def test_what_a_restore_writes_through_is_the_remote_s_bytes(aws, open_store, spec,  # noqa: F811
+                                                             tmp_path, monkeypatch,
+                                                             range_bytes):
+    """A restore keeps what it read in LMDB as views of the fetch's buffers (no copy a
+    value): every value there is the remote's own bytes, with parts of 97 bytes, and
+    ranges of 300 (values spanning ranges: joined in buffers of their own) or 1 MiB
+    (views of the range's buffer)."""
+    from ckptd.cache.remote import fetch
+
+    monkeypatch.setattr(fetch, "_PART_BYTES", 97)
+    url = fresh_url()
+    t = tokens(11, tail=3)
+    a = open_store(spec, path=tmp_path / "a", remote=remote(spec, url))
+    fill(a, spec, t)
+    assert a.flush(30) and a.remote.flush(30)
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url,
+                                                            range_bytes=range_bytes))
+    plan = b.lookup_remote(t, len(t), b.chain(t))
+    check_restored(spec, b.load(plan), t)
+    assert b.reader.flush(30) and b.flush(30)
+    found, pieces = plan.remote, plan.pieces()
+    assert len(pieces) == 12 and {p.tier for p in pieces} == {REMOTE}
+    objects: dict[str, bytes] = {}
+    for p in pieces:
+        loc = found.where[p.key]
+        body = objects.setdefault(loc.name, b.remote.client.get(loc.name))
+        assert b.disk.get(p.key) == body[loc.offset:loc.offset + loc.length], p
+    check_restored(spec, b.load(b.lookup(t)), t)

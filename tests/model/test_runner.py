@@ -101,6 +101,22 @@ def test_state_io_round_trips_a_state(tiny_model):
         runner.load_partial(dst.pages[2], partial[:, :1])
 
 
+@pytest.mark.parametrize("n", [2, 9])
+def test_page_views_write_into_the_pages_they_name(tiny_model, n):
+    """A restore decodes into these views: few pages one view each, most of the pool
+    from one unbind of it; either way each view is its own page's memory."""
+    runner = Pages(tiny_model, num_pages=10, num_cells=1).runner
+    kv = runner.state.kv
+    pages = [7, 1, 4, 9, 0, 3, 8, 2, 6][:n]
+    views = runner.page_views(pages)
+    assert len(views) == n
+    for p, v in zip(pages, views):
+        assert v.shape == kv.shape[1:] and v.data_ptr() == kv[p].data_ptr()
+        v.fill_(p + 1)
+    for p in pages:
+        assert torch.equal(kv[p], torch.full_like(kv[p], p + 1))
+
+
 def test_step_rejects_bad_work(tiny_model):
     r = Pages(tiny_model, num_pages=4, num_cells=2, max_batch_tokens=32)
     seq = r.add(_prompt(40, 11))

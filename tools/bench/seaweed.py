@@ -127,16 +127,40 @@ def fresh_url() -> str:
 
 
 @contextmanager
-def local_unless(url: str | None, name: str) -> Iterator[str]:
+def local_unless(url: str | None, name: str, keep: Path | None = None) -> Iterator[str]:
     """The store a benchmark uses: `url` (reached with the AWS_* variables) when it names
     one, else a SeaweedFS started here for the block (the variables set to reach it)
-    and a prefix `name`-RANDOM of its bucket."""
+    and a prefix `name`-RANDOM of its bucket; with `keep`, its data stays in that folder
+    and the prefix is `name`-kept, so a later run with the same folder finds it again."""
     if url is not None:
         yield url
         return
-    server = SeaweedS3(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start().wait_ready()
+    root = keep if keep is not None else Path(tempfile.mkdtemp(prefix="bench-s3-"))
+    server = SeaweedS3(root).start().wait_ready()
     os.environ.update(server.env())
+    if keep is not None:
+        _kept_ready(server, f"{name}-kept/.kept")
     try:
-        yield f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
+        yield f"s3://{BUCKET}/{name}-{'kept' if keep is not None else uuid.uuid4().hex[:8]}"
     finally:
         server.kill()
+
+
+def _kept_ready(server: SeaweedS3, marker: str, timeout: float = 60.0) -> None:
+    """A kept server's old objects read back: its volumes load a while after the
+    gateway answers (a GET meanwhile is a 500). A marker put the first time is read
+    until it comes."""
+    c = server.client()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            c.get_object(Bucket=BUCKET, Key=marker)["Body"].read()
+            return
+        except Exception as e:
+            if "NoSuchKey" in str(e):
+                c.put_object(Bucket=BUCKET, Key=marker, Body=b"kept")
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"SeaweedFS's kept data not readable after {timeout} s: "
+                                   f"{e}") from None
+            time.sleep(0.2)
