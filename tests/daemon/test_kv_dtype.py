@@ -13,42 +13,22 @@ from ckptd.kernels.paged_attention import cpu as attn_cpu
 from ckptd.model.loader import load_model, use_kv_dtype
 from ckptd.model.text.tokenizer import Tokenizer
 from tests.daemon.engines import Client
-from tests.daemon.engines import make_engine as _make
+from tests.daemon.test_miss_reasons import _prompt, ask, make, uncached
 
 B = 16
 
 
 @pytest.fixture(scope="module")
-def fp32(tiny_llama_dir):
-    return load_model(tiny_llama_dir), Tokenizer.from_dir(tiny_llama_dir)
+def kv(tiny_llama_dir):
+    """The tiny llama twice, as (model, tokenizer): with fp32 KV and with fp16 KV."""
+    tok = Tokenizer.from_dir(tiny_llama_dir)
+    fp16 = load_model(tiny_llama_dir)
+    use_kv_dtype(fp16, torch.float16)
+    return {"fp32": (load_model(tiny_llama_dir), tok), "fp16": (fp16, tok)}
 
 
-@pytest.fixture(scope="module")
-def fp16(tiny_llama_dir):
-    model = load_model(tiny_llama_dir)
-    use_kv_dtype(model, torch.float16)
-    return model, Tokenizer.from_dir(tiny_llama_dir)
-
-
-def make(pair, path):
-    model, tok = pair
-    return _make(model, tok, path, block_size=B, step_tokens=64)
-
-
-def ask(client: Client, prompt: list[int], use_cache: bool = True):
-    """(tokens, timings.cache) of one request; its checkpoints on disk after it."""
-    res = client.submit(prompt, use_cache=use_cache).wait()
-    if use_cache:
-        client.engine.cache.store.flush()
-    return res.tokens, res.fin.stats.timings()["cache"]
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 400, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def test_the_spec_and_fingerprint_carry_the_kv_dtype(fp32, fp16):
-    a, b = fp32[0], fp16[0]
+def test_the_spec_and_fingerprint_carry_the_kv_dtype(kv):
+    a, b = kv["fp32"][0], kv["fp16"][0]
     assert a.state_spec(B).kv_dtype == torch.float32
     assert b.state_spec(B).kv_dtype == torch.float16
     assert b.state_spec(B).page_bytes() * 2 == a.state_spec(B).page_bytes()
@@ -56,7 +36,8 @@ def test_the_spec_and_fingerprint_carry_the_kv_dtype(fp32, fp16):
     assert b.state_spec(B).recurrent == a.state_spec(B).recurrent     # only the KV
 
 
-def test_only_fp16_kv_for_an_fp32_cpu_model(tiny_llama_dir, fp32):
+def test_only_fp16_kv_for_an_fp32_cpu_model(tiny_llama_dir, kv):
+    fp32 = kv["fp32"]
     use_kv_dtype(fp32[0], torch.float32)            # the compute dtype: nothing changes
     use_kv_dtype(fp32[0], None)
     assert fp32[0].kv_dtype is None
@@ -68,11 +49,10 @@ def test_only_fp16_kv_for_an_fp32_cpu_model(tiny_llama_dir, fp32):
 
 
 @pytest.mark.skipif(not attn_cpu.reads(torch.float16), reason="no F16C here")
-def test_fp16_cached_equals_uncached_across_a_restart(fp16, tmp_path):
+def test_fp16_cached_equals_uncached_across_a_restart(kv, tmp_path):
+    fp16 = kv["fp16"]
     prompt = _prompt(90, 3)
-    uncached = Client(make(fp16, None))
-    want, _ = ask(uncached, prompt, use_cache=False)
-    uncached.close()
+    want = uncached(fp16, prompt)
     first = make(fp16, tmp_path)
     client = Client(first)
     got, report = ask(client, prompt)
@@ -87,11 +67,10 @@ def test_fp16_cached_equals_uncached_across_a_restart(fp16, tmp_path):
     assert client.engine.runner.state.kv.dtype == torch.float16
 
 
-def test_an_fp32_cache_never_restores_into_an_fp16_pool(fp32, fp16, tmp_path):
+def test_an_fp32_cache_never_restores_into_an_fp16_pool(kv, tmp_path):
+    fp32, fp16 = kv["fp32"], kv["fp16"]
     prompt = _prompt(80, 4)
-    uncached = Client(make(fp16, None))
-    want, _ = ask(uncached, prompt, use_cache=False)
-    uncached.close()
+    want = uncached(fp16, prompt)
     first = make(fp32, tmp_path)
     client = Client(first)
     ask(client, prompt)
