@@ -12,8 +12,10 @@ from ckptd.daemon.config import ServeConfig
 from ckptd.kernels.paged_attention import cpu as attn_cpu
 from ckptd.model.loader import load_model, use_kv_dtype
 from ckptd.model.text.tokenizer import Tokenizer
+from tests.daemon.daemon_proc import start
 from tests.daemon.engines import Client
 from tests.daemon.test_miss_reasons import _prompt, ask, make, uncached
+from tests.daemon.test_sleep import _complete, _wait_asleep
 
 B = 16
 
@@ -80,3 +82,20 @@ def test_an_fp32_cache_never_restores_into_an_fp16_pool(kv, tmp_path):
     got, report = ask(client, prompt)
     assert report["restored"] == 0 and report["miss"]["reason"] == "other_model"
     assert got == want
+
+
+@pytest.mark.skipif(not attn_cpu.reads(torch.float16), reason="no F16C here")
+def test_the_flag_serves_fp16_kv_and_wakes_into_the_same_cache(tiny_llama_dir, tmp_path):
+    """A real daemon on loopback: --kv-dtype float16 answers as the engine does, sleeps,
+    and wakes with the same fingerprint (its cache restores)."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 6
+    d = start(tiny_llama_dir, tmp_path / "cache", "--max-context", "256", "--parallel", "1",
+              "--kv-dtype", "float16", "--sleep-idle-seconds", "1")
+    try:
+        first = _complete(d, prompt)
+        assert first["timings"]["cache_n"] == 0
+        _wait_asleep(d)
+        again = _complete(d, prompt)
+        assert again["content"] == first["content"] and again["timings"]["cache_n"] > 0
+    finally:
+        assert d.stop() == 0, d.output()
