@@ -26,6 +26,7 @@ from ckptd.model.speculative.params import (
 LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 REASONING = ("auto", "on", "off")
+KV_DTYPES = ("auto", "float16", "float32")   # model/loader.py: use_kv_dtype
 MAX_STEP_TOKENS = 65536        # one step's activations grow with its token count
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -78,6 +79,7 @@ class ServeConfig:
     dtype: str = "auto"                    # auto: bfloat16 on CUDA, float32 on the CPU
     enforce_eager: bool = False            # no CUDA graphs for decode steps
     weights: str = "keep"                  # a GGUF's formats kept in memory, or "expand"
+    kv_dtype: str = "auto"                 # the attention KV's dtype; auto: the compute dtype
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
     alias: str | None = None               # the model's names, comma-separated; None: the file's
     tags: str | None = None                # labels /v1/models lists, comma-separated
@@ -182,6 +184,9 @@ class ServeConfig:
         check_names(self.device, self.dtype)
         if self.weights not in ("keep", "expand"):
             raise ValueError(f"weights must be keep or expand, got {self.weights!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
+                             f"got {self.kv_dtype!r}")
         for name in ("api_key", "admin_key"):
             key = getattr(self, name)
             if key is not None and (not key.strip() or key != key.strip()):

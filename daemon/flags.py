@@ -60,6 +60,10 @@ SETTINGS: dict[str, tuple] = {
     "weights": (str, "keep: a GGUF's quantized / F16 / BF16 tensors stay in their formats and "
                      "are dequantized inside the matmul (default); expand: all converted to "
                      "the dtype at load"),
+    "kv_dtype": (str, "auto, float16 or float32: the attention layers' KV pages (default auto: the "
+                      "dtype the model computes in, float32 on the CPU); float16 halves the "
+                      "bytes a long context's decode step reads and the cache stores, as "
+                      "llama.cpp keeps them, at fp16's rounding of every key and value"),
     "threads": (_INT, "torch threads for the model (default: one per core); fewer than "
                       "cores leaves room for the cache writer on small machines"),
     "alias": (str, "the model's name, or comma-separated names (/v1/models reports the "

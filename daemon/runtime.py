@@ -59,6 +59,7 @@ class Runtime:
     adapters: Adapters = field(default_factory=lambda: Adapters([], []))   # LoRA
     draft: Path | None = None      # the draft model's file (speculative decoding)
     mmproj: Path | None = None     # the vision tower's file (--mmproj)
+    kv_dtype: torch.dtype | None = None   # --kv-dtype's, where not the compute dtype
 
     @classmethod
     def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
@@ -67,7 +68,8 @@ class Runtime:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         where = resolve(cfg.device, cfg.dtype)
-        model, tok = load(path, where.dtype, where.device, weights=cfg.weights)
+        model, tok = load(path, where.dtype, where.device, weights=cfg.weights,
+                          kv_dtype=_kv_dtype(cfg))
         limit = model.config.max_position_embeddings
         if cfg.max_context and cfg.max_context > limit:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
@@ -113,7 +115,8 @@ class Runtime:
         rt = cls(model.config, model.fingerprint, tok, runner, store, cache, engine,
                  max_context, sizes.kv_pages * B, path, where, cfg.weights, adapters,
                  Path(cfg.model_draft) if draft is not None else None,
-                 Path(cfg.mmproj) if cfg.mmproj and embedder is not None else None)
+                 Path(cfg.mmproj) if cfg.mmproj and embedder is not None else None,
+                 model.kv_dtype)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
         engine.gc_pacer.freeze()       # the loaded objects leave the collector's walks
@@ -147,7 +150,8 @@ class Runtime:
     def reload(self) -> None:
         """Waking up: the same weights again (the store's entries are theirs: a file
         that changed meanwhile is refused, not served with the old cache)."""
-        model, _ = load(self.source, self.where.dtype, self.where.device, weights=self.weights)
+        model, _ = load(self.source, self.where.dtype, self.where.device, weights=self.weights,
+                        kv_dtype=self.kv_dtype)
         if model.fingerprint != self.fingerprint:
             raise ValueError(f"{self.source} changed while the daemon slept (weights "
                              f"fingerprint {model.fingerprint[:12]}, cached state is for "
@@ -174,6 +178,11 @@ class Runtime:
         """Cancel what still runs, then store what the cache captured, flush and close."""
         self.engine.stop()
         self.cache.close()
+
+
+def _kv_dtype(cfg: ServeConfig) -> torch.dtype | None:
+    """--kv-dtype's torch dtype; None: the compute dtype."""
+    return None if cfg.kv_dtype == "auto" else getattr(torch, cfg.kv_dtype)
 
 
 def _adapters(cfg: ServeConfig, model) -> Adapters:

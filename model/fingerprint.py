@@ -33,6 +33,14 @@ def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.d
     return h.hexdigest()
 
 
+def kv_fingerprint(fingerprint: str, kv_dtype: torch.dtype) -> str:
+    """A model's fingerprint once its KV is kept in kv_dtype, not its compute dtype (the
+    same weights' caches of another KV dtype never mix)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{fingerprint} kv={kv_dtype}".encode())
+    return h.hexdigest()
+
+
 def hash_files(h, files: list[Path]) -> None:
     """Feed each file's name, size and first and last MiB to the hash `h`."""
     for f in sorted(files):

@@ -25,7 +25,7 @@ from ckptd.model.arch.ssm_lm import HybridLM
 from ckptd.model.checkpoint import Recipe, adapt, plain
 from ckptd.model.config import ModelConfig
 from ckptd.model.configs import config_from_hf
-from ckptd.model.fingerprint import model_fingerprint
+from ckptd.model.fingerprint import kv_fingerprint, model_fingerprint
 from ckptd.model.gemma_config import GemmaConfig
 from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
 from ckptd.model.gpt_oss_config import GptOssConfig
@@ -41,18 +41,43 @@ WEIGHTS = ("keep", "expand")
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None,
-         device: str | torch.device = "cpu", weights: str = "keep"):
+         device: str | torch.device = "cpu", weights: str = "keep",
+         kv_dtype: torch.dtype | None = None):
     """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once.
     weights: "keep" serves a GGUF's quantized / F16 / BF16 tensors in their formats
-    (model/quant.py), "expand" converts every tensor to `dtype` at load."""
+    (model/quant.py), "expand" converts every tensor to `dtype` at load. kv_dtype: the
+    attention layers' KV (None: the compute dtype; use_kv_dtype)."""
     path = Path(path)
     if _is_gguf(path):
         check_architecture(path)
         reader = open_gguf(path)
-        return (load_model(path, dtype, device, reader, weights),
-                Tokenizer.from_gguf(reader))
-    model = load_model(path, dtype, device)
-    return model, Tokenizer.from_dir(path)
+        model, tok = load_model(path, dtype, device, reader, weights), \
+            Tokenizer.from_gguf(reader)
+    else:
+        model, tok = load_model(path, dtype, device), Tokenizer.from_dir(path)
+    use_kv_dtype(model, kv_dtype)
+    return model, tok
+
+
+def use_kv_dtype(model: CausalLM, kv_dtype: torch.dtype | None) -> None:
+    """Keep the model's attention KV in kv_dtype (None, or the compute dtype: as computed),
+    and fold it into the model's fingerprint: pages of one KV dtype never restore into a
+    pool of another (the store, the remote tier and the host copies key by it).
+
+    Other than the compute dtype only fp16 with an fp32 model on the CPU, as llama.cpp
+    keeps it (half the bytes a long context's decode step reads: cpu.c converts on
+    load); the GPU kernels read KV in the compute dtype. ValueError otherwise."""
+    if kv_dtype is None or kv_dtype == model.dtype:
+        return
+    if kv_dtype != torch.float16 or model.dtype != torch.float32 \
+            or model.device.type != "cpu":
+        raise ValueError(f"--kv-dtype {str(kv_dtype).removeprefix('torch.')}: only float16 "
+                         f"KV with a float32 model on the CPU (this one: "
+                         f"{str(model.dtype).removeprefix('torch.')} on {model.device})")
+    if model.kv_dtype is not None:
+        raise ValueError("the model's KV dtype is already chosen")
+    model.kv_dtype = kv_dtype
+    model.fingerprint = kv_fingerprint(model.fingerprint, kv_dtype)
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,

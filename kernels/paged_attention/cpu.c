@@ -1,6 +1,8 @@
 /*
  * Attention of a few query rows over one sequence's KV pages, read in place from a
- * head-major fp32 pool (kernels/paged_attention/layout.py): every page is visited
+ * head-major fp32 or fp16 pool (kernels/paged_attention/layout.py; fp16 halves the
+ * bytes a long context's step reads, converted to fp32 on load with F16C, the queries
+ * and every sum staying fp32): every page is visited
  * where it lies, through the page table, so a step neither gathers the context nor
  * depends on how the pages fell in the pool.
  *
@@ -58,9 +60,55 @@ static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4
 }
 #endif
 
-/* s[t] = scale * q . k[t] for t < cnt, keys D floats apart; the max of them */
-static inline float scores(const float *q, const float *kp, int64_t cnt, int64_t D,
-                           float scale, float *s) {
+/* Keys and values are fp32 or fp16 (`half`: a constant in each copy of the loops below,
+ * so each copy has one kind of load). Without F16C nothing reads fp16: ckpa_half()
+ * says so, and cpu.py then leaves an fp16 pool to torch. */
+#if defined(__AVX2__) && defined(__F16C__)
+#define HAVE_HALF 1
+#else
+#define HAVE_HALF 0
+#endif
+#define INLINE static inline __attribute__((always_inline))
+#define MAX_D 1024    /* head dims above this are not taken (cpu.py checks) */
+
+int ckpa_half(void) { return HAVE_HALF; }
+
+/* element i of p as fp32 */
+INLINE float ld1(const void *p, int64_t i, const int half) {
+#if HAVE_HALF
+    if (half)
+        return _cvtsh_ss(((const uint16_t *)p)[i]);
+#endif
+    return ((const float *)p)[i];
+}
+
+#ifdef __AVX2__
+/* elements i .. i + 7 of p as fp32 */
+INLINE __m256 ld8(const void *p, int64_t i, const int half) {
+#if HAVE_HALF
+    if (half)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+#endif
+    return _mm256_loadu_ps((const float *)p + i);
+}
+#endif
+
+/* x [D] fp32 into element i.. of p: fp16 rounded to nearest even, as torch's .to() */
+INLINE void store_row(void *p, int64_t i, const float *x, int64_t D, const int half) {
+#if HAVE_HALF
+    if (half) {
+        uint16_t *dst = (uint16_t *)p + i;
+        for (int64_t d = 0; d < D; d++)
+            dst[d] = _cvtss_sh(x[d], _MM_FROUND_TO_NEAREST_INT);
+        return;
+    }
+#endif
+    memcpy((float *)p + i, x, sizeof(float) * D);
+}
+
+/* s[t] = scale * q . k[t] for t < cnt, keys D elements apart; the max of them */
+INLINE float scores(const float *q, const void *kp, int64_t cnt, int64_t D, float scale,
+                    float *s, const int half) {
     int64_t t = 0;
 #ifdef __AVX2__
     if (D % 8 == 0) {
@@ -71,7 +119,7 @@ static inline float scores(const float *q, const float *kp, int64_t cnt, int64_t
             for (int64_t d = 0; d < D; d += 8) {
                 __m256 qd = _mm256_loadu_ps(q + d);
                 for (int j = 0; j < 8; j++)
-                    a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kp + (t + j) * D + d), a[j]);
+                    a[j] = _mm256_fmadd_ps(qd, ld8(kp, (t + j) * D + d, half), a[j]);
             }
             _mm256_storeu_ps(s + t, _mm256_mul_ps(
                 hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), _mm256_set1_ps(scale)));
@@ -79,11 +127,10 @@ static inline float scores(const float *q, const float *kp, int64_t cnt, int64_t
     }
 #endif
     for (; t < cnt; t++) {
-        const float *kt = kp + t * D;
         float acc = 0.0f;
         #pragma omp simd reduction(+:acc)
         for (int64_t d = 0; d < D; d++)
-            acc += q[d] * kt[d];
+            acc += q[d] * ld1(kp, t * D + d, half);
         s[t] = acc * scale;
     }
     float mx = -FLT_MAX;
@@ -115,14 +162,49 @@ static inline float exps(float *s, int64_t cnt, float mx) {
     return sum;
 }
 
-/* One item: rows q [R, D] over pages table[p0..p1) (keys < n). Writes o [R, D] (not
- * normalised), m [R] (max score) and l [R] (sum of exp(score - m)). */
-static void attend_pages(const float *q, const float *k, const float *v,
-                         const int32_t *table, int64_t p0, int64_t p1, int64_t n,
-                         int64_t B, int64_t D, int64_t R, float scale,
-                         float *o, float *m, float *l)
+/* o[d] += sum over t < cnt of w[t] * v[t][d], t in order for each d; with AVX2 a row's
+ * 64 (or 8) dims stay in registers across the page's keys */
+INLINE void accumulate(float *o, const float *w, const void *vp, int64_t cnt, int64_t D,
+                       const int half) {
+    int64_t d0 = 0;
+#ifdef __AVX2__
+    for (; d0 + 64 <= D; d0 += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
+        for (int64_t t = 0; t < cnt; t++) {
+            __m256 wt = _mm256_set1_ps(w[t]);
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm256_fmadd_ps(wt, ld8(vp, t * D + d0 + 8 * j, half), a[j]);
+        }
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
+    }
+    for (; d0 + 8 <= D; d0 += 8) {
+        __m256 a = _mm256_loadu_ps(o + d0);
+        for (int64_t t = 0; t < cnt; t++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), ld8(vp, t * D + d0, half), a);
+        _mm256_storeu_ps(o + d0, a);
+    }
+#endif
+    for (; d0 < D; d0++) {
+        float a = o[d0];
+        for (int64_t t = 0; t < cnt; t++)
+            a += w[t] * ld1(vp, t * D + d0, half);
+        o[d0] = a;
+    }
+}
+
+/* One item: rows q [R, D] over pages table[p0..p1) (keys < n) of k, v (fp16 where
+ * `half`). Writes o [R, D] (not normalised), m [R] (max score) and l [R] (sum of
+ * exp(score - m)). */
+INLINE void attend_pages_of(const float *q, const void *k, const void *v,
+                            const int32_t *table, int64_t p0, int64_t p1, int64_t n,
+                            int64_t B, int64_t D, int64_t R, float scale,
+                            float *o, float *m, float *l, const int half)
 {
     float s[MAX_B];
+    const int64_t page = B * D * (half ? 2 : 4);      /* bytes */
     for (int64_t r = 0; r < R; r++) {
         m[r] = -FLT_MAX;
         l[r] = 0.0f;
@@ -130,18 +212,18 @@ static void attend_pages(const float *q, const float *k, const float *v,
     memset(o, 0, sizeof(float) * R * D);
     for (int64_t p = p0; p < p1; p++) {
         int64_t cnt = n - p * B < B ? n - p * B : B;
-        const float *kp = k + (int64_t)table[p] * B * D;
-        const float *vp = v + (int64_t)table[p] * B * D;
+        const char *kp = (const char *)k + (int64_t)table[p] * page;
+        const char *vp = (const char *)v + (int64_t)table[p] * page;
         if (p + 1 < p1) {            /* the next page lies elsewhere: fetch it meanwhile */
-            const char *kn = (const char *)(k + (int64_t)table[p + 1] * B * D);
-            const char *vn = (const char *)(v + (int64_t)table[p + 1] * B * D);
-            for (int64_t b = 0; b < B * D * 4; b += 64) {
+            const char *kn = (const char *)k + (int64_t)table[p + 1] * page;
+            const char *vn = (const char *)v + (int64_t)table[p + 1] * page;
+            for (int64_t b = 0; b < page; b += 64) {
                 __builtin_prefetch(kn + b);
                 __builtin_prefetch(vn + b);
             }
         }
         for (int64_t r = 0; r < R; r++) {
-            float mx = scores(q + r * D, kp, cnt, D, scale, s);
+            float mx = scores(q + r * D, kp, cnt, D, scale, s, half);
             float *orow = o + r * D;
             if (mx > m[r]) {                 /* a new max: what was summed shrinks */
                 float c = expf(m[r] - mx);
@@ -152,15 +234,31 @@ static void attend_pages(const float *q, const float *k, const float *v,
                 m[r] = mx;
             }
             l[r] += exps(s, cnt, m[r]);
-            for (int64_t t = 0; t < cnt; t++) {
-                const float *vt = vp + t * D;
-                float w = s[t];
-                #pragma omp simd
-                for (int64_t d = 0; d < D; d++)
-                    orow[d] += w * vt[d];
-            }
+            accumulate(orow, s, vp, cnt, D, half);
         }
     }
+}
+
+static void attend_f32(const float *q, const void *k, const void *v, const int32_t *table,
+                       int64_t p0, int64_t p1, int64_t n, int64_t B, int64_t D, int64_t R,
+                       float scale, float *o, float *m, float *l)
+{
+    attend_pages_of(q, k, v, table, p0, p1, n, B, D, R, scale, o, m, l, 0);
+}
+
+static void attend_f16(const float *q, const void *k, const void *v, const int32_t *table,
+                       int64_t p0, int64_t p1, int64_t n, int64_t B, int64_t D, int64_t R,
+                       float scale, float *o, float *m, float *l)
+{
+    attend_pages_of(q, k, v, table, p0, p1, n, B, D, R, scale, o, m, l, 1);
+}
+
+static void attend_pages(const float *q, const void *k, const void *v,
+                         const int32_t *table, int64_t p0, int64_t p1, int64_t n,
+                         int64_t B, int64_t D, int64_t R, float scale,
+                         float *o, float *m, float *l, int half)
+{
+    (half ? attend_f16 : attend_f32)(q, k, v, table, p0, p1, n, B, D, R, scale, o, m, l);
 }
 
 /* Each of H heads' R rows from its `splits` items in work (o [R, D], m [R], l [R]
@@ -221,18 +319,18 @@ static void empty_item(float *o, int64_t R, int64_t D)
 }
 
 /*
- * q [Hkv, R, D]; k, v: the layer's K and V of kv head 0, heads `hs` floats apart;
- * table: the sequence's pages; keys 0..n-1; out [Hkv, R, D]; lse [Hkv, R] (natural
- * log of the softmax's sum, scores scaled). `splits` runs of pages per kv head;
- * work: Hkv * splits * R * (D + 2) floats of scratch (the caller's, so nothing here
- * can fail to allocate).
+ * q [Hkv, R, D]; k, v: the layer's K and V of kv head 0 (fp16 where `half`, else fp32),
+ * heads `hs` elements apart; table: the sequence's pages; keys 0..n-1; out [Hkv, R, D];
+ * lse [Hkv, R] (natural log of the softmax's sum, scores scaled). `splits` runs of pages
+ * per kv head; work: Hkv * splits * R * (D + 2) floats of scratch (the caller's, so
+ * nothing here can fail to allocate).
  */
-void ckpa_attend(const float *q, const float *k, const float *v, int64_t hs,
+void ckpa_attend(const float *q, const void *k, const void *v, int64_t hs,
                  const int32_t *table, int64_t n, int64_t B, int64_t D, int64_t Hkv,
                  int64_t R, float scale, int64_t splits, float *out, float *lse,
-                 float *work, int nthreads)
+                 float *work, int nthreads, int half)
 {
-    int64_t pages = (n + B - 1) / B;
+    int64_t pages = (n + B - 1) / B, es = half ? 2 : 4;
     if (splits > pages)
         splits = pages;
     if (splits < 1)
@@ -249,8 +347,9 @@ void ckpa_attend(const float *q, const float *k, const float *v, int64_t hs,
             empty_item(o, R, D);
             continue;
         }
-        attend_pages(q + h * R * D, k + h * hs, v + h * hs, table, p0, p1, n, B, D, R,
-                     scale, o, m, l);
+        attend_pages(q + h * R * D, (const char *)k + h * hs * es,
+                     (const char *)v + h * hs * es, table, p0, p1, n, B, D, R, scale, o,
+                     m, l, half);
     }
     merge(work, Hkv, splits, R, D, out, lse);
 }
@@ -273,18 +372,20 @@ static void rotate(float *x, const float *c, const float *s, int64_t R)
  * q/k/v projection: qkv [N, (Hq + 2 Hkv) * D] (q heads, k heads, v heads). Each
  * token's q and k heads are rotated by cos, sin [N, Rr] (q into q [N, Hq, D], the
  * caller's scratch), its k and v written at row kv_index[i] of the layer's K and V
- * (k, v: kv head 0's matrix, heads hs floats apart), then its Hq / Hkv query heads per
- * kv head attend keys 0 .. lens[i] - 1 of its pages (tables + i * W): out [N, Hq, D].
- * splits: runs of pages per (sequence, kv head); work: N * Hkv * splits * (Hq / Hkv)
- * * (D + 2) floats.
+ * (k, v: kv head 0's matrix, heads hs elements apart, fp16 where `half`: rotated in
+ * fp32, then rounded), then its Hq / Hkv query heads per kv head attend keys
+ * 0 .. lens[i] - 1 of its pages (tables + i * W): out [N, Hq, D]. splits: runs of
+ * pages per (sequence, kv head); work: N * Hkv * splits * (Hq / Hkv) * (D + 2) floats.
  */
 void ckpa_decode_step(const float *qkv, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
-                      const float *cos, const float *sin, int64_t Rr, float *k, float *v,
+                      const float *cos, const float *sin, int64_t Rr, void *k, void *v,
                       int64_t hs, const int64_t *kv_index, const int32_t *tables,
                       int64_t W, const int32_t *lens, int64_t B, float scale,
-                      int64_t splits, float *q, float *out, float *work, int nthreads)
+                      int64_t splits, float *q, float *out, float *work, int nthreads,
+                      int half)
 {
     int64_t row = (Hq + 2 * Hkv) * D, R = Hq / Hkv;
+    float kt[MAX_D];
     for (int64_t i = 0; i < N; i++) {
         const float *src = qkv + i * row, *c = cos + i * Rr, *s = sin + i * Rr;
         float *qi = q + i * Hq * D;
@@ -292,15 +393,20 @@ void ckpa_decode_step(const float *qkv, int64_t N, int64_t Hq, int64_t Hkv, int6
         for (int64_t h = 0; h < Hq; h++)
             rotate(qi + h * D, c, s, Rr);
         for (int64_t h = 0; h < Hkv; h++) {
-            float *kd = k + h * hs + kv_index[i] * D;
-            memcpy(kd, src + (Hq + h) * D, sizeof(float) * D);
-            rotate(kd, c, s, Rr);
-            memcpy(v + h * hs + kv_index[i] * D, src + (Hq + Hkv + h) * D, sizeof(float) * D);
+            memcpy(kt, src + (Hq + h) * D, sizeof(float) * D);
+            rotate(kt, c, s, Rr);
+            if (half) {
+                store_row(k, h * hs + kv_index[i] * D, kt, D, 1);
+                store_row(v, h * hs + kv_index[i] * D, src + (Hq + Hkv + h) * D, D, 1);
+            } else {
+                store_row(k, h * hs + kv_index[i] * D, kt, D, 0);
+                store_row(v, h * hs + kv_index[i] * D, src + (Hq + Hkv + h) * D, D, 0);
+            }
         }
     }
     if (splits < 1)
         splits = 1;
-    int64_t items = N * Hkv * splits;
+    int64_t items = N * Hkv * splits, es = half ? 2 : 4;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t it = 0; it < items; it++) {
         int64_t i = it / (Hkv * splits), h = it / splits % Hkv, sp = it % splits;
@@ -311,8 +417,9 @@ void ckpa_decode_step(const float *qkv, int64_t N, int64_t Hq, int64_t Hkv, int6
             empty_item(o, R, D);
             continue;
         }
-        attend_pages(q + (i * Hq + h * R) * D, k + h * hs, v + h * hs, tables + i * W, p0,
-                     p1, lens[i], B, D, R, scale, o, o + R * D, o + R * D + R);
+        attend_pages(q + (i * Hq + h * R) * D, (const char *)k + h * hs * es,
+                     (const char *)v + h * hs * es, tables + i * W, p0, p1, lens[i], B, D,
+                     R, scale, o, o + R * D, o + R * D + R, half);
     }
     merge(work, N * Hkv, splits, R, D, out, NULL);
 }

@@ -5,8 +5,9 @@ process's OpenMP threads).
     attend(q, memory, layer, table, n, scale, block_size) -> (out, lse)
 
 A decode step's query rows over every key of its sequence, read where the pages lie in
-a head-major fp32 pool (layout.py): no gather of the context, no span plan, and its
-cost follows the context, not the pool's fragmentation. `available()` is False where
+a head-major fp32 or fp16 pool (layout.py; fp16 where the CPU has F16C): no gather
+of the context, no span plan, and its cost follows the context, not the pool's
+fragmentation. `available()` is False where
 no compiler works (or CKPTD_ATTN_CPU=0); sdpa.py then attends through torch's fused
 kernel as before.
 """
@@ -26,6 +27,7 @@ _SRC = Path(__file__).with_name("cpu.c")
 # vanish in the test process); the scores' exp is then glibc's scalar expf
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 MAX_BLOCK = 256        # cpu.c's page buffer
+MAX_HEAD_DIM = 1024    # cpu.c's rotated key row
 _ITEMS_PER_THREAD = 8  # (kv head, run of pages) items: enough to even out the threads
 _MIN_PAGES = 4         # per item
 
@@ -33,12 +35,14 @@ _MIN_PAGES = 4         # per item
 def _bind(dll: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     dll.ckpa_attend.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
-                                ctypes.c_float, i64, ptr, ptr, ptr, ctypes.c_int]
+                                ctypes.c_float, i64, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int]
     dll.ckpa_attend.restype = None
     dll.ckpa_decode_step.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, i64,
                                      ptr, ptr, i64, ptr, i64, ctypes.c_float, i64, ptr, ptr,
-                                     ptr, ctypes.c_int]
+                                     ptr, ctypes.c_int, ctypes.c_int]
     dll.ckpa_decode_step.restype = None
+    dll.ckpa_half.argtypes = []
+    dll.ckpa_half.restype = ctypes.c_int
 
 
 library = cbuild.Library(_SRC, _FLAGS, "ckpa", "CKPTD_ATTN_CPU", _bind,
@@ -50,12 +54,21 @@ def available() -> bool:
     return library.load() is not None
 
 
+def reads(dtype: torch.dtype) -> bool:
+    """Whether the kernel reads a pool of this dtype here: fp32, and fp16 where it was
+    built with F16C (x86 since 2013)."""
+    if dtype == torch.float32:
+        return available()
+    return dtype == torch.float16 and available() and bool(library.lib.ckpa_half())
+
+
 def supports(memory: torch.Tensor, q: torch.Tensor, block_size: int) -> bool:
-    """A head-major fp32 pool on the CPU (layout.head_major's view), fp32 queries."""
+    """A head-major fp32 or fp16 pool on the CPU (layout.head_major's view), fp32
+    queries."""
     return (memory.device.type == "cpu" and q.device.type == "cpu"
-            and memory.dtype == torch.float32
             and q.dtype == torch.float32 and memory.is_contiguous()
-            and block_size <= MAX_BLOCK and available())
+            and block_size <= MAX_BLOCK and memory.shape[-1] <= MAX_HEAD_DIM
+            and reads(memory.dtype))
 
 
 def attend(q: torch.Tensor, memory: torch.Tensor, layer: int, table: torch.Tensor, n: int,
@@ -83,7 +96,8 @@ def attend(q: torch.Tensor, memory: torch.Tensor, layer: int, table: torch.Tenso
     kv = memory[layer]
     library.lib.ckpa_attend(qh.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(), rows * D,
                      table.data_ptr(), n, block_size, D, Hkv, R, scale, splits,
-                     out.data_ptr(), lse.data_ptr(), work.data_ptr(), threads)
+                     out.data_ptr(), lse.data_ptr(), work.data_ptr(), threads,
+                     memory.dtype == torch.float16)
     return out.view(Hq, T, D), lse.view(Hq, T)
 
 
@@ -109,7 +123,8 @@ def decode_step(qkv: torch.Tensor, memory: torch.Tensor, layer: int, cos: torch.
     """One attention layer of a decode step after its q/k/v projection, in one call:
     qkv [N, (Hq + 2 Hkv) * D] fp32; each token's q and k rotated by cos, sin [N, R]
     (rotate-half, the first R dims), its k and v written at kv_index [N] (int64, page *
-    B + offset) of `layer` in head-major memory [n_attn, 2, Hkv, P * B, D], and its query
+    B + offset) of `layer` in head-major memory [n_attn, 2, Hkv, P * B, D] (fp32, or fp16
+    where reads() says: k rotated in fp32, then rounded), and its query
     heads attend keys 0 .. lens[i] - 1 (int32 [N], the new one included) of its pages
     tables[i] (int32 [N, W]). heads: (Hq, Hkv). Returns [N, Hq * D] (into `out` when
     given); scratch: decode_scratch(...) fp32 values, or None to allocate them.
@@ -125,11 +140,12 @@ def decode_step(qkv: torch.Tensor, memory: torch.Tensor, layer: int, cos: torch.
                               device=qkv.device)
     q = scratch.data_ptr()
     work = q + N * Hq * D * 4
-    k = memory.data_ptr() + layer * memory.stride(0) * 4       # no views: a step asks
-    v = k + memory.stride(1) * 4                                # once per layer
+    es = memory.element_size()
+    k = memory.data_ptr() + layer * memory.stride(0) * es      # no views: a step asks
+    v = k + memory.stride(1) * es                               # once per layer
     library.lib.ckpa_decode_step(
         qkv.data_ptr(), N, Hq, Hkv, D, cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
         k, v, memory.stride(2), kv_index.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), block_size, scale, splits, q, out.data_ptr(), work,
-        torch.get_num_threads())
+        torch.get_num_threads(), memory.dtype == torch.float16)
     return out

@@ -1,9 +1,9 @@
 """A decode step's attention layers on the CPU, in a few calls each.
 
 When every sequence of a step decodes one token, on the CPU in fp32 with a head-major
-KV pool (kernels/paged_attention/layout.py), a llama-style layer (attention without a
-gate, q/k norm, window or sinks) runs as: the input RMSNorm (one C call); the fused
-q/k/v matmul; one C call that rotates q and k, writes k and v into the pages and
+KV pool (kernels/paged_attention/layout.py; fp32 or fp16 KV), a llama-style layer
+(attention without a gate, q/k norm, window or sinks) runs as: the input RMSNorm (one
+C call); the fused q/k/v matmul; one C call that rotates q and k, writes k and v into the pages and
 attends (kernels/paged_attention/cpu.c, ckpa_decode_step); the output matmul; the
 residual add with the next RMSNorm (one C call); the gate/up matmul, SwiGLU (one C
 call), the down matmul and the residual add. The torch path takes ~130 small ops a
@@ -55,14 +55,14 @@ class DecodeStep:
         not apply."""
         varlen = batch.varlen
         if (not varlen.decode_only or batch.mrope is not None or kv is None
-                or kv.device.type != "cpu" or kv.dtype != _F32 or cos.dtype != _F32
+                or kv.device.type != "cpu" or not attn_cpu.reads(kv.dtype)
+                or kv.shape[-1] > attn_cpu.MAX_HEAD_DIM or cos.dtype != _F32
                 or x.dtype != _F32 or not x.is_contiguous()
                 or dispatch.MODE == "torch" or dispatch.use_triton(kv)):
             return None
         memory = layout.head_major(kv)
         B = kv.shape[3]
-        if memory is None or B > attn_cpu.MAX_BLOCK or not attn_cpu.available() \
-                or not norm_cpu.available():
+        if memory is None or B > attn_cpu.MAX_BLOCK or not norm_cpu.available():
             return None
         lens = [c + 1 for c in varlen.ctx]
         if any(len(t) * B < n for t, n in zip(varlen.tables, lens)):

@@ -10,6 +10,8 @@ one module serves both.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -75,6 +77,9 @@ class CausalLM(nn.Module):
         self.model = self.body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.fingerprint = ""  # set by the loader
+        # the attention layers' KV dtype where it is not the compute dtype (loader.py:
+        # use_kv_dtype); the state spec, and so every cache tier, carries it
+        self.kv_dtype: torch.dtype | None = None
         self.head: Matmul | None = None
         self.lora = None       # model/lora/apply.py: Lora, once adapters are attached
 
@@ -109,7 +114,10 @@ class CausalLM(nn.Module):
         return self.model.norm.weight.device
 
     def state_spec(self, block_size: int) -> StateSpec:
-        return self.config.state_spec(block_size, self.dtype)
+        spec = self.config.state_spec(block_size, self.dtype)
+        if self.kv_dtype is None or spec.attention is None:
+            return spec
+        return replace(spec, attention=replace(spec.attention, dtype=self.kv_dtype))
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, state: DeviceState) -> torch.Tensor:

@@ -13,12 +13,13 @@ from ckptd.kernels.paged_attention import cpu, layout, naive, sdpa
 needs_cc = pytest.mark.skipif(not cpu.available(), reason="no C compiler here")
 
 
-def _pool(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator):
+def _pool(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator,
+          dtype: torch.dtype = torch.float32):
     """A head-major pool (as the engine makes on the CPU) holding each sequence's K/V
     in scattered pages, and the sequences' page tables [N, width]."""
     counts = [-(-n // B) for n in lens]
     P = sum(counts) + 5
-    pool = layout.new_pool(P, (2, 2, B, Hkv, D), torch.float32, torch.device("cpu"), True)
+    pool = layout.new_pool(P, (2, 2, B, Hkv, D), dtype, torch.device("cpu"), True)
     assert layout.head_major(pool) is not None
     order = torch.randperm(P, generator=g).to(torch.int32)
     tables = torch.zeros(len(lens), max(counts), dtype=torch.int32)
@@ -39,9 +40,15 @@ def _pool(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator):
     ([700, 5], 8, 2, 32, 256),               # the largest page cpu.c takes
     ([257], 4, 4, 16, 32),                   # no GQA
 ])
-def test_decode_equals_reference_and_torch(lens, Hq, Hkv, D, B, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_equals_reference_and_torch(lens, Hq, Hkv, D, B, dtype, monkeypatch):
+    """fp16 KV (--kv-dtype float16): the kernel reads the pool's fp16 values as the
+    reference does, converted to fp32, so the answers agree as closely as in fp32."""
+    if not cpu.reads(dtype):
+        pytest.skip("this CPU has no F16C")
     g = torch.Generator().manual_seed(sum(lens) + D)
-    pool, tables = _pool(lens, Hkv, D, B, g)
+    pool, tables = _pool(lens, Hkv, D, B, g, dtype)
+    assert cpu.supports(layout.head_major(pool), torch.zeros(1), B)
     q = torch.randn(len(lens), Hq, D, generator=g)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     want = naive.paged_decode_attention(q, pool, 1, tables, seq_lens, D ** -0.5)

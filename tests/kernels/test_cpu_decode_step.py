@@ -18,12 +18,13 @@ needs_cc = pytest.mark.skipif(not (cpu.available() and norm_cpu.available()),
                               reason="no C compiler here")
 
 
-def _scattered(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator):
+def _scattered(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator,
+               dtype: torch.dtype = torch.float32):
     """A head-major pool with each sequence's first lens[i] - 1 tokens of random K/V in
     shuffled pages, and the page tables [N, width] covering lens[i] tokens."""
     counts = [-(-n // B) for n in lens]
     P = sum(counts) + 3
-    pool = layout.new_pool(P, (3, 2, B, Hkv, D), torch.float32, torch.device("cpu"), True)
+    pool = layout.new_pool(P, (3, 2, B, Hkv, D), dtype, torch.device("cpu"), True)
     pool.copy_(torch.randn(pool.shape, generator=g))      # garbage where nothing is written
     order = torch.randperm(P, generator=g).to(torch.int32)
     tables = torch.zeros(len(lens), max(counts), dtype=torch.int32)
@@ -41,9 +42,14 @@ def _scattered(lens: list[int], Hkv: int, D: int, B: int, g: torch.Generator):
     ([33, 700], 8, 2, 32, 16, 32),           # partial rotary: the last 16 dims pass
     ([257, 3], 4, 4, 16, 16, 256),           # no GQA; the largest page cpu.c takes
 ])
-def test_decode_step_equals_rotary_write_and_attention(lens, Hq, Hkv, D, R, B):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_step_equals_rotary_write_and_attention(lens, Hq, Hkv, D, R, B, dtype):
+    """fp16 KV: k rotated in fp32 and rounded to nearest even, as torch's .to() rounds
+    it, so the pools stay equal bit for bit."""
+    if not cpu.reads(dtype):
+        pytest.skip("this CPU has no F16C")
     g = torch.Generator().manual_seed(sum(lens) + D)
-    pool, tables = _scattered(lens, Hkv, D, B, g)
+    pool, tables = _scattered(lens, Hkv, D, B, g, dtype)
     want_pool = pool.clone()
     N = len(lens)
     qkv = torch.randn(N, (Hq + 2 * Hkv) * D, generator=g)

@@ -2,7 +2,7 @@
 
     python -m ckptd.tools.bench.decode --model a3b --layers 8 --batches 1,8,32 \
         [--context 1024[,65536]] [--steps 32] [--device cuda] [--threads N] \
-        [--random-kv] [--json OUT]
+        [--random-kv] [--kv-dtype auto|float16] [--json OUT]
 
 Each batch size and context: that many sequences of --context random tokens are
 prefilled (or, with --random-kv, their KV pages filled with random values: a decode
@@ -12,6 +12,7 @@ capture the graph). Reported: ms per step (median) and tokens/s, with graphs and
 --enforce-eager's path, through Runner.step as the engine calls it (the logits' copy to
 the host, the step's one sync, included); the process's CPU-seconds per step, which a
 shared machine's load distorts less than the wall time; and the 1-minute load.
+--kv-dtype float16 keeps the attention KV in fp16 (the daemon's --kv-dtype).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ckptd.daemon.config import KV_DTYPES
+from ckptd.model.loader import use_kv_dtype
 from ckptd.model.placement import resolve
 from ckptd.model.runner import Runner
 from ckptd.model.sequence import Sequence
@@ -42,11 +45,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES,
+                   help="the attention KV's dtype (auto: the compute dtype)")
     p.add_argument("--json", help="write the rows here")
 
 
 def _model(args, where):
-    return _load(args.model, Path("/tmp/ckptd-bench-decode"), where, args.layers)[0]
+    model = _load(args.model, Path("/tmp/ckptd-bench-decode"), where, args.layers)[0]
+    use_kv_dtype(model, None if args.kv_dtype == "auto" else getattr(torch, args.kv_dtype))
+    return model
 
 
 def bench(model, batch: int, context: int, steps: int, graphs: bool,
@@ -112,6 +119,8 @@ def run(args) -> int:
         for batch in batches:
             for graphs in ((True, False) if where.device.type == "cuda" else (False,)):
                 rows.append({"model": args.model, "device": str(where), "context": context,
+                             "kv_dtype": str(model.state_spec(16).kv_dtype).removeprefix(
+                                 "torch."),
                              **bench(model, batch, context, args.steps, graphs,
                                      args.random_kv)})
                 print(json.dumps(rows[-1]), flush=True)
