@@ -127,6 +127,8 @@ def run(args) -> int:
                "--ctx-size", str(ctx), "--parallel", "1", "--threads", str(args.threads),
                "--threads-batch", str(args.threads), "--slot-save-path", folder,
                "--override-kv", f"{args.arch}.context_length=int:{ctx}", "--no-webui"]
+        if args.flash_attn:
+            cmd += ["--flash-attn", args.flash_attn]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             _wait(port, proc)
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", default="7060,65000")
     p.add_argument("--decode", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--flash-attn", choices=("on", "off", "auto"), default=None,
+                   help="passed to llama-server (default: the server's own, auto)")
     args = p.parse_args(argv)
     try:
         return run(args)
