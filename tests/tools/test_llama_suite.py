@@ -43,7 +43,11 @@ def test_adapter_maps_llama_server_flags():
     assert args[args.index("--lora") + 1] == "/a"
     with pytest.raises(ValueError, match="CKPTD_SUITE_LORA"):
         translate(["--lora", "x.gguf"], {})
-    assert "--max-tokens" not in translate(["--n-predict", "-1"], {})
+    assert "--n-predict" not in translate(["--n-predict", "-1"], {})
+    # llama-server's --n-predict is the default a request's own limit overrides,
+    # not a cap (ckptd's --max-tokens)
+    args = translate(["--n-predict", "64"], {})
+    assert args[args.index("--n-predict") + 1] == "64" and "--max-tokens" not in args
     args = translate(["--sleep-idle-seconds", "1", "--backend_sampling"], {})
     assert args[args.index("--sleep-idle-seconds") + 1] == "1" and "--backend-sampling" in args
 
