@@ -103,3 +103,17 @@ def test_suite_vision_subset_passes(tiny_vision):
                             "v1_models_supports or malformed or ggml", "-p", "no:randomly"],
                            str(tiny_vision()[0]), llama_suite.ROOT / "third_party")
     assert code == 0
+
+
+def test_start_timeout_is_the_tools(tmp_path):
+    """The suite's 60-s wait for a server to start is set on every run (a loaded machine
+    needs more to load ckptd's model); only that line changes."""
+    utils = tmp_path / "utils.py"
+    utils.write_text("DEFAULT_HTTP_TIMEOUT = 60\n\nDEFAULT_REQUEST_TIMEOUT = 600\n")
+    llama_suite.start_timeout(tmp_path, 300)
+    assert utils.read_text() == "DEFAULT_HTTP_TIMEOUT = 300\n\nDEFAULT_REQUEST_TIMEOUT = 600\n"
+    llama_suite.start_timeout(tmp_path, 45)                  # again, on a later run
+    assert utils.read_text().startswith("DEFAULT_HTTP_TIMEOUT = 45\n")
+    utils.write_text("TIMEOUT = 60\n")                       # a suite that changed: said
+    with pytest.raises(RuntimeError, match="DEFAULT_HTTP_TIMEOUT"):
+        llama_suite.start_timeout(tmp_path, 300)
