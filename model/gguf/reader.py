@@ -32,8 +32,8 @@ _STRING, _ARRAY = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
 
 class _Reader(gguf.GGUFReader):
     """gguf.GGUFReader with its metadata arrays read in one pass. The library reads an
-    array element by element, each through a few np.memmap slices (~50 us apiece):
-    SmolLM2's 49K tokens and 48K merges took 5.4 CPU-s of its ~10-s daemon start. Here
+    array element by element, each through a few np.memmap slices (tens of us each):
+    SmolLM2's 49K tokens and 48K merges took 4-5 CPU-s of a 10-CPU-s daemon start. Here
     each element is one slice of a plain ndarray over the same mapping, and a string's
     length is read with struct; the fields are the library's own (same parts, same
     data indices, same contents())."""
