@@ -69,6 +69,7 @@ class ServeConfig:
     step_tokens: int = 256                 # tokens per model step (decodes + prefill chunk)
     max_body: int = 32 * 2**20             # bytes of one request body
     max_tokens: int | None = None          # tokens one request may generate; None: the context
+    n_predict: int | None = None           # tokens when a request names none; None: max_tokens
     request_timeout: float | None = None   # seconds a request may take, queue included
     drain_timeout: float = 10.0            # seconds SIGTERM waits for running requests
     api_key: str | None = None
@@ -195,6 +196,8 @@ class ServeConfig:
             raise ValueError("give admin_key or no_admin, not both")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.n_predict is not None and self.n_predict < 1:
+            raise ValueError(f"n_predict must be positive, got {self.n_predict}")
         self._check_sampling()
         self._check_remote()
         if self.alias is not None and not self.aliases:

@@ -44,6 +44,9 @@ SETTINGS: dict[str, tuple] = {
     "max_body": ("size", "largest request body (default 32MiB)"),
     "max_tokens": (_INT, "most tokens one request may generate (default: what the context "
                          "leaves)"),
+    "n_predict": (_INT, "tokens a request generates when it names no limit, as llama-server's "
+                        "--n-predict: a request's own max_tokens / n_predict wins, up to "
+                        "--max-tokens (default: --max-tokens, else what the context leaves)"),
     "request_timeout": (float, "seconds one request may take, queue included (default: no "
                                "limit: a cold 250K-token prompt takes many minutes on a CPU)"),
     "drain_timeout": (float, "seconds SIGTERM lets running requests finish (default 10)"),

@@ -172,10 +172,11 @@ class Service:
     def fit_to_context(self, tokens: list[int], max_tokens: int | None, params: SamplingParams,
                prompt_param: str = "prompt") -> SamplingParams:
         """Check the prompt against the context limit (or what the KV memory holds, when
-        that is less) and fix max_tokens: at most what the server allows (--max-tokens)
-        and the context leaves, as llama-server clamps it (the answer then ends with
-        finish_reason "length"). A request for 0 tokens computes its prompt (and caches
-        it) and returns no text: it runs one."""
+        that is less) and fix max_tokens: the request's own, else --n-predict (as
+        llama-server, where a request's limit wins over the server's default); at most
+        what the server allows (--max-tokens) and the context leaves, which llama-server
+        clamps too (the answer then ends with finish_reason "length"). A request for 0
+        tokens computes its prompt (and caches it) and returns no text: it runs one."""
         n, limit, what = len(tokens), self.max_context, "the context"
         if self.rt.kv_tokens < limit:
             limit, what = self.rt.kv_tokens, "the KV memory (--kv-budget)"
@@ -184,6 +185,8 @@ class Service:
         if n >= limit:
             raise context_exceeded(n, limit, prompt_param, what)
         cap = min(limit - n, self.cfg.max_tokens or limit)
+        if max_tokens is None:
+            max_tokens = self.cfg.n_predict
         max_tokens = cap if max_tokens is None else min(max_tokens, cap)
         return replace(params, max_tokens=max(1, max_tokens))
 

@@ -30,7 +30,7 @@ _MAP = {
     "--chat-template": ("--chat-template", True),
     "--chat-template-file": ("--chat-template-file", True),
     "--cors-origins": ("--cors-origins", True), "--batch-size": ("--step-tokens", True),
-    "--n-predict": ("--max-tokens", True), "--slots": ("--slots", False),
+    "--n-predict": ("--n-predict", True), "--slots": ("--slots", False),
     "--no-slots": ("--no-slots", False),
     "--model": (None, True), "--hf-repo": (None, True), "--hf-file": (None, True),
     "--ubatch-size": (None, True), "--n-gpu-layers": (None, True), "-ctk": (None, True),

@@ -6,7 +6,11 @@ Fetches the suite from the llama-cpp-python sdist on PyPI (the one
 tools/fetch_llamacpp.py downloads) into third_party/llama-server-suite/, keeping the
 sdist's layout around it (tools/server/tests beside models/templates, the chat
 templates its tests read by relative path), turns off its model downloads, and runs
-it with LLAMA_SERVER_BIN_PATH naming a wrapper around tools/llama_adapter.py. Tests
+it with LLAMA_SERVER_BIN_PATH naming a wrapper around tools/llama_adapter.py. The
+suite waits 60 s for a server to answer /health; ckptd loading its model on a loaded
+machine takes longer (36 s to listen at a 1-minute load of 26), so the tool sets that
+wait, the suite's DEFAULT_HTTP_TIMEOUT (read only by ServerProcess.start; request
+timeouts stay the suite's), to --start-timeout (default 300 s). Tests
 listed in tools/llama_suite_exclude.txt are left out (tools/llama_suite_plugin.py);
 each line there gives its reason. The run ends with a line of figures:
 "ckptd: P of N passed (x%) ...".
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import socket
 import stat
@@ -132,10 +137,25 @@ def stand_ins(suite: Path) -> None:
             path.write_text("a stand-in: the adapter serves ckptd's model instead\n")
 
 
+START_TIMEOUT = 300
+_START_LINE = re.compile(r"^DEFAULT_HTTP_TIMEOUT = \d+$", re.M)
+
+
+def start_timeout(suite: Path, seconds: int) -> None:
+    """Set how long the suite waits for a server to start (its DEFAULT_HTTP_TIMEOUT,
+    the default of ServerProcess.start only), each run, as --start-timeout says."""
+    utils = suite / "utils.py"
+    text, n = _START_LINE.subn(f"DEFAULT_HTTP_TIMEOUT = {seconds}", utils.read_text())
+    if n != 1:
+        raise RuntimeError(f"{utils}: no DEFAULT_HTTP_TIMEOUT line to set")
+    utils.write_text(text)
+
+
 def run(extra: list[str], model: str | None, dest: Path, lora: str | None = None,
-        mmproj: str | None = None) -> int:
+        mmproj: str | None = None, start: int = START_TIMEOUT) -> int:
     suite = fetch(dest)
     stand_ins(suite)
+    start_timeout(suite, start)
     return subprocess.call(command(extra), cwd=suite,
                            env=environment(suite, model, dict(os.environ), lora, mmproj))
 
@@ -150,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mmproj", default=None,
                    help="vision tower (mmproj GGUF) for a GGUF --model, served where a test "
                         "starts the suite's multimodal model (an HF folder brings its own)")
+    p.add_argument("--start-timeout", type=int, default=START_TIMEOUT,
+                   help="seconds the suite waits for each server to start (the suite's "
+                        f"own is 60; default {START_TIMEOUT})")
     args, extra = p.parse_known_args(argv)
     try:
-        return run(extra, args.model, args.dest, args.lora, args.mmproj)
+        return run(extra, args.model, args.dest, args.lora, args.mmproj,
+                   args.start_timeout)
     except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -154,7 +154,7 @@ async def props(request: web.Request) -> web.Response:
                        min_p=svc.parse_llama.defaults.min_p,
                        seed=svc.parse_llama.defaults.seed)
     settings = generation_settings(svc, p)
-    settings["n_predict"] = svc.cfg.max_tokens or -1
+    settings["n_predict"] = svc.cfg.n_predict or svc.cfg.max_tokens or -1
     tok = svc.tokenizer
     return json_response({
         "default_generation_settings": {"id": 0, "n_ctx": svc.max_context, "params": settings,

@@ -159,3 +159,35 @@ def test_rope_scaling_is_refused(tmp_path):
     _write_gguf(path, "llama", tensors, **_LLAMA_KEYS)
     with pytest.raises(ValueError, match="rope scaling"):
         load_gguf(path)
+
+
+def test_metadata_arrays_read_as_the_library_reads_them(tmp_path):
+    """open_gguf reads arrays in one pass (a daemon start read SmolLM2's vocabulary in
+    5.4 CPU-s through gguf.GGUFReader): the fields must be the library's own, part by
+    part, for arrays of strings (empty, non-ASCII), integers, floats and booleans."""
+    path = tmp_path / "arrays.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("t.strings", ["a", "", "héllo wörld", "<|im_start|>", "Ġthe"] * 50)
+    w.add_array("t.ints", list(range(-3, 300)))
+    w.add_array("t.floats", [0.5, -1.25, 3e-7])
+    w.add_array("t.bools", [True, False, True])
+    w.add_array("t.empty", [])
+    w.add_array("t.nested", [[1, 2], [3, 4]])
+    w.add_string("t.text", "after the arrays")
+    w.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours, lib = open_gguf(path), gguf.GGUFReader(str(path), "c")
+    assert list(ours.fields) == list(lib.fields)
+    for name, f in ours.fields.items():
+        g = lib.fields[name]
+        assert (f.offset, f.types, f.data) == (g.offset, g.types, g.data), name
+        assert [(p.dtype, p.tolist()) for p in f.parts] == \
+            [(p.dtype, p.tolist()) for p in g.parts], name
+        assert f.contents() == g.contents(), name
+    assert ours.fields["t.strings"].contents(2) == "héllo wörld"
+    assert ours.fields["t.ints"].contents(4) == 1
+    assert ours.data_offset == lib.data_offset
+    assert ours.tensors[0].data.tolist() == lib.tensors[0].data.tolist()

@@ -43,7 +43,11 @@ def test_adapter_maps_llama_server_flags():
     assert args[args.index("--lora") + 1] == "/a"
     with pytest.raises(ValueError, match="CKPTD_SUITE_LORA"):
         translate(["--lora", "x.gguf"], {})
-    assert "--max-tokens" not in translate(["--n-predict", "-1"], {})
+    assert "--n-predict" not in translate(["--n-predict", "-1"], {})
+    # llama-server's --n-predict is the default a request's own limit overrides,
+    # not a cap (ckptd's --max-tokens)
+    args = translate(["--n-predict", "64"], {})
+    assert args[args.index("--n-predict") + 1] == "64" and "--max-tokens" not in args
     args = translate(["--sleep-idle-seconds", "1", "--backend_sampling"], {})
     assert args[args.index("--sleep-idle-seconds") + 1] == "1" and "--backend-sampling" in args
 
@@ -99,3 +103,17 @@ def test_suite_vision_subset_passes(tiny_vision):
                             "v1_models_supports or malformed or ggml", "-p", "no:randomly"],
                            str(tiny_vision()[0]), llama_suite.ROOT / "third_party")
     assert code == 0
+
+
+def test_start_timeout_is_the_tools(tmp_path):
+    """The suite's 60-s wait for a server to start is set on every run (a loaded machine
+    needs more to load ckptd's model); only that line changes."""
+    utils = tmp_path / "utils.py"
+    utils.write_text("DEFAULT_HTTP_TIMEOUT = 60\n\nDEFAULT_REQUEST_TIMEOUT = 600\n")
+    llama_suite.start_timeout(tmp_path, 300)
+    assert utils.read_text() == "DEFAULT_HTTP_TIMEOUT = 300\n\nDEFAULT_REQUEST_TIMEOUT = 600\n"
+    llama_suite.start_timeout(tmp_path, 45)                  # again, on a later run
+    assert utils.read_text().startswith("DEFAULT_HTTP_TIMEOUT = 45\n")
+    utils.write_text("TIMEOUT = 60\n")                       # a suite that changed: said
+    with pytest.raises(RuntimeError, match="DEFAULT_HTTP_TIMEOUT"):
+        llama_suite.start_timeout(tmp_path, 300)
