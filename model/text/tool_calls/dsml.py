@@ -61,7 +61,7 @@ def _value(raw: str, is_string: bool) -> object:
         return raw
 
 
-def _quoted_to(s: str, i: int, stop: str) -> tuple[str, int]:
+def quoted_to(s: str, i: int, stop: str) -> tuple[str, int]:
     """The text from s[i] to `stop` and the index after it; Incomplete when it is not
     written yet, ValueError when a line ends first (no attribute runs on)."""
     k = s.find(stop, i)
@@ -87,7 +87,7 @@ def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str, marked: bool,
     invoke_end, param = f"</{ns}{invoke}>", f'<{ns}{parameter} name="'
     param_end = f"</{ns}{parameter}>"
     j = expect(s, i, f'<{ns}{invoke} name="')
-    name, j = _quoted_to(s, j, '">')
+    name, j = quoted_to(s, j, '">')
     if not name or (schemas and name not in schemas):
         raise ValueError(f"{name!r} is not a tool")
     parts: list[str] = []
@@ -100,13 +100,13 @@ def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str, marked: bool,
                 raise Incomplete            # the closing tag is being written
             j = expect(s, k, param)
             if marked:
-                key, j = _quoted_to(s, j, '"')
+                key, j = quoted_to(s, j, '"')
                 j = expect(s, j, 'string="')
-                kind, j = _quoted_to(s, j, '">')
+                kind, j = quoted_to(s, j, '">')
                 if kind not in ("true", "false"):
                     raise ValueError(f"string={kind!r}")
             else:
-                key, j = _quoted_to(s, j, '">')
+                key, j = quoted_to(s, j, '">')
             typ = schema_type(schemas, name, key)
             if s.startswith(CDATA, j):      # (its text may hold the closing tag)
                 end = s.find(CDATA_END, j)

@@ -22,7 +22,7 @@ from ckptd.model.text.tool_calls.base import (
     schema_type,
     unframe,
 )
-from ckptd.model.text.tool_calls.dsml import _quoted_to
+from ckptd.model.text.tool_calls.dsml import quoted_to
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member, value
 
@@ -36,7 +36,7 @@ FRAMES = (f"{OPEN}response{SEP}", f"{CLOSE}response{SEP}", f"{CLOSE}message{SEP}
 
 def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
     j = expect(s, i, f'{OPEN}call tool="')
-    name, j = _quoted_to(s, j, '"')
+    name, j = quoted_to(s, j, '"')
     if name not in schemas:
         raise ValueError(f"{name!r} is not a tool")
     parts: list[str] = []
@@ -52,9 +52,9 @@ def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
             if k < len(s) and CALL_END.startswith(s[k:]):
                 raise Incomplete
             j = expect(s, k, f'{OPEN}argument key="')
-            key, j = _quoted_to(s, j, '"')
+            key, j = quoted_to(s, j, '"')
             j = expect(s, j, 'type="')
-            typ, j = _quoted_to(s, j, '"')
+            typ, j = quoted_to(s, j, '"')
             j = expect(s, j, SEP)
             end = s.find(ARG_END, j)
             if end < 0:

@@ -21,7 +21,7 @@ from ckptd.model.text.tool_calls.base import (
     schema_content,
     schema_type,
 )
-from ckptd.model.text.tool_calls.dsml import _quoted_to
+from ckptd.model.text.tool_calls.dsml import quoted_to
 from ckptd.model.text.tool_calls.jsonscan import skip_ws
 from ckptd.model.text.tool_calls.xml_args import Incomplete, args, expect, member, value
 
@@ -69,7 +69,7 @@ def _value(s: str, j: int, key: str, typ: object) -> tuple[object, int]:
 
 def _invoke(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
     j = expect(s, i, f'{NS}<invoke name="')
-    name, j = _quoted_to(s, j, '">')
+    name, j = quoted_to(s, j, '">')
     if not name or (schemas and name not in schemas):
         raise ValueError(f"{name!r} is not a tool")
     parts: list[str] = []
