@@ -184,3 +184,9 @@ def schema_content(schema: dict, style: str = "json") -> dict:
     a row, as models write JSON (an unbounded run lets a sampled call never end)."""
     return {"type": "json_schema", "json_schema": schema, "style": style,
             "max_whitespace_cnt": 1}
+
+
+def check_tool(name: str, schemas: dict[str, dict]) -> None:
+    """ValueError unless `name` names a call: not empty and, given tools, one of them."""
+    if not name or (schemas and name not in schemas):
+        raise ValueError(f"{name!r} is not a tool")

@@ -34,6 +34,7 @@ from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
     block_calls,
+    check_tool,
     scan_tagged,
     schema_content,
     schema_type,
@@ -88,8 +89,7 @@ def _invoke(s: str, i: int, schemas: dict[str, dict], ns: str, marked: bool,
     param_end = f"</{ns}{parameter}>"
     j = expect(s, i, f'<{ns}{invoke} name="')
     name, j = quoted_to(s, j, '">')
-    if not name or (schemas and name not in schemas):
-        raise ValueError(f"{name!r} is not a tool")
+    check_tool(name, schemas)
     parts: list[str] = []
     try:
         while True:

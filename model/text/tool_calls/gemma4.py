@@ -13,6 +13,7 @@ import json
 from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
+    check_tool,
     scan_tagged,
     schema_type,
     single_call,
@@ -100,8 +101,7 @@ def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall | None, in
             raise ValueError("a call's name runs on")
         return None, None
     name = s[j:k].strip()
-    if not name or (schemas and name not in schemas):
-        raise ValueError(f"{name!r} is not a tool")
+    check_tool(name, schemas)
     try:
         arguments = {}
         j = skip_ws(s, k + 1)

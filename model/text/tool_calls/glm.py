@@ -24,6 +24,7 @@ from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
     block_calls,
+    check_tool,
     scan_tagged,
     schema_content,
     schema_type,
@@ -52,8 +53,7 @@ class Glm(ToolFormat):
         if not ends:
             raise Incomplete(None)
         name = s[i:min(ends)].strip()
-        if not name or (schemas and name not in schemas):
-            raise ValueError(f"{name!r} is not a tool")
+        check_tool(name, schemas)
         if not self.sep:
             return name, min(ends)
         try:

@@ -13,6 +13,7 @@ from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
     block_calls,
+    check_tool,
     scan_tagged,
     schema_content,
 )
@@ -43,8 +44,7 @@ def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
         raise Incomplete
     call_id = s[j:k].strip()
     name = _name(call_id)
-    if not name or (schemas and name not in schemas):
-        raise ValueError(f"{name!r} is not a tool")
+    check_tool(name, schemas)
     arguments, end = json_args(s, skip_ws(s, k + len(ARGS)))
     if end is None:
         raise Incomplete(ToolCall(name, arguments, False, call_id))

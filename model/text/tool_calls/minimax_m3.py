@@ -17,6 +17,7 @@ from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
     block_calls,
+    check_tool,
     scan_tagged,
     schema_content,
     schema_type,
@@ -70,8 +71,7 @@ def _value(s: str, j: int, key: str, typ: object) -> tuple[object, int]:
 def _invoke(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
     j = expect(s, i, f'{NS}<invoke name="')
     name, j = quoted_to(s, j, '">')
-    if not name or (schemas and name not in schemas):
-        raise ValueError(f"{name!r} is not a tool")
+    check_tool(name, schemas)
     parts: list[str] = []
     try:
         while True:

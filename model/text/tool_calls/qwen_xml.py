@@ -19,6 +19,7 @@ from __future__ import annotations
 from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
+    check_tool,
     scan_tagged,
     schema_content,
     schema_type,
@@ -46,8 +47,7 @@ class QwenXml(ToolFormat):
                 raise Incomplete(None)
             raise ValueError("a function name runs on")
         name = s[j:close]
-        if not name or (schemas and name not in schemas):
-            raise ValueError(f"{name!r} is not a tool")
+        check_tool(name, schemas)
         j, parts = close + 1, []
         while True:
             try:

@@ -13,6 +13,7 @@ from ckptd.model.text.tool_calls.base import (
     ToolCall,
     ToolFormat,
     block_calls,
+    check_tool,
     scan_tagged,
     schema_content,
 )
@@ -39,8 +40,7 @@ def _field(s: str, i: int, stop: str) -> tuple[str, int]:
 def _call(s: str, i: int, schemas: dict[str, dict]) -> tuple[ToolCall, int]:
     call_id, j = _field(s, expect(s, i, CALL), NAME)
     name, j = _field(s, j, ARGS)
-    if not name or (schemas and name not in schemas):
-        raise ValueError(f"{name!r} is not a tool")
+    check_tool(name, schemas)
     arguments, end = json_args(s, skip_ws(s, j))
     if end is None:
         raise Incomplete(ToolCall(name, arguments, False, call_id or None))
