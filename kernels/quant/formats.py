@@ -38,10 +38,10 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 def _nibbles(qs: torch.Tensor, groups: int, width: int) -> torch.Tensor:
     """qs [n, groups * width] -> [n, 2 * groups, width]: per group, low nibbles then high."""
-    n = qs.shape[0]
-    shifts = torch.tensor([0, 4], dtype=_U8, device=qs.device)
-    q = qs.reshape(n, groups, 1, width) >> shifts.view(1, 1, 2, 1)
-    return (q & 0x0F).reshape(n, 2 * groups, width)
+    # shifts by Python numbers, not a tensor made from a list: that is a host -> device
+    # copy, refused while a CUDA graph is captured (the decode graph embeds tokens)
+    q = qs.reshape(qs.shape[0], groups, 1, width)
+    return torch.cat([q & 0x0F, q >> 4], dim=2).reshape(qs.shape[0], 2 * groups, width)
 
 
 def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,8 +90,8 @@ def _q5_k(b):
 def _q6_k(b):
     n = b.shape[0]
     ql = _nibbles(b[:, :128], 2, 64).reshape(n, 8, 32)
-    qh = b[:, 128:192].reshape(n, 2, 1, 32) >> torch.tensor(
-        [0, 2, 4, 6], dtype=_U8, device=b.device).view(1, 1, 4, 1)
+    h = b[:, 128:192].reshape(n, 2, 1, 32)
+    qh = torch.cat([h, h >> 2, h >> 4, h >> 6], dim=2)
     q = (ql | ((qh & 0x03).reshape(n, 8, 32) << 4)).to(torch.int8) - 32
     d = (_f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float())
     return (d.reshape(n, 16, 1) * q.reshape(n, 16, 16).float()).reshape(n, 256)
