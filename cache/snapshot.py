@@ -10,8 +10,12 @@ keeps it as named tensors (cache/codec.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ckptd.model.spec import StateSpec
 
 
 @dataclass
@@ -35,3 +39,26 @@ class Snapshot:
 
     def __bool__(self) -> bool:
         return bool(self.tensors())
+
+
+def check_tensors(spec: StateSpec, P: int, tensors: dict[str, torch.Tensor]) -> None:
+    """ValueError unless tensors are exactly what a snapshot at P holds under spec: the
+    recurrent state where the model has recurrent layers, the partial page's KV where
+    P is inside a page, and maybe the last logits."""
+    want = {}
+    if spec.recurrent is not None:
+        want["conv"] = (spec.conv_shape(), spec.recurrent.conv_dtype)
+        want["ssm"] = (spec.ssm_shape(), spec.recurrent.ssm_dtype)
+    if spec.attention is not None and P % spec.block_size:
+        want["kv"] = (spec.kv_shape(P % spec.block_size), spec.attention.dtype)
+    if P == 0:
+        raise ValueError("a snapshot covers at least one token")
+    extra = set(tensors) - set(want) - {"logits"}
+    if extra or not set(want) <= set(tensors) or not tensors:
+        raise ValueError(f"a snapshot at {P} holds {sorted(want)} (+ optional logits), "
+                         f"got {sorted(tensors)}")
+    for name, (shape, dtype) in want.items():
+        t = tensors[name]
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            raise ValueError(f"snapshot {name!r} must be {list(shape)} {dtype}, "
+                             f"got {list(t.shape)} {t.dtype}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,10 +34,11 @@ import torch
 from ckptd.cache.entry import BLOCK, BRANCH, END, INTERVAL, SNAPSHOT, TAIL, EntryMeta
 from ckptd.cache.keys import KeyChain, prompt_chain, root_key, snapshot_key
 from ckptd.cache.lookup import RestoredState, RestorePlan, plan_restore
-from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.snapshot import Snapshot, check_tensors
 from ckptd.cache.store.admin import StoreAdmin
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.store.commit import Committer
+from ckptd.cache.store.config import StoreConfig
 from ckptd.cache.store.index import DiskIndex
 from ckptd.cache.store.reader import Reader
 from ckptd.cache.store.remote_link import RemoteLink
@@ -54,31 +54,6 @@ if TYPE_CHECKING:
     from ckptd.cache.remote.tier import RemoteTier
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class StoreConfig:
-    disk_budget: int = 20 << 30       # bytes of stored (compressed) values on disk
-    host_budget: int = 2 << 30        # bytes of uncompressed tensors in RAM
-    queue_bytes: int = 256 << 20      # write-behind queue bound (logical bytes)
-    block_when_full: bool = False     # a full queue blocks the put instead of dropping it
-    read_threads: int = 2
-    write_threads: int = 2
-    batch: int = 64                   # entries per LMDB write transaction
-    map_bytes: int | None = None      # LMDB map; default: room for the budget plus slack
-
-    def __post_init__(self) -> None:
-        for name in ("disk_budget", "host_budget", "queue_bytes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("read_threads", "write_threads", "batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-    @property
-    def lmdb_map_bytes(self) -> int:
-        # LMDB needs room beyond the values: tree pages, and freed pages that old
-        # readers still see. Budget + 50% + 64 MiB has been enough in the budget tests.
-        return self.map_bytes or int(self.disk_budget * 1.5) + (64 << 20)
 
 
 class CacheStore:
@@ -263,7 +238,7 @@ class CacheStore:
             raise ValueError(f"keep must be >= 1, got {keep}")
         tokens = _ints(tokens)
         tensors = snapshot.tensors()
-        self._check_snapshot(len(tokens), tensors)
+        check_tensors(self.spec, len(tokens), tensors)
         d = len(tokens) // self.B
         if chain is None:
             chain = self.chain(tokens[:d * self.B], salt, extras, positions)
@@ -292,26 +267,6 @@ class CacheStore:
         """Drop snapshots from every tier (cache/store/thin.py)."""
         self.writable()
         return self.thinner.forget(keys)
-
-    def _check_snapshot(self, P: int, tensors: dict[str, torch.Tensor]) -> None:
-        s = self.spec
-        want = {}
-        if s.recurrent is not None:
-            want["conv"] = (s.conv_shape(), s.recurrent.conv_dtype)
-            want["ssm"] = (s.ssm_shape(), s.recurrent.ssm_dtype)
-        if s.attention is not None and P % self.B:
-            want["kv"] = (s.kv_shape(P % self.B), s.attention.dtype)
-        if P == 0:
-            raise ValueError("a snapshot covers at least one token")
-        extra = set(tensors) - set(want) - {"logits"}
-        if extra or not set(want) <= set(tensors) or not tensors:
-            raise ValueError(f"a snapshot at {P} holds {sorted(want)} (+ optional logits), "
-                             f"got {sorted(tensors)}")
-        for name, (shape, dtype) in want.items():
-            t = tensors[name]
-            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-                raise ValueError(f"snapshot {name!r} must be {list(shape)} {dtype}, "
-                                 f"got {list(t.shape)} {t.dtype}")
 
     def _put(self, key: bytes, meta: EntryMeta, tensors: dict[str, torch.Tensor]) -> bool:
         meta.logical_bytes = tensors_nbytes(tensors)
