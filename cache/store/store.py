@@ -45,7 +45,7 @@ from ckptd.cache.store.remote_link import RemoteLink
 from ckptd.cache.store.thin import Forget, Thinner
 from ckptd.cache.store.writer import Writer
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
-from ckptd.cache.tiers.host import HostTier, owned_copy, tensors_nbytes
+from ckptd.cache.tiers.host import HostTier, owned_copy, owned_rows, tensors_nbytes
 from ckptd.cache.why.gone import BUDGET, EVICTED, Gone
 from ckptd.cache.why.ledger import Ledger
 from ckptd.model.spec import StateSpec
@@ -211,15 +211,14 @@ class CacheStore:
         elif len(chain) < first_block + n:
             raise ValueError(f"the key chain holds {len(chain)} blocks, need {first_block + n}")
         ctx, root, keys = chain.ctx, chain.root, chain.keys
+        todo = [j for j in range(n) if not self.catalog.known(keys[first_block + j])]
         new = 0
-        for j in range(n):
+        for j, page in zip(todo, owned_rows(pages, todo), strict=True):
             i = first_block + j
-            if self.catalog.known(keys[i]):
-                continue
             meta = EntryMeta(BLOCK, keys[i - 1] if i else root, (i + 1) * self.B,
                              tokens[i * self.B:(i + 1) * self.B], self.fp,
                              plain=ctx.plain(i, self.B))
-            new += self._put(keys[i], meta, {"kv": owned_copy(pages[j])})
+            new += self._put(keys[i], meta, {"kv": page})
         return new
 
     def put_snapshot(self, tokens, snapshot: Snapshot, salt: str | bytes | None = None,

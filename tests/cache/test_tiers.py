@@ -12,7 +12,7 @@ from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
 from ckptd.cache.keys import root_key
 from ckptd.cache.tier import Tier
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
-from ckptd.cache.tiers.host import HostTier, tensors_nbytes
+from ckptd.cache.tiers.host import HostTier, owned_rows, tensors_nbytes
 from tests.cache.test_codec import DTYPES
 
 
@@ -52,6 +52,20 @@ def test_host_round_trip_and_lru_within_budget():
     assert [k for k, _ in host.children_after(keys[0])] == [keys[5]]
     host.delete(keys[5])
     assert host.children_after(keys[0]) == [] and not host.contains(keys[5])
+
+
+def test_owned_rows_copies_runs_of_rows_once_each():
+    t = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 2, 3)
+    rows = [0, 1, 2, 5, 6, 7]
+    got = owned_rows(t, rows, group_bytes=2 * 6 * 4)       # two rows a copy
+    want = t[rows].clone()
+    t.zero_()                                              # copies, not views of t
+    assert torch.equal(torch.stack(got), want)
+    bases = [g.untyped_storage().data_ptr() for g in got]
+    # runs [0, 1] [2] [5, 6] [7]: a run never spans a gap or exceeds the bytes
+    assert bases[0] == bases[1] != bases[2] != bases[3] == bases[4] != bases[5]
+    assert len({*bases}) == 4 and all(g.is_contiguous() for g in got)
+    assert owned_rows(t, []) == []
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
