@@ -12,9 +12,12 @@ weight as fp32 (a near-tie must pick the expert transformers picks), and both ar
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from torch import nn
 
+from ckptd.kernels.quant import cpu
 from ckptd.kernels.quant.formats import QuantTensor
 from ckptd.model.arch.moe import Experts
 from ckptd.model.quant import (
@@ -56,6 +59,20 @@ def attach_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype
         else:
             plain.update({f"{path}.{a}": t.dequantize(dtype) for a, t in parts.items()})
     return plain
+
+
+def use_gemv_activations(model: nn.Module, mode: str) -> None:
+    """How the kept Q4_0 / Q4_1 / Q8_0 matmuls of a decode step (a few rows, on the CPU)
+    take their activations: "fp32", or "q8", rounded to int8 per block of 32 and
+    multiplied in integers as llama.cpp does (kernels/quant/cpu.py; the logits change
+    slightly). Process-wide. With q8 the model's KV and logits are another path's, so
+    its fingerprint changes: caches of the two never mix. ValueError for another mode."""
+    cpu.set_activations(mode)
+    if mode == "q8" and any(isinstance(m, KeptLinear) and m.qweight.fmt in cpu.Q8_FORMATS
+                            and m.qweight.data.device.type == "cpu"
+                            for m in model.modules()):
+        model.fingerprint = hashlib.blake2b(f"{model.fingerprint} gemv=q8".encode(),
+                                            digest_size=16).hexdigest()
 
 
 def _replace(model: nn.Module, path: str, new: nn.Module) -> None:

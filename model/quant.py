@@ -145,7 +145,8 @@ class KeptMatmul:
         self.parts, self.bias = parts, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [ops.quant_matmul(x, p) if isinstance(p, QuantTensor) else p(x)
-                for p in self.parts]
+        shared: dict = {}       # parts of other formats: x rounded to int8 once for all
+        outs = [ops.quant_matmul(x, p, shared=shared) if isinstance(p, QuantTensor)
+                else p(x) for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if self.bias is None else y + self.bias

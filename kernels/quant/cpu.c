@@ -232,3 +232,158 @@ void ckq_gemv(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
         }
     }
 }
+
+/* ---- the integer dot (--gemv-activations q8), as llama.cpp multiplies a decode step:
+ * the activations rounded to int8 per block of 32 (d = max|x| / 127, q = x / d rounded
+ * to nearest even, clamped to +-127), each weight block's integer dot with them exact
+ * in int32, then scaled in fp32. The integers are those of tests/kernels/q8_model.py's
+ * numpy model, and so are the fp32 operations and their order: per block, 8 lanes each
+ * summing 4 neighbouring products, acc[l] = acc[l] + (dw * dx) * lane[l], a fixed
+ * tree over the lanes at the end, then Q4_1's min term (sum of mw * (dx * sum q)) added.
+ * With VNNI (chosen by -march=native when this CPU has it) the lanes come from one
+ * dpbusd; else from maddubs + madd, which cannot saturate here: |w| <= 128 (Q8_0's sign
+ * trick), |q| <= 127, so a pair stays under 2^15. */
+
+enum { XB = 32 };
+
+/* x [M, K] fp32 -> q int8 [M, K] and ds [M, K / 32, 2]: (d, d * sum of the block's q) */
+void ckq_quantize_q8(const float *x, int64_t M, int64_t K, int8_t *q, float *ds) {
+    const int64_t nb = M * (K / XB);
+    for (int64_t r = 0; r < nb; r++) {
+        const float *v = x + r * XB;
+        float amax = 0.f;
+        for (int l = 0; l < XB; l++) amax = fmaxf(amax, fabsf(v[l]));
+        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int l = 0; l < XB; l++) {
+            float t = nearbyintf(v[l] * id);
+            t = t > 127.f ? 127.f : (t < -127.f ? -127.f : t);
+            q[r * XB + l] = (int8_t)t;
+            sum += (int)t;
+        }
+        ds[2 * r] = d;
+        ds[2 * r + 1] = d * (float)sum;
+    }
+}
+
+#ifdef __AVX2__
+static inline __m256i nibbles(const uint8_t *qs) {      /* 16 bytes -> 32 values in order */
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+static inline __m256i lanes(__m256i u, __m256i s) {      /* u8 x s8, 4 products a lane */
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* R rows of W (row_bytes apart) . one x -> y[0 .. R): R independent chains of adds, so
+ * the loop is not bound by one add's latency; each row's operations as for R = 1 */
+static inline __attribute__((always_inline))
+void dot_q8(const int t, const int R, const uint8_t *restrict w, int64_t row_bytes,
+            const int8_t *restrict xq, const float *restrict ds, int64_t nb, float *y) {
+    __m256 acc[4];
+    float macc[4];
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
+    const int bb = t == Q4_1 ? 20 : (t == Q4_0 ? 18 : 34);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + XB * b));
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + r * row_bytes + b * bb;
+            __m256i isum;
+            if (t == Q4_1) {
+                isum = lanes(nibbles(blk + 4), x);
+                macc[r] = macc[r] + h2f(blk + 2) * ds[2 * b + 1];
+            } else {
+                const __m256i ws = t == Q4_0
+                    ? _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8))
+                    : _mm256_loadu_si256((const __m256i *)(blk + 2));
+                isum = lanes(_mm256_sign_epi8(ws, ws), _mm256_sign_epi8(x, ws));
+            }
+            const __m256 dd = _mm256_set1_ps(h2f(blk) * ds[2 * b]);
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        v = _mm_add_ss(v, _mm_movehdup_ps(v));
+        y[r] = _mm_cvtss_f32(v) + macc[r];
+    }
+}
+#else
+static inline __attribute__((always_inline))
+float dot_row(const int t, const uint8_t *restrict w, const int8_t *restrict xq,
+              const float *restrict ds, int64_t nb) {
+    float acc[8] = {0}, macc = 0.f;
+    const int bb = t == Q4_1 ? 20 : (t == Q4_0 ? 18 : 34);
+    for (int64_t b = 0; b < nb; b++, w += bb) {
+        int wv[XB];
+        if (t == Q8_0) {
+            for (int l = 0; l < XB; l++) wv[l] = (int8_t)w[2 + l];
+        } else {
+            const uint8_t *qs = w + (t == Q4_1 ? 4 : 2);
+            const int off = t == Q4_0 ? 8 : 0;
+            for (int l = 0; l < 16; l++) {
+                wv[l] = (qs[l] & 0xF) - off;
+                wv[l + 16] = (qs[l] >> 4) - off;
+            }
+        }
+        if (t == Q4_1) macc = macc + h2f(w + 2) * ds[2 * b + 1];
+        const float dd = h2f(w) * ds[2 * b];
+        const int8_t *x = xq + XB * b;
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) s += wv[i] * x[i];
+            acc[l] = acc[l] + dd * (float)s;
+        }
+    }
+    return (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])))
+           + macc;
+}
+
+static inline __attribute__((always_inline))
+void dot_q8(const int t, const int R, const uint8_t *restrict w, int64_t row_bytes,
+            const int8_t *restrict xq, const float *restrict ds, int64_t nb, float *y) {
+    for (int r = 0; r < R; r++) y[r] = dot_row(t, w + r * row_bytes, xq, ds, nb);
+}
+#endif
+
+/* rows [4 n, 4 n + 4) (fewer at the end) of y[m] */
+static inline __attribute__((always_inline))
+void four_rows(const int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+               const int8_t *xq, const float *ds, int64_t m, int64_t n, float *y) {
+    const int64_t nb = K / XB, r0 = 4 * n;
+    const int8_t *xm = xq + m * K;
+    const float *dm = ds + 2 * m * nb;
+    float o[4];
+    if (N - r0 >= 4) {
+        dot_q8(t, 4, w + r0 * row_bytes, row_bytes, xm, dm, nb, o);
+        memcpy(y + m * N + r0, o, sizeof o);
+    } else {
+        for (int64_t r = r0; r < N; r++) dot_q8(t, 1, w + r * row_bytes, row_bytes, xm, dm, nb, y + m * N + r);
+    }
+}
+
+/* y[m, n] = W[n] . x[m] for the integer formats, x as ckq_quantize_q8 left it;
+ * returns -1 for a format without an integer dot (the caller multiplies in fp32) */
+int ckq_gemv_q8(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                const int8_t *xq, const float *ds, int64_t M, float *y, int nthreads) {
+    if (t != Q4_0 && t != Q4_1 && t != Q8_0) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < (N + 3) / 4; n++) {
+        for (int64_t m = 0; m < M; m++) {
+            switch (t) {          /* a constant format in each call: specialised loops */
+            case Q4_0: four_rows(Q4_0, w, row_bytes, N, K, xq, ds, m, n, y); break;
+            case Q4_1: four_rows(Q4_1, w, row_bytes, N, K, xq, ds, m, n, y); break;
+            default: four_rows(Q8_0, w, row_bytes, N, K, xq, ds, m, n, y); break;
+            }
+        }
+    }
+    return 0;
+}

@@ -4,6 +4,10 @@ ctypes (it releases the GIL and runs on the process's OpenMP threads).
     matmul(x, qt)     x [M, K] fp32 @ W.T: a few rows (decode) multiply block by block
                       without expanding W; longer steps dequantize CHUNK rows of W at a
                       time into one reused buffer and let MKL multiply them
+    set_activations   "q8": a few rows of Q4_0 / Q4_1 / Q8_0 multiply in integers, the
+                      activations rounded to int8 per block of 32 (as llama.cpp's
+                      decode does; the logits change slightly); "fp32" (the default):
+                      the weights' values dequantized exactly, multiplied in fp32
     dequantize(qt, rows)     fp32 rows (embedding lookups)
 
 The library is built by kernels/cbuild.py (once per machine, source and flags);
@@ -25,6 +29,8 @@ from ckptd.kernels.quant.formats import FORMATS, QuantTensor
 _SRC = Path(__file__).with_name("cpu.c")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
           "-shared", "-fPIC"]
+ACTIVATIONS = ("fp32", "q8")
+Q8_FORMATS = ("Q4_0", "Q4_1", "Q8_0")      # the formats with an integer dot in cpu.c
 GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer
 _CHUNK_BYTES = 4 << 20  # fp32 rows dequantized per MKL call: stays in L2/L3
 
@@ -35,6 +41,11 @@ def _bind(dll: ctypes.CDLL) -> None:
     dll.ckq_gemv.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
                              ctypes.c_int]
     dll.ckq_dequant.restype = dll.ckq_gemv.restype = None
+    dll.ckq_quantize_q8.argtypes = [ptr, i64, i64, ptr, ptr]
+    dll.ckq_quantize_q8.restype = None
+    dll.ckq_gemv_q8.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, i64, ptr,
+                                ctypes.c_int]
+    dll.ckq_gemv_q8.restype = ctypes.c_int
 
 
 library = cbuild.Library(_SRC, _FLAGS, "ckq", "CKPTD_QUANT_CPU", _bind,
@@ -54,6 +65,7 @@ def supports(qt: QuantTensor) -> bool:
 
 
 _local = threading.local()
+_CPU = torch.device("cpu")      # by name: under a meta default device torch.empty is null
 
 
 def _scratch(n: int) -> torch.Tensor:
@@ -80,12 +92,60 @@ def dequantize_rows(qt: QuantTensor, r0: int, r1: int, out: torch.Tensor | None 
     return out
 
 
-def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """x [M, K] fp32 @ W.T (+ bias) -> [M, N] fp32, W a 2-D kept tensor [N, K]."""
+_activations = "fp32"
+
+
+def set_activations(mode: str) -> None:
+    """How this process's few-row matmuls take their activations: "fp32" or "q8" (the
+    module docstring). Process-wide, as a daemon serves one model (and its draft)."""
+    global _activations
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"--gemv-activations must be one of {', '.join(ACTIVATIONS)}, "
+                         f"got {mode!r}")
+    _activations = mode
+
+
+def activations() -> str:
+    return _activations
+
+
+def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] fp32 (K a multiple of 32) -> (q int8 [M, K], ds fp32 [M, K / 32, 2]):
+    per block of 32 the scale d and d * (the sum of its q)."""
+    x = x.contiguous()
+    M, K = x.shape
+    q = torch.empty(M, K, dtype=torch.int8, device=_CPU)
+    ds = torch.empty(M, K // 32, 2, dtype=torch.float32, device=_CPU)
+    library.load().ckq_quantize_q8(_ptr(x), M, K, _ptr(q), _ptr(ds))
+    return q, ds
+
+
+def gemv_q8(xq: tuple[torch.Tensor, torch.Tensor], qt: QuantTensor) -> torch.Tensor:
+    """quantize_q8's x [M, K] @ W.T -> [M, N] fp32 in integers, W Q4_0 / Q4_1 / Q8_0."""
+    q, ds = xq
+    M, K = q.shape
+    N = qt.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32, device=_CPU)
+    if library.load().ckq_gemv_q8(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), N, K,
+                               _ptr(q), _ptr(ds), M, _ptr(y), torch.get_num_threads()):
+        raise ValueError(f"no integer dot for {qt.fmt}")
+    return y
+
+
+def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None,
+           shared: dict | None = None) -> torch.Tensor:
+    """x [M, K] fp32 @ W.T (+ bias) -> [M, N] fp32, W a 2-D kept tensor [N, K]. `shared`:
+    a dict the matmuls of one input (KeptMatmul's parts) pass along, so that x is
+    quantized once for all of them."""
     x = x.contiguous()
     M, K = x.shape
     N = qt.shape[0]
+    if M <= GEMV_ROWS and _activations == "q8" and qt.fmt in Q8_FORMATS:
+        memo = {} if shared is None else shared
+        if "q8" not in memo:
+            memo["q8"] = quantize_q8(x)
+        y = gemv_q8(memo["q8"], qt)
+        return y if bias is None else y.add_(bias)
     if M <= GEMV_ROWS:
         y = torch.empty(M, N, dtype=torch.float32)
         threads = torch.get_num_threads()
