@@ -387,3 +387,12 @@ int ckq_gemv_q8(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K
     }
     return 0;
 }
+
+/* ckq_gemv_q8 with x [M, K] fp32 quantized first into q / ds (quantize != 0), or q / ds
+ * as an earlier call over the same x left them: one call a matmul */
+int ckq_matmul_q8(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                  const float *x, int64_t M, int8_t *xq, float *ds, int quantize, float *y,
+                  int nthreads) {
+    if (quantize) ckq_quantize_q8(x, M, K, xq, ds);
+    return ckq_gemv_q8(t, w, row_bytes, N, K, xq, ds, M, y, nthreads);
+}

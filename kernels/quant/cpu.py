@@ -4,10 +4,10 @@ ctypes (it releases the GIL and runs on the process's OpenMP threads).
     matmul(x, qt)     x [M, K] fp32 @ W.T: a few rows (decode) multiply block by block
                       without expanding W; longer steps dequantize CHUNK rows of W at a
                       time into one reused buffer and let MKL multiply them
-    set_activations   "q8": a few rows of Q4_0 / Q4_1 / Q8_0 multiply in integers, the
-                      activations rounded to int8 per block of 32 (as llama.cpp's
-                      decode does; the logits change slightly); "fp32" (the default):
-                      the weights' values dequantized exactly, multiplied in fp32
+    matmul(x, qt, activations="q8")    a few rows of Q4_0 / Q4_1 / Q8_0 multiply in
+                      integers, the activations rounded to int8 per block of 32 (as
+                      llama.cpp's decode does; the logits change slightly); "fp32" (the
+                      default): the weights' values dequantized exactly, in fp32
     dequantize(qt, rows)     fp32 rows (embedding lookups)
 
 The library is built by kernels/cbuild.py (once per machine, source and flags);
@@ -32,6 +32,9 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-er
 ACTIVATIONS = ("fp32", "q8")
 Q8_FORMATS = ("Q4_0", "Q4_1", "Q8_0")      # the formats with an integer dot in cpu.c
 GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer
+Q8_ROWS = 4             # and of up to this many, in integers with activations "q8": each
+                        # row is its own integer dot, which beats the fp32 gemv's one
+                        # dequantization a row of W up to ~4 rows (docs/BENCHMARKS.md)
 _CHUNK_BYTES = 4 << 20  # fp32 rows dequantized per MKL call: stays in L2/L3
 
 
@@ -45,7 +48,9 @@ def _bind(dll: ctypes.CDLL) -> None:
     dll.ckq_quantize_q8.restype = None
     dll.ckq_gemv_q8.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, i64, ptr,
                                 ctypes.c_int]
-    dll.ckq_gemv_q8.restype = ctypes.c_int
+    dll.ckq_matmul_q8.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64, ptr, ptr,
+                                  ctypes.c_int, ptr, ctypes.c_int]
+    dll.ckq_gemv_q8.restype = dll.ckq_matmul_q8.restype = ctypes.c_int
 
 
 library = cbuild.Library(_SRC, _FLAGS, "ckq", "CKPTD_QUANT_CPU", _bind,
@@ -77,6 +82,17 @@ def _scratch(n: int) -> torch.Tensor:
     return buf
 
 
+def _q8_scratch(n: int) -> tuple[int, int]:
+    """Addresses of n int8 values and n / 16 floats (x's quantization: q, and each block's
+    d and d * sum q), kept per calling thread and overwritten by its next matmul that
+    quantizes. Addresses, not views: a view costs microseconds, ~100 times a step."""
+    buf = getattr(_local, "q8", None)
+    if buf is None or buf[0].numel() < n:
+        buf = _local.q8 = (torch.empty(n, dtype=torch.int8, device=_CPU),
+                           torch.empty(n // 16, dtype=torch.float32, device=_CPU))
+    return buf[0].data_ptr(), buf[1].data_ptr()
+
+
 def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
@@ -90,23 +106,6 @@ def dequantize_rows(qt: QuantTensor, r0: int, r1: int, out: torch.Tensor | None 
     library.lib.ckq_dequant(FORMATS[qt.fmt][0], _ptr(qt.data), qt.data.stride(0), r0, r1, K,
                      _ptr(out), torch.get_num_threads())
     return out
-
-
-_activations = "fp32"
-
-
-def set_activations(mode: str) -> None:
-    """How this process's few-row matmuls take their activations: "fp32" or "q8" (the
-    module docstring). Process-wide, as a daemon serves one model (and its draft)."""
-    global _activations
-    if mode not in ACTIVATIONS:
-        raise ValueError(f"--gemv-activations must be one of {', '.join(ACTIVATIONS)}, "
-                         f"got {mode!r}")
-    _activations = mode
-
-
-def activations() -> str:
-    return _activations
 
 
 def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,18 +132,26 @@ def gemv_q8(xq: tuple[torch.Tensor, torch.Tensor], qt: QuantTensor) -> torch.Ten
 
 
 def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None,
-           shared: dict | None = None) -> torch.Tensor:
-    """x [M, K] fp32 @ W.T (+ bias) -> [M, N] fp32, W a 2-D kept tensor [N, K]. `shared`:
-    a dict the matmuls of one input (KeptMatmul's parts) pass along, so that x is
-    quantized once for all of them."""
+           shared: dict | None = None, activations: str = "fp32") -> torch.Tensor:
+    """x [M, K] fp32 @ W.T (+ bias) -> [M, N] fp32, W a 2-D kept tensor [N, K].
+    activations: "fp32" or "q8" (the module's docstring; formats without an integer dot,
+    and steps of more than GEMV_ROWS rows, multiply in fp32 either way). `shared`: a dict
+    the matmuls of one input (KeptMatmul's parts) pass along, so that x is quantized once
+    for all of them."""
     x = x.contiguous()
     M, K = x.shape
     N = qt.shape[0]
-    if M <= GEMV_ROWS and _activations == "q8" and qt.fmt in Q8_FORMATS:
-        memo = {} if shared is None else shared
-        if "q8" not in memo:
-            memo["q8"] = quantize_q8(x)
-        y = gemv_q8(memo["q8"], qt)
+    if M <= Q8_ROWS and activations == "q8" and qt.fmt in Q8_FORMATS:
+        # one C call (this runs ~100 times a decode step): x quantized into this
+        # thread's scratch, kept for the next part of the same KeptMatmul call
+        made = shared is not None and "q8" in shared
+        q, ds = shared["q8"] if made else _q8_scratch(M * K)
+        if shared is not None:
+            shared["q8"] = (q, ds)
+        y = torch.empty(M, N, dtype=torch.float32, device=_CPU)
+        library.lib.ckq_matmul_q8(FORMATS[qt.fmt][0], qt.data.data_ptr(), qt.data.stride(0), N,
+                                  K, x.data_ptr(), M, q, ds, 0 if made else 1, y.data_ptr(),
+                                  torch.get_num_threads())
         return y if bias is None else y.add_(bias)
     if M <= GEMV_ROWS:
         y = torch.empty(M, N, dtype=torch.float32)
