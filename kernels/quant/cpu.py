@@ -31,10 +31,9 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-er
           "-shared", "-fPIC"]
 ACTIVATIONS = ("fp32", "q8")
 Q8_FORMATS = ("Q4_0", "Q4_1", "Q8_0")      # the formats with an integer dot in cpu.c
-GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer
-Q8_ROWS = 4             # and of up to this many, in integers with activations "q8": each
-                        # row is its own integer dot, which beats the fp32 gemv's one
-                        # dequantization a row of W up to ~4 rows (docs/BENCHMARKS.md)
+GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer (with
+                        # activations "q8", in integers): each row's product is then the
+                        # same in any such step (a speculative check equals plain decode)
 _CHUNK_BYTES = 4 << 20  # fp32 rows dequantized per MKL call: stays in L2/L3
 
 
@@ -141,7 +140,7 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None,
     x = x.contiguous()
     M, K = x.shape
     N = qt.shape[0]
-    if M <= Q8_ROWS and activations == "q8" and qt.fmt in Q8_FORMATS:
+    if M <= GEMV_ROWS and activations == "q8" and qt.fmt in Q8_FORMATS:
         # one C call (this runs ~100 times a decode step): x quantized into this
         # thread's scratch, kept for the next part of the same KeptMatmul call
         made = shared is not None and "q8" in shared
