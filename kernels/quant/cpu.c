@@ -282,38 +282,40 @@ static inline __m256i lanes(__m256i u, __m256i s) {      /* u8 x s8, 4 products 
 #endif
 }
 
-/* R rows of W (row_bytes apart) . one x -> y[0 .. R): R independent chains of adds, so
- * the loop is not bound by one add's latency; each row's operations as for R = 1 */
+/* one row of W . MC rows of x (K apart) -> y[0], y[N], ...: each weight block unpacked
+ * once for all of them; each (row, x) pair's operations as for MC = 1 */
 static inline __attribute__((always_inline))
-void dot_q8(const int t, const int R, const uint8_t *restrict w, int64_t row_bytes,
-            const int8_t *restrict xq, const float *restrict ds, int64_t nb, float *y) {
+void dot_q8(const int t, const int MC, const uint8_t *restrict w, const int8_t *restrict xq,
+            const float *restrict ds, int64_t K, float *y, int64_t N) {
+    const int64_t nb = K / XB;
     __m256 acc[4];
     float macc[4];
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
+    for (int m = 0; m < MC; m++) { acc[m] = _mm256_setzero_ps(); macc[m] = 0.f; }
     const int bb = t == Q4_1 ? 20 : (t == Q4_0 ? 18 : 34);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + XB * b));
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + r * row_bytes + b * bb;
-            __m256i isum;
-            if (t == Q4_1) {
-                isum = lanes(nibbles(blk + 4), x);
-                macc[r] = macc[r] + h2f(blk + 2) * ds[2 * b + 1];
-            } else {
-                const __m256i ws = t == Q4_0
-                    ? _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8))
-                    : _mm256_loadu_si256((const __m256i *)(blk + 2));
-                isum = lanes(_mm256_sign_epi8(ws, ws), _mm256_sign_epi8(x, ws));
-            }
-            const __m256 dd = _mm256_set1_ps(h2f(blk) * ds[2 * b]);
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum)));
+    for (int64_t b = 0; b < nb; b++, w += bb) {
+        __m256i u, ws = _mm256_setzero_si256();
+        if (t == Q4_1) {
+            u = nibbles(w + 4);
+        } else {
+            ws = t == Q4_0 ? _mm256_sub_epi8(nibbles(w + 2), _mm256_set1_epi8(8))
+                           : _mm256_loadu_si256((const __m256i *)(w + 2));
+            u = _mm256_sign_epi8(ws, ws);
+        }
+        const float dw = h2f(w), mw = t == Q4_1 ? h2f(w + 2) : 0.f;
+        for (int m = 0; m < MC; m++) {
+            const float *dm = ds + 2 * (m * nb + b);
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + XB * b));
+            if (t != Q4_1) x = _mm256_sign_epi8(x, ws);
+            if (t == Q4_1) macc[m] = macc[m] + mw * dm[1];
+            const __m256 dd = _mm256_set1_ps(dw * dm[0]);
+            acc[m] = _mm256_add_ps(acc[m], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(lanes(u, x))));
         }
     }
-    for (int r = 0; r < R; r++) {
-        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    for (int m = 0; m < MC; m++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
         v = _mm_add_ps(v, _mm_movehl_ps(v, v));
         v = _mm_add_ss(v, _mm_movehdup_ps(v));
-        y[r] = _mm_cvtss_f32(v) + macc[r];
+        y[m * N] = _mm_cvtss_f32(v) + macc[m];
     }
 }
 #else
@@ -348,40 +350,41 @@ float dot_row(const int t, const uint8_t *restrict w, const int8_t *restrict xq,
 }
 
 static inline __attribute__((always_inline))
-void dot_q8(const int t, const int R, const uint8_t *restrict w, int64_t row_bytes,
-            const int8_t *restrict xq, const float *restrict ds, int64_t nb, float *y) {
-    for (int r = 0; r < R; r++) y[r] = dot_row(t, w + r * row_bytes, xq, ds, nb);
+void dot_q8(const int t, const int MC, const uint8_t *restrict w, const int8_t *restrict xq,
+            const float *restrict ds, int64_t K, float *y, int64_t N) {
+    for (int m = 0; m < MC; m++) y[m * N] = dot_row(t, w, xq + m * K, ds + 2 * m * (K / XB), K / XB);
 }
 #endif
 
-/* rows [4 n, 4 n + 4) (fewer at the end) of y[m] */
+/* y[m0 .. m0 + MC, n], MC = min(4, M - m0) */
 static inline __attribute__((always_inline))
-void four_rows(const int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
-               const int8_t *xq, const float *ds, int64_t m, int64_t n, float *y) {
-    const int64_t nb = K / XB, r0 = 4 * n;
-    const int8_t *xm = xq + m * K;
-    const float *dm = ds + 2 * m * nb;
-    float o[4];
-    if (N - r0 >= 4) {
-        dot_q8(t, 4, w + r0 * row_bytes, row_bytes, xm, dm, nb, o);
-        memcpy(y + m * N + r0, o, sizeof o);
-    } else {
-        for (int64_t r = r0; r < N; r++) dot_q8(t, 1, w + r * row_bytes, row_bytes, xm, dm, nb, y + m * N + r);
+void rows_of_x(const int t, const uint8_t *w, const int8_t *xq, const float *ds, int64_t K,
+               int64_t M, int64_t m0, float *y, int64_t N) {
+    xq += m0 * K;
+    ds += 2 * m0 * (K / XB);
+    y += m0 * N;
+    switch (M - m0 < 4 ? M - m0 : 4) {
+    case 1: dot_q8(t, 1, w, xq, ds, K, y, N); break;
+    case 2: dot_q8(t, 2, w, xq, ds, K, y, N); break;
+    case 3: dot_q8(t, 3, w, xq, ds, K, y, N); break;
+    default: dot_q8(t, 4, w, xq, ds, K, y, N); break;
     }
 }
 
-/* y[m, n] = W[n] . x[m] for the integer formats, x as ckq_quantize_q8 left it;
- * returns -1 for a format without an integer dot (the caller multiplies in fp32) */
+/* y[m, n] = W[n] . x[m] for the integer formats, x as ckq_quantize_q8 left it: a row of W
+ * at a time against up to 4 rows of x (the row stays in L1 over all of x); returns -1
+ * for a format without an integer dot (the caller multiplies in fp32) */
 int ckq_gemv_q8(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
                 const int8_t *xq, const float *ds, int64_t M, float *y, int nthreads) {
     if (t != Q4_0 && t != Q4_1 && t != Q8_0) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = 0; n < (N + 3) / 4; n++) {
-        for (int64_t m = 0; m < M; m++) {
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
             switch (t) {          /* a constant format in each call: specialised loops */
-            case Q4_0: four_rows(Q4_0, w, row_bytes, N, K, xq, ds, m, n, y); break;
-            case Q4_1: four_rows(Q4_1, w, row_bytes, N, K, xq, ds, m, n, y); break;
-            default: four_rows(Q8_0, w, row_bytes, N, K, xq, ds, m, n, y); break;
+            case Q4_0: rows_of_x(Q4_0, row, xq, ds, K, M, m0, y + n, N); break;
+            case Q4_1: rows_of_x(Q4_1, row, xq, ds, K, M, m0, y + n, N); break;
+            default: rows_of_x(Q8_0, row, xq, ds, K, M, m0, y + n, N); break;
             }
         }
     }

@@ -31,9 +31,7 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-er
           "-shared", "-fPIC"]
 ACTIVATIONS = ("fp32", "q8")
 Q8_FORMATS = ("Q4_0", "Q4_1", "Q8_0")      # the formats with an integer dot in cpu.c
-GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer (with
-                        # activations "q8", in integers): each row's product is then the
-                        # same in any such step (a speculative check equals plain decode)
+GEMV_ROWS = 16          # steps of up to this many tokens multiply without a buffer
 _CHUNK_BYTES = 4 << 20  # fp32 rows dequantized per MKL call: stays in L2/L3
 
 
@@ -133,15 +131,18 @@ def gemv_q8(xq: tuple[torch.Tensor, torch.Tensor], qt: QuantTensor) -> torch.Ten
 def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None,
            shared: dict | None = None, activations: str = "fp32") -> torch.Tensor:
     """x [M, K] fp32 @ W.T (+ bias) -> [M, N] fp32, W a 2-D kept tensor [N, K].
-    activations: "fp32" or "q8" (the module's docstring; formats without an integer dot,
-    and steps of more than GEMV_ROWS rows, multiply in fp32 either way). `shared`: a dict
-    the matmuls of one input (KeptMatmul's parts) pass along, so that x is quantized once
-    for all of them."""
+    activations: "fp32" or "q8" (the module's docstring; formats without an integer dot
+    multiply in fp32 either way). With q8 every step multiplies in integers, prefill
+    too: each row's product then depends on that row alone, so a token's KV is the same
+    whether it was decoded or prefilled (cached answers equal uncached ones; with the
+    fp32 path the two differ by ~1e-6, with q8 decode beside an fp32 prefill by ~1%).
+    `shared`: a dict the matmuls of one input (KeptMatmul's parts) pass along, so that
+    x is quantized once for all of them."""
     x = x.contiguous()
     M, K = x.shape
     N = qt.shape[0]
-    if M <= GEMV_ROWS and activations == "q8" and qt.fmt in Q8_FORMATS:
-        # one C call (this runs ~100 times a decode step): x quantized into this
+    if activations == "q8" and qt.fmt in Q8_FORMATS:
+        # one C call (this runs ~120 times a decode step): x quantized into this
         # thread's scratch, kept for the next part of the same KeptMatmul call
         made = shared is not None and "q8" in shared
         q, ds = shared["q8"] if made else _q8_scratch(M * K)

@@ -1,7 +1,7 @@
 """--gemv-activations q8 (kernels/quant/cpu.c's integer dot) against its numpy model
 (tests/kernels/q8_model.py), bit for bit: the int8 activations, and each format's
 product, built for this CPU (AVX2 / VNNI) and as the portable scalar code; cpu.matmul
-takes the integer path only where it should (up to GEMV_ROWS rows of Q4_0 / Q4_1 / Q8_0)."""
+takes the integer path only where it should (Q4_0 / Q4_1 / Q8_0, steps of any size)."""
 
 from __future__ import annotations
 
@@ -83,17 +83,18 @@ def test_the_scalar_build_gives_the_same_bits():
 
 @needs_cc
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_matmul_takes_the_integer_path_for_a_few_rows(fmt):
+def test_matmul_takes_the_integer_path_for_any_step(fmt):
+    """Any number of rows (decode, a speculative check, a prefill chunk): each row's
+    product is its own, the same in a step of any size (a restored prefix's next tokens
+    equal an uncached prefill's)."""
     qt = kept(fmt, 21, 128, seed=6)
     bias = torch.randn(21)
-    for M in (1, 2, 5, cpu.GEMV_ROWS):
-        x = _x(M, 128, seed=M)
-        want = q8_model.gemv(fmt, qt.data.numpy(), *q8_model.quantize(x.numpy()))
-        got = cpu.matmul(x, qt, activations="q8")
-        assert np.array_equal(got.numpy(), want)
-        assert torch.equal(cpu.matmul(x, qt, bias, activations="q8"), got + bias)
-    x = _x(cpu.GEMV_ROWS + 1, 128)                     # more rows: the fp32 path
-    assert torch.equal(cpu.matmul(x, qt, activations="q8"), cpu.matmul(x, qt))
+    x = _x(cpu.GEMV_ROWS + 7, 128, seed=1)
+    want = q8_model.gemv(fmt, qt.data.numpy(), *q8_model.quantize(x.numpy()))
+    for M in (1, 2, 5, len(x)):
+        got = cpu.matmul(x[-M:], qt, activations="q8")
+        assert np.array_equal(got.numpy(), want[-M:])
+        assert torch.equal(cpu.matmul(x[-M:], qt, bias, activations="q8"), got + bias)
 
 
 @needs_cc
