@@ -32,11 +32,11 @@ def add_arguments(p) -> None:
     p.add_argument("--weights", choices=("keep", "expand"), default="keep",
                    help="keep a GGUF's quantized tensors in their formats (default) or "
                         "expand them to the dtype at load")
-    p.add_argument("--gemv-activations", choices=("q8", "fp32"), default="q8",
-                   help="a decode step's matmuls over kept Q4_0 / Q4_1 / Q8_0 weights on the "
-                        "CPU: q8 (default) rounds their input to int8 per block of 32 and "
-                        "multiplies in integers, as llama.cpp does; fp32 multiplies the "
-                        "weights' exact values")
+    p.add_argument("--gemv-activations", choices=("fp32", "q8"), default="fp32",
+                   help="the matmuls over kept Q4_0 / Q4_1 / Q8_0 weights on the CPU: fp32 "
+                        "(default) multiplies the weights' exact values; q8 rounds their "
+                        "input to int8 per block of 32 and multiplies in integers, as "
+                        "llama.cpp does")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs for decode steps (default: graphs on CUDA)")

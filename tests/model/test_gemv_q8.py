@@ -77,7 +77,7 @@ def test_bad_values_are_refused(smollm2):
         use_gemv_activations(fp32, "q4")
     with pytest.raises(ValueError, match="already chosen"):
         use_gemv_activations(q8, "fp32")
-    with pytest.raises(ValueError, match="gemv_activations must be one of q8, fp32"):
+    with pytest.raises(ValueError, match="gemv_activations must be one of fp32, q8"):
         ServeConfig(gemv_activations="int8")
     out = subprocess.run([sys.executable, "-m", "ckptd.tools.cli", "generate", "--prompt", "hi",
                           "--gemv-activations", "q4"], capture_output=True, text=True,
@@ -89,4 +89,4 @@ def test_bad_values_are_refused(smollm2):
                          timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == \
-        "ckptd serve: error: gemv_activations must be one of q8, fp32, got 'q4'"
+        "ckptd serve: error: gemv_activations must be one of fp32, q8, got 'q4'"

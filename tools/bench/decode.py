@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES,
                    help="the attention KV's dtype (auto: the compute dtype)")
-    p.add_argument("--gemv-activations", default="fp32", choices=("q8", "fp32"),
-                   help="a step's kept Q4_0 / Q4_1 / Q8_0 matmuls: int8 or fp32 input")
+    p.add_argument("--gemv-activations", default="fp32", choices=("fp32", "q8"),
+                   help="the kept Q4_0 / Q4_1 / Q8_0 matmuls' input: fp32 or int8")
     p.add_argument("--json", help="write the rows here")
 
 
