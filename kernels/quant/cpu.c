@@ -233,7 +233,7 @@ void ckq_gemv(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
     }
 }
 
-/* ---- the integer dot (--gemv-activations q8), as llama.cpp multiplies a decode step:
+/* ---- the integer dot (--gemv-activations q8), as llama.cpp multiplies its steps:
  * the activations rounded to int8 per block of 32 (d = max|x| / 127, q = x / d rounded
  * to nearest even, clamped to +-127), each weight block's integer dot with them exact
  * in int32, then scaled in fp32. The integers are those of tests/kernels/q8_model.py's

@@ -4,10 +4,10 @@ ctypes (it releases the GIL and runs on the process's OpenMP threads).
     matmul(x, qt)     x [M, K] fp32 @ W.T: a few rows (decode) multiply block by block
                       without expanding W; longer steps dequantize CHUNK rows of W at a
                       time into one reused buffer and let MKL multiply them
-    matmul(x, qt, activations="q8")    a few rows of Q4_0 / Q4_1 / Q8_0 multiply in
-                      integers, the activations rounded to int8 per block of 32 (as
-                      llama.cpp's decode does; the logits change slightly); "fp32" (the
-                      default): the weights' values dequantized exactly, in fp32
+    matmul(x, qt, activations="q8")    Q4_0 / Q4_1 / Q8_0 multiply in integers, every
+                      step's rows, the input rounded to int8 per block of 32 (as
+                      llama.cpp does; the logits change by ~6% of their norm); "fp32"
+                      (the default): the weights' values dequantized exactly, in fp32
     dequantize(qt, rows)     fp32 rows (embedding lookups)
 
 The library is built by kernels/cbuild.py (once per machine, source and flags);
