@@ -27,6 +27,7 @@ LOG_FORMATS = ("text", "json")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 REASONING = ("auto", "on", "off")
 KV_DTYPES = ("auto", "float16", "float32")   # model/loader.py: use_kv_dtype
+GEMV_ACTIVATIONS = ("fp32", "q8")            # model/kept_swap.py: use_gemv_activations
 MAX_STEP_TOKENS = 65536        # one step's activations grow with its token count
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -81,6 +82,7 @@ class ServeConfig:
     enforce_eager: bool = False            # no CUDA graphs for decode steps
     weights: str = "keep"                  # a GGUF's formats kept in memory, or "expand"
     kv_dtype: str = "auto"                 # the attention KV's dtype; auto: the compute dtype
+    gemv_activations: str = "fp32"         # kept Q4_0/Q4_1/Q8_0 matmuls' input: fp32 or int8
     threads: int | None = None             # torch threads; None: torch's choice (one a core)
     alias: str | None = None               # the model's names, comma-separated; None: the file's
     tags: str | None = None                # labels /v1/models lists, comma-separated
@@ -188,6 +190,9 @@ class ServeConfig:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
                              f"got {self.kv_dtype!r}")
+        if self.gemv_activations not in GEMV_ACTIVATIONS:
+            raise ValueError(f"gemv_activations must be one of {', '.join(GEMV_ACTIVATIONS)}, "
+                             f"got {self.gemv_activations!r}")
         for name in ("api_key", "admin_key"):
             key = getattr(self, name)
             if key is not None and (not key.strip() or key != key.strip()):

@@ -60,6 +60,7 @@ class Runtime:
     draft: Path | None = None      # the draft model's file (speculative decoding)
     mmproj: Path | None = None     # the vision tower's file (--mmproj)
     kv_dtype: torch.dtype | None = None   # --kv-dtype's, where not the compute dtype
+    gemv_activations: str = "fp32"        # --gemv-activations
 
     @classmethod
     def load(cls, cfg: ServeConfig, path: Path) -> Runtime:
@@ -69,7 +70,7 @@ class Runtime:
             torch.set_num_threads(cfg.threads)
         where = resolve(cfg.device, cfg.dtype)
         model, tok = load(path, where.dtype, where.device, weights=cfg.weights,
-                          kv_dtype=_kv_dtype(cfg))
+                          kv_dtype=_kv_dtype(cfg), gemv_activations=cfg.gemv_activations)
         limit = model.config.max_position_embeddings
         if cfg.max_context and cfg.max_context > limit:
             raise ValueError(f"--max-context {cfg.max_context} is beyond the model's "
@@ -116,7 +117,7 @@ class Runtime:
                  max_context, sizes.kv_pages * B, path, where, cfg.weights, adapters,
                  Path(cfg.model_draft) if draft is not None else None,
                  Path(cfg.mmproj) if cfg.mmproj and embedder is not None else None,
-                 model.kv_dtype)
+                 model.kv_dtype, cfg.gemv_activations)
         if cfg.sleep_idle_seconds is not None:
             engine.sleep = Sleep(cfg.sleep_idle_seconds, rt.unload, rt.reload)
         engine.gc_pacer.freeze()       # the loaded objects leave the collector's walks
@@ -151,7 +152,7 @@ class Runtime:
         """Waking up: the same weights again (the store's entries are theirs: a file
         that changed meanwhile is refused, not served with the old cache)."""
         model, _ = load(self.source, self.where.dtype, self.where.device, weights=self.weights,
-                        kv_dtype=self.kv_dtype)
+                        kv_dtype=self.kv_dtype, gemv_activations=self.gemv_activations)
         if model.fingerprint != self.fingerprint:
             raise ValueError(f"{self.source} changed while the daemon slept (weights "
                              f"fingerprint {model.fingerprint[:12]}, cached state is for "
@@ -162,7 +163,8 @@ class Runtime:
         if self.runner.embedder is not None:
             self.runner.embedder.reload(self._vision_encoder(model))
         if self.engine.spec is not None:
-            draft, _ = load(self.draft, self.where.dtype, self.where.device, weights=self.weights)
+            draft, _ = load(self.draft, self.where.dtype, self.where.device, weights=self.weights,
+                            gemv_activations=self.gemv_activations)
             self.engine.spec.reload(draft)
 
     def _vision_encoder(self, model):
@@ -200,7 +202,7 @@ def _draft(cfg: ServeConfig, where, tok: Tokenizer, model) -> torch.nn.Module:
     """The draft model, on the model's device and dtype; ValueError (one line) unless it
     has the model's vocabulary."""
     draft, draft_tok = load(Path(cfg.model_draft), where.dtype, where.device,
-                            weights=cfg.weights)
+                            weights=cfg.weights, gemv_activations=cfg.gemv_activations)
     check_vocab(tok, draft_tok, model.config.vocab_size, draft.config.vocab_size)
     if cfg.synth():
         log.warning("synthetic speculative acceptance is on, for benchmarking: the output "

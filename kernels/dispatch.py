@@ -286,16 +286,18 @@ def moe_experts_clamped(x, topk_ids, topk_w, w_gate_up, b_gate_up, w_down, b_dow
 # weights kept in their GGUF formats (kernels/quant/)
 
 
-def quant_matmul(x, qt, bias=None):
+def quant_matmul(x, qt, bias=None, shared=None, activations="fp32"):
     """x [M, K] @ W.T (+ bias) -> [M, N], W [N, K] a kept QuantTensor: Triton dequantizes
     tiles inside the matmul; on the CPU the compiled kernels (kernels/quant/cpu.py)
-    multiply a decode step's rows block by block, else the plain reference."""
+    multiply a decode step's rows block by block (activations "q8": in integers, the
+    input rounded to int8; kernels/quant/cpu.py), else the plain reference. `shared`: a
+    dict the matmuls of one input pass along (the int8 activations, made once)."""
     if use_triton(x):
         return _fast("quant.triton_quant").matmul(x, qt, bias)
     if MODE != "torch" and x.dtype == torch.float32:
         cpu = _fast("quant.cpu")
         if cpu.supports(qt):
-            return cpu.matmul(x, qt, bias)
+            return cpu.matmul(x, qt, bias, shared, activations)
     return quant_ref.matmul(x, qt, bias)
 
 

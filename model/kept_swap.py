@@ -12,9 +12,12 @@ weight as fp32 (a near-tie must pick the expert transformers picks), and both ar
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from torch import nn
 
+from ckptd.kernels.quant import cpu
 from ckptd.kernels.quant.formats import QuantTensor
 from ckptd.model.arch.moe import Experts
 from ckptd.model.quant import (
@@ -24,9 +27,11 @@ from ckptd.model.quant import (
     KeptExperts,
     KeptGateUp,
     KeptLinear,
+    KeptMatmul,
 )
 
 _PLAIN = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+_HEAD = "lm_head"       # the logits' matmul keeps fp32 activations (use_gemv_activations)
 
 
 def attach_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype
@@ -56,6 +61,32 @@ def attach_kept(model: nn.Module, kept: dict[str, Kept], dtype: torch.dtype
         else:
             plain.update({f"{path}.{a}": t.dequantize(dtype) for a, t in parts.items()})
     return plain
+
+
+def use_gemv_activations(model: nn.Module, mode: str) -> None:
+    """How the model's kept Q4_0 / Q4_1 / Q8_0 matmuls of a decode step (a few rows, on
+    the CPU) take their activations: "fp32", or "q8", rounded to int8 per block of 32
+    and multiplied in integers as llama.cpp does (kernels/quant/cpu.py; the logits
+    change slightly). With q8 the model's KV and logits are another path's, so its
+    fingerprint changes: caches of the two never mix. ValueError for another mode."""
+    if mode not in cpu.ACTIVATIONS:
+        raise ValueError(f"--gemv-activations must be one of {', '.join(cpu.ACTIVATIONS)}, "
+                         f"got {mode!r}")
+    if mode == getattr(model, "gemv_activations", "fp32"):
+        return
+    if getattr(model, "gemv_activations", None) is not None:
+        raise ValueError("the model's gemv activations are already chosen")
+    users = [m for name, m in model.named_modules()
+             if isinstance(m, KeptLinear) and not name.endswith(_HEAD)]
+    users += [v for m in model.modules() for a, v in vars(m).items()   # fused q/k/v, gate/up
+              if isinstance(v, KeptMatmul) and a != "head"]             # (model/arch/layers.py)
+    for u in users:
+        u.activations = mode
+    model.gemv_activations = mode
+    if any(isinstance(m, KeptLinear) and m.qweight.fmt in cpu.Q8_FORMATS
+           and m.qweight.data.device.type == "cpu" for m in users):
+        model.fingerprint = hashlib.blake2b(f"{model.fingerprint} gemv={mode}".encode(),
+                                            digest_size=16).hexdigest()
 
 
 def _replace(model: nn.Module, path: str, new: nn.Module) -> None:

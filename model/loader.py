@@ -29,7 +29,7 @@ from ckptd.model.fingerprint import kv_fingerprint, model_fingerprint
 from ckptd.model.gemma_config import GemmaConfig
 from ckptd.model.gguf.load import check_architecture, gguf_recipes, open_gguf
 from ckptd.model.gpt_oss_config import GptOssConfig
-from ckptd.model.kept_swap import attach_kept
+from ckptd.model.kept_swap import attach_kept, use_gemv_activations
 from ckptd.model.placement import stray_tensors
 from ckptd.model.quant import is_kept
 from ckptd.model.ssm_checkpoint import rename
@@ -42,11 +42,13 @@ WEIGHTS = ("keep", "expand")
 
 def load(path: str | Path, dtype: torch.dtype | None = None,
          device: str | torch.device = "cpu", weights: str = "keep",
-         kv_dtype: torch.dtype | None = None):
+         kv_dtype: torch.dtype | None = None, gemv_activations: str = "fp32"):
     """(model, tokenizer) from an HF folder or a .gguf file, reading a GGUF once.
     weights: "keep" serves a GGUF's quantized / F16 / BF16 tensors in their formats
     (model/quant.py), "expand" converts every tensor to `dtype` at load. kv_dtype: the
-    attention layers' KV (None: the compute dtype; use_kv_dtype)."""
+    attention layers' KV (None: the compute dtype; use_kv_dtype). gemv_activations:
+    "fp32" or "q8", how a decode step's kept matmuls take their input
+    (model/kept_swap.py: use_gemv_activations)."""
     path = Path(path)
     if _is_gguf(path):
         check_architecture(path)
@@ -56,6 +58,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None,
     else:
         model, tok = load_model(path, dtype, device), Tokenizer.from_dir(path)
     use_kv_dtype(model, kv_dtype)
+    use_gemv_activations(model, gemv_activations)
     return model, tok
 
 

@@ -90,11 +90,12 @@ class KeptLinear(nn.Module):
         self.bias = bias
         self.in_index = None if columns is None else \
             torch.argsort(columns).to(weight.data.device)
+        self.activations = "fp32"       # or "q8": model/kept_swap.py, use_gemv_activations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_index is not None:
             x = x.index_select(-1, self.in_index)
-        return ops.quant_matmul(x, self.qweight, self.bias)
+        return ops.quant_matmul(x, self.qweight, self.bias, activations=self.activations)
 
     def _apply(self, fn, recurse=True):
         # the kept bytes are no parameter: the model's .to() moves them here
@@ -106,7 +107,8 @@ class KeptLinear(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """forward without the bias (a part of a KeptMatmul, which adds the biases)."""
         return ops.quant_matmul(x.index_select(-1, self.in_index)
-                                if self.in_index is not None else x, self.qweight)
+                                if self.in_index is not None else x, self.qweight,
+                                activations=self.activations)
 
 
 class KeptEmbedding(nn.Module):
@@ -143,9 +145,11 @@ class KeptMatmul:
 
     def __init__(self, parts: list, bias: torch.Tensor | None) -> None:
         self.parts, self.bias = parts, bias
+        self.activations = "fp32"       # or "q8": model/kept_swap.py, use_gemv_activations
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [ops.quant_matmul(x, p) if isinstance(p, QuantTensor) else p(x)
-                for p in self.parts]
+        shared: dict = {}       # parts of other formats: x rounded to int8 once for all
+        outs = [ops.quant_matmul(x, p, shared=shared, activations=self.activations)
+                if isinstance(p, QuantTensor) else p(x) for p in self.parts]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if self.bias is None else y + self.bias

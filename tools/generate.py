@@ -32,6 +32,11 @@ def add_arguments(p) -> None:
     p.add_argument("--weights", choices=("keep", "expand"), default="keep",
                    help="keep a GGUF's quantized tensors in their formats (default) or "
                         "expand them to the dtype at load")
+    p.add_argument("--gemv-activations", choices=("fp32", "q8"), default="fp32",
+                   help="the matmuls over kept Q4_0 / Q4_1 / Q8_0 weights on the CPU: fp32 "
+                        "(default) multiplies the weights' exact values; q8 rounds their "
+                        "input to int8 per block of 32 and multiplies in integers, as "
+                        "llama.cpp does")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs for decode steps (default: graphs on CUDA)")
@@ -54,7 +59,7 @@ def run(args) -> int:
     where = resolve(args.device, args.dtype)
     text_in = args.prompt if args.prompt is not None else _read(args.prompt_file)
     model, tok = load(args.model or default_model_path(), where.dtype, where.device,
-                      weights=args.weights)
+                      weights=args.weights, gemv_activations=args.gemv_activations)
     if args.raw:
         prompt = tok.encode(text_in, add_special_tokens=True)
     else:

@@ -232,3 +232,170 @@ void ckq_gemv(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
         }
     }
 }
+
+/* ---- the integer dot (--gemv-activations q8), as llama.cpp multiplies its steps:
+ * the activations rounded to int8 per block of 32 (d = max|x| / 127, q = x / d rounded
+ * to nearest even, clamped to +-127), each weight block's integer dot with them exact
+ * in int32, then scaled in fp32. The integers are those of tests/kernels/q8_model.py's
+ * numpy model, and so are the fp32 operations and their order: per block, 8 lanes each
+ * summing 4 neighbouring products, acc[l] = acc[l] + (dw * dx) * lane[l], a fixed
+ * tree over the lanes at the end, then Q4_1's min term (sum of mw * (dx * sum q)) added.
+ * With VNNI (chosen by -march=native when this CPU has it) the lanes come from one
+ * dpbusd; else from maddubs + madd, which cannot saturate here: |w| <= 128 (Q8_0's sign
+ * trick), |q| <= 127, so a pair stays under 2^15. */
+
+enum { XB = 32 };
+
+/* x [M, K] fp32 -> q int8 [M, K] and ds [M, K / 32, 2]: (d, d * sum of the block's q) */
+void ckq_quantize_q8(const float *x, int64_t M, int64_t K, int8_t *q, float *ds) {
+    const int64_t nb = M * (K / XB);
+    for (int64_t r = 0; r < nb; r++) {
+        const float *v = x + r * XB;
+        float amax = 0.f;
+        for (int l = 0; l < XB; l++) amax = fmaxf(amax, fabsf(v[l]));
+        const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int l = 0; l < XB; l++) {
+            float t = nearbyintf(v[l] * id);
+            t = t > 127.f ? 127.f : (t < -127.f ? -127.f : t);
+            q[r * XB + l] = (int8_t)t;
+            sum += (int)t;
+        }
+        ds[2 * r] = d;
+        ds[2 * r + 1] = d * (float)sum;
+    }
+}
+
+#ifdef __AVX2__
+static inline __m256i nibbles(const uint8_t *qs) {      /* 16 bytes -> 32 values in order */
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+static inline __m256i lanes(__m256i u, __m256i s) {      /* u8 x s8, 4 products a lane */
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* one row of W . MC rows of x (K apart) -> y[0], y[N], ...: each weight block unpacked
+ * once for all of them; each (row, x) pair's operations as for MC = 1 */
+static inline __attribute__((always_inline))
+void dot_q8(const int t, const int MC, const uint8_t *restrict w, const int8_t *restrict xq,
+            const float *restrict ds, int64_t K, float *y, int64_t N) {
+    const int64_t nb = K / XB;
+    __m256 acc[4];
+    float macc[4];
+    for (int m = 0; m < MC; m++) { acc[m] = _mm256_setzero_ps(); macc[m] = 0.f; }
+    const int bb = t == Q4_1 ? 20 : (t == Q4_0 ? 18 : 34);
+    for (int64_t b = 0; b < nb; b++, w += bb) {
+        __m256i u, ws = _mm256_setzero_si256();
+        if (t == Q4_1) {
+            u = nibbles(w + 4);
+        } else {
+            ws = t == Q4_0 ? _mm256_sub_epi8(nibbles(w + 2), _mm256_set1_epi8(8))
+                           : _mm256_loadu_si256((const __m256i *)(w + 2));
+            u = _mm256_sign_epi8(ws, ws);
+        }
+        const float dw = h2f(w), mw = t == Q4_1 ? h2f(w + 2) : 0.f;
+        for (int m = 0; m < MC; m++) {
+            const float *dm = ds + 2 * (m * nb + b);
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + XB * b));
+            if (t != Q4_1) x = _mm256_sign_epi8(x, ws);
+            if (t == Q4_1) macc[m] = macc[m] + mw * dm[1];
+            const __m256 dd = _mm256_set1_ps(dw * dm[0]);
+            acc[m] = _mm256_add_ps(acc[m], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(lanes(u, x))));
+        }
+    }
+    for (int m = 0; m < MC; m++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        v = _mm_add_ss(v, _mm_movehdup_ps(v));
+        y[m * N] = _mm_cvtss_f32(v) + macc[m];
+    }
+}
+#else
+static inline __attribute__((always_inline))
+float dot_row(const int t, const uint8_t *restrict w, const int8_t *restrict xq,
+              const float *restrict ds, int64_t nb) {
+    float acc[8] = {0}, macc = 0.f;
+    const int bb = t == Q4_1 ? 20 : (t == Q4_0 ? 18 : 34);
+    for (int64_t b = 0; b < nb; b++, w += bb) {
+        int wv[XB];
+        if (t == Q8_0) {
+            for (int l = 0; l < XB; l++) wv[l] = (int8_t)w[2 + l];
+        } else {
+            const uint8_t *qs = w + (t == Q4_1 ? 4 : 2);
+            const int off = t == Q4_0 ? 8 : 0;
+            for (int l = 0; l < 16; l++) {
+                wv[l] = (qs[l] & 0xF) - off;
+                wv[l + 16] = (qs[l] >> 4) - off;
+            }
+        }
+        if (t == Q4_1) macc = macc + h2f(w + 2) * ds[2 * b + 1];
+        const float dd = h2f(w) * ds[2 * b];
+        const int8_t *x = xq + XB * b;
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) s += wv[i] * x[i];
+            acc[l] = acc[l] + dd * (float)s;
+        }
+    }
+    return (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])))
+           + macc;
+}
+
+static inline __attribute__((always_inline))
+void dot_q8(const int t, const int MC, const uint8_t *restrict w, const int8_t *restrict xq,
+            const float *restrict ds, int64_t K, float *y, int64_t N) {
+    for (int m = 0; m < MC; m++) y[m * N] = dot_row(t, w, xq + m * K, ds + 2 * m * (K / XB), K / XB);
+}
+#endif
+
+/* y[m0 .. m0 + MC, n], MC = min(4, M - m0) */
+static inline __attribute__((always_inline))
+void rows_of_x(const int t, const uint8_t *w, const int8_t *xq, const float *ds, int64_t K,
+               int64_t M, int64_t m0, float *y, int64_t N) {
+    xq += m0 * K;
+    ds += 2 * m0 * (K / XB);
+    y += m0 * N;
+    switch (M - m0 < 4 ? M - m0 : 4) {
+    case 1: dot_q8(t, 1, w, xq, ds, K, y, N); break;
+    case 2: dot_q8(t, 2, w, xq, ds, K, y, N); break;
+    case 3: dot_q8(t, 3, w, xq, ds, K, y, N); break;
+    default: dot_q8(t, 4, w, xq, ds, K, y, N); break;
+    }
+}
+
+/* y[m, n] = W[n] . x[m] for the integer formats, x as ckq_quantize_q8 left it: a row of W
+ * at a time against up to 4 rows of x (the row stays in L1 over all of x); returns -1
+ * for a format without an integer dot (the caller multiplies in fp32) */
+int ckq_gemv_q8(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                const int8_t *xq, const float *ds, int64_t M, float *y, int nthreads) {
+    if (t != Q4_0 && t != Q4_1 && t != Q8_0) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            switch (t) {          /* a constant format in each call: specialised loops */
+            case Q4_0: rows_of_x(Q4_0, row, xq, ds, K, M, m0, y + n, N); break;
+            case Q4_1: rows_of_x(Q4_1, row, xq, ds, K, M, m0, y + n, N); break;
+            default: rows_of_x(Q8_0, row, xq, ds, K, M, m0, y + n, N); break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ckq_gemv_q8 with x [M, K] fp32 quantized first into q / ds (quantize != 0), or q / ds
+ * as an earlier call over the same x left them: one call a matmul */
+int ckq_matmul_q8(int t, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K,
+                  const float *x, int64_t M, int8_t *xq, float *ds, int quantize, float *y,
+                  int nthreads) {
+    if (quantize) ckq_quantize_q8(x, M, K, xq, ds);
+    return ckq_gemv_q8(t, w, row_bytes, N, K, xq, ds, M, y, nthreads);
+}

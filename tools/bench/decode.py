@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ckptd.daemon.config import KV_DTYPES
+from ckptd.model.kept_swap import use_gemv_activations
 from ckptd.model.loader import use_kv_dtype
 from ckptd.model.placement import resolve
 from ckptd.model.runner import Runner
@@ -47,12 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES,
                    help="the attention KV's dtype (auto: the compute dtype)")
+    p.add_argument("--gemv-activations", default="fp32", choices=("fp32", "q8"),
+                   help="the kept Q4_0 / Q4_1 / Q8_0 matmuls' input: fp32 or int8")
     p.add_argument("--json", help="write the rows here")
 
 
 def _model(args, where):
     model = _load(args.model, Path("/tmp/ckptd-bench-decode"), where, args.layers)[0]
     use_kv_dtype(model, None if args.kv_dtype == "auto" else getattr(torch, args.kv_dtype))
+    use_gemv_activations(model, args.gemv_activations)
     return model
 
 

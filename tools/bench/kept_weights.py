@@ -138,17 +138,20 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peer", default=str(ROOT / ".peer-server" / "llama-server"))
     p.add_argument("--out", default="bench-out")
-    p.add_argument("--modes", default="keep,expand", help="ckptd's --weights modes to run")
+    p.add_argument("--modes", default="keep,expand", help="ckptd's --weights modes to run; "
+                   "keep:q8 or keep:fp32 also pass --gemv-activations")
     args = p.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     rows = []
-    for mode in [m for m in args.modes.split(",") if m]:
+    for name in [m for m in args.modes.split(",") if m]:
+        mode, _, gemv = name.partition(":")
         port = free_port()
         cmd = [sys.executable, "-m", "ckptd.tools.cli", "serve", "--model", args.model,
                "--port", str(port), "--weights", mode, "--threads", str(args.threads),
-               "--cache-dir", str(Path(args.out) / f"cache-{mode}"), "--parallel", "1",
+               "--cache-dir", str(Path(args.out) / f"cache-{mode}-{gemv}"), "--parallel", "1",
                "--kv-budget", "256MiB", "--host-budget", "64MiB"]
-        rows.append(measure(f"ckptd-{mode}", cmd, port, args))
+        cmd += ["--gemv-activations", gemv] if gemv else []
+        rows.append(measure(f"ckptd-{name}", cmd, port, args))
         print(json.dumps(rows[-1]), flush=True)
     if Path(args.peer).exists():
         port = free_port()
