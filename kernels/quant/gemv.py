@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ckptd.kernels import launch
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
-from ckptd.kernels.quant.tiles import _f16, _k_scale, _u8
+from ckptd.kernels.quant.tiles import _f16, _k_scale
 
 STEP = 256          # values of K a program takes at once (one K-quant block)
 ROWS = 8            # the most activation rows the GEMV takes (a decode step's tokens)
@@ -40,7 +40,17 @@ GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 @triton.jit
-def _halves(row, k0, K, FMT: tl.constexpr, EVEN: tl.constexpr):
+def _quants(p, A: tl.constexpr):
+    """The bytes at p [BN, 8, 16] (runs of 16 along the last axis); A: what each
+    run's first address is a multiple of (0: nothing known), so the compiler may load a
+    run in 16-, 4- or 2-byte words instead of byte by byte."""
+    if A > 0:
+        p = tl.max_contiguous(tl.multiple_of(p, [1, 1, A]), [1, 1, 16])
+    return tl.load(p)
+
+
+@triton.jit
+def _halves(row, k0, K, FMT: tl.constexpr, EVEN: tl.constexpr, ALIGNED: tl.constexpr):
     """One step (columns k0 .. k0 + 255) of the rows at `row` ([BN, 1, 1] pointers to the
     rows' bytes): (lo, hi) fp32 values [BN, 8, 16] and their columns (c_lo, c_hi)
     [1, 8, 16] relative to k0. Not EVEN (a 32-value format with K % 256 != 0): the blocks
@@ -59,14 +69,14 @@ def _halves(row, k0, K, FMT: tl.constexpr, EVEN: tl.constexpr):
             blk = tl.where(inside, blk, row)
         d = _f16(blk)
         if FMT == 8:
-            lo = tl.load(blk + 2 + lane).to(tl.int8, bitcast=True).to(tl.float32) * d
-            hi = tl.load(blk + 18 + lane).to(tl.int8, bitcast=True).to(tl.float32) * d
+            lo = _quants(blk + 2 + lane, 2 * ALIGNED).to(tl.int8, bitcast=True).to(tl.float32) * d
+            hi = _quants(blk + 18 + lane, 2 * ALIGNED).to(tl.int8, bitcast=True).to(tl.float32) * d
         elif FMT == 2:
-            q = _u8(blk + 2 + lane)
+            q = _quants(blk + 2 + lane, 2 * ALIGNED).to(tl.int32)
             lo = d * ((q & 0xF) - 8).to(tl.float32)
             hi = d * ((q >> 4) - 8).to(tl.float32)
         else:
-            q = _u8(blk + 4 + lane)
+            q = _quants(blk + 4 + lane, 4 * ALIGNED).to(tl.int32)
             mn = _f16(blk + 2)
             lo = d * (q & 0xF).to(tl.float32) + mn
             hi = d * (q >> 4).to(tl.float32) + mn
@@ -87,12 +97,12 @@ def _halves(row, k0, K, FMT: tl.constexpr, EVEN: tl.constexpr):
         sc_lo, mn_lo = _k_scale(blk + 4, 2 * c)
         sc_hi, mn_hi = _k_scale(blk + 4, 2 * c + 1)
         if FMT == 12:
-            q = _u8(blk + 16 + 16 * g + lane)
+            q = _quants(blk + 16 + 16 * g + lane, 16 * ALIGNED).to(tl.int32)
             q_lo = q & 0xF
             q_hi = q >> 4
         else:
-            q = _u8(blk + 48 + 16 * g + lane)
-            qh = _u8(blk + 16 + within)
+            q = _quants(blk + 48 + 16 * g + lane, 16 * ALIGNED).to(tl.int32)
+            qh = _quants(blk + 16 + within, 16 * ALIGNED).to(tl.int32)
             q_lo = (q & 0xF) | (((qh >> (2 * c)) & 1) << 4)
             q_hi = (q >> 4) | (((qh >> (2 * c + 1)) & 1) << 4)
         lo = (d * sc_lo) * q_lo.to(tl.float32) - dmin * mn_lo
@@ -105,8 +115,8 @@ def _halves(row, k0, K, FMT: tl.constexpr, EVEN: tl.constexpr):
         part = (g // 2) % 2                         # sub-group (0, 1) of the low nibbles
         li = 16 * (g % 2) + lane
         d = _f16(blk + 208)
-        ql = _u8(blk + 16 * g + lane)
-        qh = _u8(blk + 128 + 32 * h + li)
+        ql = _quants(blk + 16 * g + lane, 2 * ALIGNED).to(tl.int32)
+        qh = _quants(blk + 128 + 32 * h + li, 2 * ALIGNED).to(tl.int32)
         scale = blk + 192 + 8 * h + g % 2 + 2 * part
         sc_lo = tl.load(scale).to(tl.int8, bitcast=True).to(tl.float32)
         sc_hi = tl.load(scale + 4).to(tl.int8, bitcast=True).to(tl.float32)
@@ -139,7 +149,7 @@ def _gemv_kernel(x, w, w2, y, bias, ids, weights, M, N, K, row_bytes, row_bytes2
                  stride_we, stride_we2, stride_xm, stride_ys, stride_ym, steps_per, top_k,
                  FMT: tl.constexpr, FMT2: tl.constexpr, EVEN: tl.constexpr,
                  EXPERTS: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr):
+                 ALIGNED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Program (i_n, i_s, pair): output rows i_n * BN.. over K split i_s. Plain: x's M rows
     against w, into y [splits, M, N] (split i_s's partial sums). EXPERTS: pair's expert
     ids[pair] (w [E, N, row_bytes]); SWIGLU: gate w and up w2 on x's row pair // top_k,
@@ -169,10 +179,10 @@ def _gemv_kernel(x, w, w2, y, bias, ids, weights, M, N, K, row_bytes, row_bytes2
     last = tl.minimum(first + steps_per, tl.cdiv(K, 256))
     for step in range(first, last):
         k0 = step * 256
-        lo, hi, c_lo, c_hi = _halves(row, k0, K, FMT, EVEN)
+        lo, hi, c_lo, c_hi = _halves(row, k0, K, FMT, EVEN, ALIGNED)
         acc = _dot_rows(acc, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM)
         if SWIGLU:
-            lo, hi, c_lo, c_hi = _halves(row2, k0, K, FMT2, EVEN)
+            lo, hi, c_lo, c_hi = _halves(row2, k0, K, FMT2, EVEN, ALIGNED)
             acc_up = _dot_rows(acc_up, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM)
     if SWIGLU:
         acc = acc / (1. + tl.exp(-acc)) * acc_up
@@ -192,6 +202,13 @@ def takes(x: torch.Tensor, qt: QuantTensor) -> bool:
 
 def _even(K: int) -> bool:
     return K % STEP == 0
+
+
+def _aligned(*data: torch.Tensor) -> bool:
+    """Every weight's bytes start at a multiple of 16 (a fresh allocation, a GGUF's
+    32-aligned tensor, an expert or row slice of one: whole blocks of 16-byte multiples
+    for the K-quants); else the kernel assumes nothing of its addresses."""
+    return all(d.data_ptr() % 16 == 0 for d in data)
 
 
 def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -218,7 +235,8 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None) -
     _gemv_kernel[(blocks, splits, 1)](
         x, data, data, out, bias if in_kernel else out, out, out, M, N, K, data.stride(0),
         data.stride(0), 0, 0, x.stride(0), M * N, N, per, 1, FMT=fmt, FMT2=fmt,
-        EVEN=_even(K), EXPERTS=False, SWIGLU=False, HAS_BIAS=in_kernel, **p.kwargs())
+        EVEN=_even(K), EXPERTS=False, SWIGLU=False, HAS_BIAS=in_kernel, ALIGNED=_aligned(data),
+        **p.kwargs())
     if splits == 1:
         return y
     total = out.sum(dim=0)
@@ -257,12 +275,12 @@ def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: Q
         x, g, u, h, h, ids, weights, 1, inter, H, g.stride(1), u.stride(1), g.stride(0),
         u.stride(0), x.stride(0), 0, h.stride(0), triton.cdiv(H, STEP), k,
         FMT=FORMATS[gate.fmt][0], FMT2=FORMATS[up.fmt][0], EVEN=_even(H), EXPERTS=True,
-        SWIGLU=True, HAS_BIAS=False, **p.kwargs())
+        SWIGLU=True, HAS_BIAS=False, ALIGNED=_aligned(g, u), **p.kwargs())
     y = torch.empty(pairs, H, dtype=torch.float32, device=x.device)
     fmt = FORMATS[down.fmt][0]
     _gemv_kernel[(triton.cdiv(H, p["BN"]), 1, pairs)](
         h, dn, dn, y, y, ids, weights, 1, H, inter, dn.stride(1), dn.stride(1), dn.stride(0),
         dn.stride(0), h.stride(0), 0, y.stride(0), triton.cdiv(inter, STEP), k,
         FMT=fmt, FMT2=fmt, EVEN=_even(inter), EXPERTS=True, SWIGLU=False, HAS_BIAS=False,
-        **p.kwargs())
+        ALIGNED=_aligned(dn), **p.kwargs())
     return y.view(T, k, H).sum(dim=1).to(x.dtype)
