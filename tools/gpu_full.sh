@@ -22,6 +22,8 @@
 #      shapes, ckptd's kernels beside torch's and fla's in the same run (the kept GEMV
 #      per format at batch 1 and 8, the kept experts' decode: tools/bench/kernels_kept.py).
 #
+# `ONLY=kernels tools/gpu_full.sh` (or `--dry-run`) runs step 3 alone (setup included).
+#
 # On the CPU first: `tools/gpu_full.sh --dry-run` runs the very same steps here at small
 # sizes (--device cpu, 4 layers of 8 experts, a 4,096-token vocabulary, contexts of a
 # few hundred tokens, the kernels through the interpreter), and checks the wheels fit
@@ -47,8 +49,8 @@ case "$MODE" in
         du -sh "$WHEELS"
         echo 'now: run(command="tools/gpu_full.sh", carry=[".gpu/full"], timeout_s=560)'
         exit 0 ;;
-    full)
-        DEVICE=cuda BUDGET=${BUDGET:-530} LAYERS=40 EXPERTS=256 VOCAB=248320 POOL=64
+    full)            # ONLY=kernels: the kernel table alone, within a 300 s call
+        DEVICE=cuda BUDGET=${BUDGET:-$([ "${ONLY:-}" = kernels ] && echo 280 || echo 530)} LAYERS=40 EXPERTS=256 VOCAB=248320 POOL=64
         BATCH=8 CONTEXTS=250000,32768,131072 ANSWER=32 DECODE=128 WARMUP=512
         SERVE="--parallel 8 --step-tokens 2048 --kv-budget 16GiB --write-queue 8GiB"
         KERNELS=(--shapes a3b --peak-tflops 989) ;;
@@ -81,6 +83,7 @@ $PY -c 'import fla, einops; print(f"- fla-core {fla.__version__} imports: GDN pr
 'the kernel table take it")' >>"$STEPS/000" 2>>"$LOG" ||
     echo "- fla-core does not import (log.txt): ckptd's GDN prefill, no fla rows" >>"$STEPS/000"
 
+if [ "${ONLY:-}" != kernels ]; then
 # 1. the GGUF, where it fits: tmpfs (no disk in the way), else the disk
 WHERE=/tmp
 shm=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
@@ -106,6 +109,7 @@ if [ -n "$pid" ] && grep -qa ckptd-full-cache "/proc/$pid/cmdline" 2>/dev/null; 
     kill -9 "$pid"
 fi
 rm -f "$GGUF"
+fi
 
 # 3. the kernel table at the A3B's shapes, with what is left (HBM: H100 SXM 3.35 TB/s,
 # H200 4.8, the datasheets')

@@ -46,6 +46,7 @@ class Sizes:
     moe_hidden: int = 2048
     topk: int = 8
     moe_tokens: tuple[int, ...] = (1, 8)
+    gemv_rows: tuple[int, ...] = (1, 8)     # the kept GEMV's rows (a decode step's tokens)
 
 
 # Qwen3.5/3.6-35B-A3B's layer: the same Gated DeltaNet and conv widths, 2 KV heads, hidden
@@ -55,7 +56,7 @@ SHAPES = {"9b": Sizes(), "a3b": A3B}
 
 SMOKE = Sizes(T=70, N=3, H=2, K=24, V=40, C=40, KW=4, Hq=4, Hkv=2, D=24, B=16, ctx=50,
               hidden=64, gemv=256, gemm_m=8, experts=4, expert_inter=256, moe_hidden=256,
-              topk=2, moe_tokens=(1,))
+              topk=1, moe_tokens=(1,), gemv_rows=(1,))
 
 
 @dataclass(frozen=True)

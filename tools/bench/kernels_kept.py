@@ -1,15 +1,16 @@
 """The kernel benchmark's kept-weight rows (tools/bench/kernels.py): GGUF weights kept in
 their blocks, dequantized inside the matmul, beside torch's dense matmul of the same shape.
 
-    kept_gemv_<fmt>, kept_gemv_m8_<fmt>   the decode GEMV (kernels/quant/gemv.py), 1 and 8
-                                          rows, every block format; the tiled GEMM's batch 1
-                                          (kernels/quant/triton_quant.py) beside Q4_K's
-    kept_gemm_m<M>_<fmt>                  the tiled GEMM at prefill rows
+    kept_gemv_<fmt>, kept_gemv_m8_<fmt>   "triton": the decode GEMV (kernels/quant/gemv.py),
+                                          1 and 8 rows, every block format; beside Q4_K's,
+                                          "triton tiled" (kernels/quant/triton_quant.py,
+                                          the kernel before) and torch's dense GEMV
+    kept_gemm_m<M>_<fmt>                  the tiled GEMM at prefill rows (dense beside Q4_K)
     kept_moe_t<T>                         a decode step's T tokens through the 35B-A3B's
                                           kept experts (256 of 2048 x 512, top 8; gate and up
-                                          Q4_K, down Q6_K as in Q4_K_M): the per-pair GEMV
-                                          beside the grouped GEMM and torch's dense bmm over
-                                          the same experts
+                                          Q4_K, down Q6_K as in Q4_K_M): "triton", the
+                                          per-pair GEMV, beside "triton grouped" (the grouped
+                                          GEMM) and torch's dense bmm over the same experts
 
 Bytes are what the op must read: the weight blocks (for the experts, those of the experts
 the tokens chose, each once) and the activations; the rows compare with --peak-gbps.
@@ -70,26 +71,26 @@ def kept_cases(s, dev, dt, case) -> Iterator:
     dense = torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5
     rng = np.random.default_rng(0)
     name = f"torch dense {str(dt).split('.')[-1]}"
-    for m in (1, 8):
+    for m in s.gemv_rows:
         x = torch.randn(m, k, device=dev, dtype=dt)
         op = "kept_gemv" if m == 1 else f"kept_gemv_m{m}"
         act = 2 * m * (n + k) * x.element_size()
         for fmt in FORMATS:
             qt = kept_tensor(fmt, (n, k), dev, rng)
-            yield case(f"{op}_{fmt}", "gemv", lambda x=x, qt=qt: gemv.matmul(x, qt),
+            yield case(f"{op}_{fmt}", "triton", lambda x=x, qt=qt: gemv.matmul(x, qt),
                        2 * m * n * k, qt.nbytes + act)
-            if fmt == "Q4_K":           # the tiled GEMM's batch rows: the row before
-                yield case(f"{op}_{fmt}", "tiled gemm", lambda x=x, qt=qt:
+            if fmt == "Q4_K":           # the row before (the tiled GEMM), and dense
+                yield case(f"{op}_{fmt}", "triton tiled", lambda x=x, qt=qt:
                            triton_quant.matmul(x, qt), 2 * m * n * k, qt.nbytes + act)
-        yield case(f"{op}", name, lambda x=x: x @ dense.T, 2 * m * n * k,
-                   (n * k + m * (n + k)) * x.element_size())
+                yield case(f"{op}_{fmt}", name, lambda x=x: x @ dense.T, 2 * m * n * k,
+                           (n * k + m * (n + k)) * x.element_size())
     x = torch.randn(s.gemm_m, k, device=dev, dtype=dt)
     for fmt in ("Q4_K", "Q6_K", "Q8_0"):
         qt = kept_tensor(fmt, (n, k), dev, rng)
-        yield case(f"kept_gemm_m{s.gemm_m}_{fmt}", "tiled gemm",
+        yield case(f"kept_gemm_m{s.gemm_m}_{fmt}", "triton",
                    lambda qt=qt: triton_quant.matmul(x, qt), 2 * s.gemm_m * n * k,
                    qt.nbytes + 2 * s.gemm_m * (n + k) * x.element_size())
-    yield case(f"kept_gemm_m{s.gemm_m}", name, lambda: x @ dense.T, 2 * s.gemm_m * n * k,
+    yield case(f"kept_gemm_m{s.gemm_m}_Q4_K", name, lambda: x @ dense.T, 2 * s.gemm_m * n * k,
                (n * k + s.gemm_m * (n + k)) * x.element_size())
     yield from _moe_cases(s, dev, dt, case, rng)
 
@@ -113,10 +114,10 @@ def _moe_cases(s, dev, dt, case, rng) -> Iterator:
         chosen = ids.reshape(-1)
         flops = 2 * T * top * 3 * inter * H
         nbytes = int(chosen.unique().numel()) * per_expert + 2 * T * H * x.element_size()
-        yield case(f"kept_moe_t{T}", "gemv per pair",
+        yield case(f"kept_moe_t{T}", "triton",
                    lambda x=x, ids=ids, w=w: gemv.moe_experts(x, ids, w, gate, up, down),
                    flops, nbytes)
-        yield case(f"kept_moe_t{T}", "grouped gemm",
+        yield case(f"kept_moe_t{T}", "triton grouped",
                    lambda x=x, ids=ids, w=w: triton_quant.moe_experts(x, ids, w, gate, up, down),
                    flops, nbytes)
         # the same experts dense, gathered beforehand: one bmm per projection per pair
