@@ -130,6 +130,14 @@ def _halves(row, k0, K, FMT: tl.constexpr, EVEN: tl.constexpr, ALIGNED: tl.const
 
 
 @triton.jit
+def _products(lo, hi, c_lo, c_hi, xp, k0, K):
+    """One activation row's products with one step's halves, [BN, 8, 16] unsummed."""
+    xl = tl.load(xp + k0 + c_lo, mask=k0 + c_lo < K, other=0.).to(tl.float32)
+    xh = tl.load(xp + k0 + c_hi, mask=k0 + c_hi < K, other=0.).to(tl.float32)
+    return lo * xl + hi * xh
+
+
+@triton.jit
 def _dot_rows(acc, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM: tl.constexpr):
     """acc [BM, BN] += each activation row's sums against one step's halves."""
     rows = tl.arange(0, BM)
@@ -155,6 +163,7 @@ def _gemv_kernel(x, w, w2, y, bias, ids, weights, M, N, K, row_bytes, row_bytes2
     ids[pair] (w [E, N, row_bytes]); SWIGLU: gate w and up w2 on x's row pair // top_k,
     silu(gate) * up stored at row pair; else (down) x's row pair, scaled by
     weights[pair]."""
+    tl.static_assert(BM == 1 or not EXPERTS, "the experts' GEMV takes one row a pair")
     i_n = tl.program_id(0)
     i_s = tl.program_id(1)
     pair = tl.program_id(2)
@@ -175,15 +184,24 @@ def _gemv_kernel(x, w, w2, y, bias, ids, weights, M, N, K, row_bytes, row_bytes2
     row2 = wp2 + rows_n * row_bytes2
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    # one row (not SwiGLU's two weights): products summed in place over the steps
+    # ([BN, 8, 16], 16 registers a thread) and reduced across the block once at the end,
+    # not once a step; SwiGLU's gate and up in place took ~225 registers (sm_90, ptxas)
+    one = tl.zeros((BN, 8, 16), dtype=tl.float32)
     first = i_s * steps_per
     last = tl.minimum(first + steps_per, tl.cdiv(K, 256))
     for step in range(first, last):
         k0 = step * 256
         lo, hi, c_lo, c_hi = _halves(row, k0, K, FMT, EVEN, ALIGNED)
-        acc = _dot_rows(acc, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM)
+        if BM == 1 and not SWIGLU:
+            one += _products(lo, hi, c_lo, c_hi, xp, k0, K)
+        else:
+            acc = _dot_rows(acc, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM)
         if SWIGLU:
             lo, hi, c_lo, c_hi = _halves(row2, k0, K, FMT2, EVEN, ALIGNED)
             acc_up = _dot_rows(acc_up, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM)
+    if BM == 1 and not SWIGLU:
+        acc += tl.sum(tl.sum(one, axis=2), axis=1)[None, :]
     if SWIGLU:
         acc = acc / (1. + tl.exp(-acc)) * acc_up
     if EXPERTS and not SWIGLU:
