@@ -33,6 +33,7 @@ import triton.language as tl
 from ckptd.kernels import launch
 from ckptd.kernels.quant.formats import FORMATS, QuantTensor
 from ckptd.kernels.quant.tiles import _f16, _k_scale
+from ckptd.kernels.quant.triton_quant import check_experts
 
 STEP = 256          # values of K a program takes at once (one K-quant block)
 ROWS = 8            # the most activation rows the GEMV takes (a decode step's tokens)
@@ -274,11 +275,7 @@ def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: Q
     Returns [T, H] (kernels/quant/naive.py: moe_experts). Two launches over the T * k
     (token, expert) pairs, no padding: h = silu(gate x) * up x, then w * down h."""
     T, k = topk_ids.shape
-    E, inter, H = gate.shape
-    if tuple(up.shape) != (E, inter, H) or tuple(down.shape) != (E, H, inter) \
-            or x.shape[-1] != H:
-        raise ValueError(f"kept experts gate {gate.shape} / up {up.shape} / down "
-                         f"{down.shape} do not fit x {tuple(x.shape)}")
+    _, inter, H = check_experts(x, gate, up, down)
     if T == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
