@@ -9,9 +9,11 @@ At batch 1 a kept matmul reads the weight once and multiplies each value once: t
 the read. triton_quant.py's tiled GEMM pads M to a tl.dot tile and takes the format as a
 runtime argument (every tile branches over formats); here the format is a constexpr (one
 compile per format), a program owns BN output rows and walks K in steps of 256 values (one
-K-quant block, or eight 32-value blocks), loading each step's quant bytes as 16-byte runs
-([BN, 8, 16] tiles, contiguous within a block), dequantizing in registers, and summing
-value * activation in fp32 with tl.sum (no tensor-core tile to fill). Each step yields two
+K-quant block, or eight 32-value blocks), loading each step's quant bytes in runs of 16
+([BN, 8, 16] tiles, contiguous within a block: 16-byte loads for Q4_K / Q5_K, whose
+blocks keep 16-byte alignment, 4- or 2-byte for the others), dequantizing in registers,
+and summing value * activation in fp32 (no tensor-core tile to fill; one row's products
+summed in place and reduced once at the end). Each step yields two
 halves of 128 values (a byte's low and high nibbles, or a block's two 16-byte halves for
 Q8_0) and the columns of x they multiply, so the activations are read once a step.
 
