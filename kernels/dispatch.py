@@ -293,6 +293,9 @@ def quant_matmul(x, qt, bias=None, shared=None, activations="fp32"):
     input rounded to int8; kernels/quant/cpu.py), else the plain reference. `shared`: a
     dict the matmuls of one input pass along (the int8 activations, made once)."""
     if use_triton(x):
+        gemv = _fast("quant.gemv")          # a decode step's rows: the GEMV over blocks
+        if gemv.takes(x, qt):
+            return gemv.matmul(x, qt, bias)
         return _fast("quant.triton_quant").matmul(x, qt, bias)
     if MODE != "torch" and x.dtype == torch.float32:
         cpu = _fast("quant.cpu")
@@ -309,6 +312,9 @@ def quant_embedding(ids, qt, dtype=torch.float32):
 def quant_moe_experts(x, topk_ids, topk_w, gate, up, down):
     """moe_experts with kept experts: gate, up [E, I, H], down [E, H, I] QuantTensors."""
     if use_triton(x):
+        gemv = _fast("quant.gemv")          # a decode step's few tokens: a GEMV per pair
+        if gemv.takes_experts(x, gate, up, down):
+            return gemv.moe_experts(x, topk_ids, topk_w, gate, up, down)
         return _fast("quant.triton_quant").moe_experts(x, topk_ids, topk_w, gate, up, down)
     return quant_ref.moe_experts(x, topk_ids, topk_w, gate, up, down, mm=quant_matmul)
 

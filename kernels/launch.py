@@ -218,3 +218,23 @@ def quant_matmul(t: Target, M: int, dtype: torch.dtype) -> Launch:
     compile (the format is a runtime argument)."""
     return Launch({"BM": 64, "BN": 64, "BK": 64, "PREC": dot_precision(dtype)},
                   num_warps=4, num_stages=2)
+
+
+def quant_gemv(t: Target, M: int) -> Launch:
+    """kernels/quant/gemv.py's _gemv_kernel on a decode step's 1..8 rows: BM the rows
+    (1, 2, 4 or 8: a compile each), 16 output rows a program (a step's [16, 8, 16] byte
+    tiles: 16 values of each half a thread at 4 warps)."""
+    return Launch({"BM": pow2(M), "BN": 16}, num_warps=4, num_stages=2)
+
+
+def quant_gemv_split(t: Target, blocks: int, steps: int) -> int:
+    """K splits of the kept GEMV: enough programs to give every multiprocessor four
+    (N = 4096 makes 256 programs of 16 rows, half of an H100's 528), each split at least
+    four 256-value steps (its partial sums are a second pass's reads)."""
+    return max(1, min(-(-4 * t.sms // blocks), steps // 4))
+
+
+def quant_moe_gemv(t: Target) -> Launch:
+    """The kept experts' GEMVs of a decode step (gemv.py's moe_experts): one (token,
+    expert) pair and 16 output rows a program, no K split (SwiGLU needs whole sums)."""
+    return Launch({"BM": 1, "BN": 16}, num_warps=4, num_stages=2)

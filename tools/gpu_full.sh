@@ -4,7 +4,8 @@
 # the lent GPU machine itself, served by `ckptd serve --device cuda` with kept weights,
 # and measured, in at most 9 minutes, writing $OUT/results.md beside its JSON and log.
 #
-# Here, once:   tools/gpu_full.sh --prepare    (the wheels the machine lacks, in .gpu/full)
+# Here, once:   tools/gpu_full.sh --prepare    (the wheels the machine lacks, in .gpu/full:
+#               lmdb, zstandard, gguf, fla-core)
 # Then, with the device tool, one call:
 #   run(command="tools/gpu_full.sh", carry=[".gpu/full"], timeout_s=560)
 #
@@ -18,7 +19,10 @@
 #      after it, SIGKILL + restart and the first question again; then 32K and 128K cold
 #      and a question each; peak GPU memory (nvidia-smi) and host RSS per phase;
 #   3. with what is left (at least a minute): tools/bench/kernels.py at the 35B-A3B's
-#      shapes, ckptd's kernels beside torch's in the same run.
+#      shapes, ckptd's kernels beside torch's and fla's in the same run (the kept GEMV
+#      per format at batch 1 and 8, the kept experts' decode: tools/bench/kernels_kept.py).
+#
+# `ONLY=kernels tools/gpu_full.sh` (or `--dry-run`) runs step 3 alone (setup included).
 #
 # On the CPU first: `tools/gpu_full.sh --dry-run` runs the very same steps here at small
 # sizes (--device cpu, 4 layers of 8 experts, a 4,096-token vocabulary, contexts of a
@@ -34,16 +38,19 @@ case "$MODE" in
     --prepare)
         PY=${PYTHON:-.venv/bin/python}
         rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-        # the device image's Python is 3.12 on x86-64; it has numpy, pyyaml, tqdm (gguf's needs)
+        # the device image's Python is 3.12 on x86-64; it has numpy, pyyaml, tqdm (gguf's
+        # needs) and einops, torch 2.11, triton 3.6 (fla-core's: einops, and torch >= 2.7,
+        # triton >= 3.3 under its cuda extra), so fla-core travels alone: the served model's
+        # GDN prefill takes fla's kernel (kernels/external/fla.py), the kernel table its row
         $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
             --implementation cp --platform manylinux_2_28_x86_64 \
             --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
-            lmdb==3.0.0 zstandard==0.25.0 gguf==0.19.0 || exit 1
+            lmdb==3.0.0 zstandard==0.25.0 gguf==0.19.0 fla-core==0.6.0 || exit 1
         du -sh "$WHEELS"
         echo 'now: run(command="tools/gpu_full.sh", carry=[".gpu/full"], timeout_s=560)'
         exit 0 ;;
-    full)
-        DEVICE=cuda BUDGET=${BUDGET:-530} LAYERS=40 EXPERTS=256 VOCAB=248320 POOL=64
+    full)            # ONLY=kernels: the kernel table alone, within a 300 s call
+        DEVICE=cuda BUDGET=${BUDGET:-$([ "${ONLY:-}" = kernels ] && echo 280 || echo 530)} LAYERS=40 EXPERTS=256 VOCAB=248320 POOL=64
         BATCH=8 CONTEXTS=250000,32768,131072 ANSWER=32 DECODE=128 WARMUP=512
         SERVE="--parallel 8 --step-tokens 2048 --kv-budget 16GiB --write-queue 8GiB"
         KERNELS=(--shapes a3b --peak-tflops 989) ;;
@@ -71,7 +78,12 @@ source tools/gpu_lib.sh      # step(), setup()
 
 # 0. what runs: ckptd importable from this checkout, the carried wheels
 setup tools/gpu_full.sh "tools/gpu_full.sh --prepare" "$WHEELS"/*.whl
+# fla where it imports: then prefill's delta rule and the kernel table's fla rows are fla's
+$PY -c 'import fla, einops; print(f"- fla-core {fla.__version__} imports: GDN prefill and '\
+'the kernel table take it")' >>"$STEPS/000" 2>>"$LOG" ||
+    echo "- fla-core does not import (log.txt): ckptd's GDN prefill, no fla rows" >>"$STEPS/000"
 
+if [ "${ONLY:-}" != kernels ]; then
 # 1. the GGUF, where it fits: tmpfs (no disk in the way), else the disk
 WHERE=/tmp
 shm=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
@@ -97,6 +109,7 @@ if [ -n "$pid" ] && grep -qa ckptd-full-cache "/proc/$pid/cmdline" 2>/dev/null; 
     kill -9 "$pid"
 fi
 rm -f "$GGUF"
+fi
 
 # 3. the kernel table at the A3B's shapes, with what is left (HBM: H100 SXM 3.35 TB/s,
 # H200 4.8, the datasheets')

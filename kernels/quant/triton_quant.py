@@ -66,16 +66,22 @@ def matmul(x: torch.Tensor, qt: QuantTensor, bias: torch.Tensor | None = None) -
     return y
 
 
-def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: QuantTensor,
-                block_m: int | None = None):
-    """x [N, H]; topk_ids, topk_w [N, k]; gate, up kept [E, I, H]; down kept [E, H, I].
-    Returns [N, H] (kernels/quant/naive.py: moe_experts)."""
-    N, k = topk_ids.shape
+def check_experts(x, gate: QuantTensor, up: QuantTensor, down: QuantTensor):
+    """(E, I, H) of kept experts gate, up [E, I, H] and down [E, H, I] over x [N, H]."""
     E, inter, H = gate.shape
     if tuple(up.shape) != (E, inter, H) or tuple(down.shape) != (E, H, inter) \
             or x.shape[-1] != H:
         raise ValueError(f"kept experts gate {gate.shape} / up {up.shape} / down "
                          f"{down.shape} do not fit x {tuple(x.shape)}")
+    return E, inter, H
+
+
+def moe_experts(x, topk_ids, topk_w, gate: QuantTensor, up: QuantTensor, down: QuantTensor,
+                block_m: int | None = None):
+    """x [N, H]; topk_ids, topk_w [N, k]; gate, up kept [E, I, H]; down kept [E, H, I].
+    Returns [N, H] (kernels/quant/naive.py: moe_experts)."""
+    N, k = topk_ids.shape
+    E, inter, H = check_experts(x, gate, up, down)
     if N == 0:
         return torch.zeros_like(x)
     x = x.contiguous()

@@ -120,9 +120,13 @@ def test_kept_experts(device):
     gate, up = kept("Q4_K", inter, H, (E,), seed=2), kept("Q6_K", inter, H, (E,), seed=3)
     down = kept("Q8_0", H, inter, (E,), seed=4)
     gate, up, down = (type(t)(t.data.to(device), t.fmt, t.shape) for t in (gate, up, down))
-    x, ids = _rand(1, 256, device=device), torch.tensor([[1, 0]], device=device)
-    out = dispatch.quant_moe_experts(x, ids, torch.rand(1, 2, device=device), gate, up, down)
-    assert out.dtype == BF16 and out.shape == (1, 256)
+    # one token: a GEMV per (token, expert) pair (kernels/quant/gemv.py); nine: the grouped
+    # GEMM over kept tiles
+    for n in (1, 9):
+        x, ids = _rand(n, 256, device=device), torch.tensor([[1, 0]] * n, device=device)
+        out = dispatch.quant_moe_experts(x, ids, torch.rand(n, 2, device=device), gate, up,
+                                         down)
+        assert out.dtype == BF16 and out.shape == (n, 256)
 
 
 def test_every_kernel_ran_on_bf16():

@@ -40,6 +40,13 @@ class Sizes:
     hidden: int = 4096
     gemv: int = 4096       # the kept-weight matmul: N = K (issue 34's probe: 4096 x 4096)
     gemm_m: int = 512      # its rows at prefill sizes
+    # the kept experts of a decode step (kernels_kept.py): the 35B-A3B's in both shape sets
+    experts: int = 256
+    expert_inter: int = 512
+    moe_hidden: int = 2048
+    topk: int = 8
+    moe_tokens: tuple[int, ...] = (1, 8)
+    gemv_rows: tuple[int, ...] = (1, 8)     # the kept GEMV's rows (a decode step's tokens)
 
 
 # Qwen3.5/3.6-35B-A3B's layer: the same Gated DeltaNet and conv widths, 2 KV heads, hidden
@@ -48,7 +55,8 @@ A3B = Sizes(Hkv=2, hidden=2048, ctx=32768)
 SHAPES = {"9b": Sizes(), "a3b": A3B}
 
 SMOKE = Sizes(T=70, N=3, H=2, K=24, V=40, C=40, KW=4, Hq=4, Hkv=2, D=24, B=16, ctx=50,
-              hidden=64, gemv=256, gemm_m=8)
+              hidden=64, gemv=256, gemm_m=8, experts=4, expert_inter=256, moe_hidden=256,
+              topk=1, moe_tokens=(1,), gemv_rows=(1,))
 
 
 @dataclass(frozen=True)
@@ -240,33 +248,10 @@ def _pointwise_cases(s: Sizes, dev, dt) -> Iterator[Case]:
 
 
 def _kept_cases(s: Sizes, dev, dt) -> Iterator[Case]:
-    """GGUF weights kept in their blocks (the Q4_K_M mix's formats), dequantized inside
-    the matmul, beside torch's dense bf16 matmul of the same shape: batch 1 (GEMV: the
-    weight bytes are the work) and gemm_m rows."""
-    import numpy as np
-    import torch  # (imported here: see _timeit)
+    # on use, as the other cases' imports (see _timeit)
+    from ckptd.tools.bench.kernels_kept import kept_cases
 
-    from ckptd.kernels.quant import triton_quant
-    from ckptd.kernels.quant.formats import FORMATS, QuantTensor
-    from ckptd.tools.bench.big_gguf import random_blocks
-
-    n = k = s.gemv
-    dense = torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5
-    rng = np.random.default_rng(0)
-    for m in (1, s.gemm_m):
-        x = torch.randn(m, k, device=dev, dtype=dt)
-        op = "kept_gemv" if m == 1 else f"kept_gemm_m{m}"
-        for fmt in ("Q4_K", "Q6_K", "Q8_0"):
-            _, bs, ts = FORMATS[fmt]
-            blocks = random_blocks(fmt, n * k // bs, rng, k ** -0.5)
-            qt = QuantTensor(torch.from_numpy(blocks).view(n, k // bs * ts).to(dev), fmt,
-                             (n, k))
-            yield Case(f"{op}_{fmt}", "triton", lambda x=x, qt=qt: triton_quant.matmul(x, qt),
-                       2 * m * n * k, qt.nbytes + 2 * m * (n + k) * x.element_size())
-            # the reference beside each format's row: the same product on dense weights
-            yield Case(f"{op}_{fmt}", f"torch dense {str(dt).split('.')[-1]}",
-                       lambda x=x: x @ dense.T, 2 * m * n * k,
-                       (n * k + m * (n + k)) * x.element_size())
+    return kept_cases(s, dev, dt, Case)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
