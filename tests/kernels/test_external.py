@@ -86,3 +86,14 @@ def test_fla_takes_half_precision_prefill_and_fp32_keeps_ckptd_kernel(dtype, mon
                                                      want_pool, cells)
         assert torch.allclose(out, want, atol=1e-5) and torch.allclose(pool, want_pool,
                                                                        atol=1e-5)
+
+
+def test_an_external_kernel_that_does_not_import_leaves_ours(monkeypatch, caplog):
+    # installed but built for another Triton or CUDA: one warning, ckptd's kernels run
+    monkeypatch.setattr(dispatch, "_IMPORTS", {})
+    monkeypatch.setitem(dispatch._EXTERNAL_MODULES, "fla", "ckptd_not_a_module.ops")
+    monkeypatch.setitem(dispatch._EXTERNAL_MODULES, "flash", "json")
+    assert dispatch.imports("fla") is False and dispatch.imports("fla") is False
+    assert dispatch.imports("flash") is True
+    warned = [r.getMessage() for r in caplog.records if "does not import" in r.getMessage()]
+    assert len(warned) == 1 and "fla" in warned[0] and "ModuleNotFoundError" in warned[0]
