@@ -28,7 +28,8 @@ from ckptd.cache.lookup import REMOTE, PieceRef
 from ckptd.cache.remote import state as state_obj
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteError
 from ckptd.cache.remote.fetch import Fetcher, Loc
-from ckptd.cache.remote.layout import STATE, Layout
+from ckptd.cache.remote.frames import Frame
+from ckptd.cache.remote.layout import STATE, Layout, framed
 from ckptd.cache.remote.state import SegmentRef, StateHead
 
 _TRIES = 3          # state heads one lookup may read (the deepest first)
@@ -41,6 +42,10 @@ class Found:
     blocks: dict[bytes, EntryMeta] = field(default_factory=dict)
     snaps: dict[bytes, list[tuple[bytes, EntryMeta]]] = field(default_factory=dict)
     where: dict[bytes, Loc] = field(default_factory=dict)
+    # a block in a framed segment: its frame (where[key] is the frame's bytes) and its
+    # index there
+    framed: dict[bytes, tuple[Frame, int]] = field(default_factory=dict)
+    block_bytes: int = 0
     segments: list[tuple[SegmentRef, list[bytes], bytes]] = field(default_factory=list)
     fetcher: Fetcher | None = None
     state: str | None = None      # the state object whose head named these pieces
@@ -65,7 +70,9 @@ class Found:
         return next(m for found in self.snaps.values() for k, m in found if k == key)
 
     def locs(self, pieces: Sequence[PieceRef]) -> list[Loc]:
-        return [self.where[p.key] for p in pieces]
+        """Where the pieces' bytes are: a location once, however many blocks of one
+        frame read it."""
+        return list(dict.fromkeys(self.where[p.key] for p in pieces))
 
     def rounds(self, pieces: Sequence[PieceRef]) -> int:
         """Request rounds reading these (remote) pieces takes. A restore prices the same
@@ -104,6 +111,7 @@ class Finder:
     def __init__(self, client: RemoteClient, layout: Layout, fetcher: Fetcher) -> None:
         self.client, self.layout, self.fetcher = client, layout, fetcher
         self.fanout = client.config.concurrency
+        self.tensor, self.block_bytes = "", 0     # a block's page, as framed heads name it
         self.lookups = self.requests = self.corrupt = 0
 
     def find(self, chain: KeyChain, tokens: list[int], limit: int, first: int,
@@ -126,6 +134,9 @@ class Finder:
                         (key, P, chain.parent(d), tokens[d * B:P], d):
                     self.corrupt += 1         # a well-formed head of another state
                     continue
+                if any(s.framed for s in head.segments) and (
+                        head.tensor != self.tensor or head.block_bytes != self.block_bytes):
+                    continue                  # pages of another shape: not ours to read
                 self._fill(chain, tokens, first, head, obj, out)
                 break
         except RemoteError:
@@ -159,8 +170,8 @@ class Finder:
                         continue
                     if snapshot_key(chain.parent(d), tokens[d * B:P], d, B, ctx) == key:
                         found.append((P, key, o))
-            if found:
-                return sorted(found, key=lambda f: -f[0])
+            if found:                  # framed before the old layout's at one position
+                return sorted(found, key=lambda f: (-f[0], not framed(f[2].name)))
         return []
 
     def _head(self, obj: ObjectInfo, out: Found) -> StateHead | None:
@@ -189,7 +200,8 @@ class Finder:
         B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
         simple = ctx.extras is None and ctx.positions is None     # every block plain
         now, size = time.time(), head.block_bytes
-        blocks, where = out.blocks, out.where
+        blocks, where, framed_at = out.blocks, out.where, out.framed
+        out.block_bytes = head.block_bytes
         for seg in head.segments:
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
@@ -198,14 +210,25 @@ class Finder:
             # ~2,000 blocks for a 32K-token prompt: nothing here is done twice a block
             parents = [chain.parent(seg.start), *keys]
             name, total = seg.name, seg.size
-            for j, (off, n) in enumerate(zip(seg.offsets(), seg.lengths)):
+            if seg.framed:
+                spans = [(b, Loc(name, off, n, total), f) for (b, off, n), f in
+                         zip(seg.frame_spans(), seg.frames)]
+                places = [(loc, f, j) for _, loc, f in spans for j in range(f.blocks)]
+            else:
+                places = [(Loc(name, off, n, total), None, 0)
+                          for off, n in zip(seg.offsets(), seg.lengths)]
+            for j, (n, (loc, frame, k)) in enumerate(zip(seg.lengths, places)):
                 b = seg.start + j
                 if b < first:
                     continue
+                if frame is not None:
+                    n = frame.stored // frame.blocks     # its share of what is read
                 blocks[keys[j]] = EntryMeta(
                     BLOCK, parents[j], (b + 1) * B, tokens[b * B:(b + 1) * B], fp, n, size,
                     now, now, plain=simple or ctx.plain(b, B))
-                where[keys[j]] = Loc(name, off, n, total)
+                where[keys[j]] = loc
+                if frame is not None:
+                    framed_at[keys[j]] = (frame, k)
         d = head.position // B
         n = obj.size - head.snapshot_at
         meta = EntryMeta(SNAPSHOT, head.parent, head.position, head.tokens, fp,
