@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from ckptd.cache import codec
@@ -121,9 +121,15 @@ class Finder:
         are held locally)."""
         t0 = time.perf_counter()
         out = Found(fetcher=self.fetcher, deadline=t0 + self.client.config.lookup_timeout)
+        guess = self._guess(chain, tokens, limit, floor)
+        out.requests += guess is not None
         try:
-            for P, key, obj in self._candidates(chain, tokens, limit, floor, out)[:_TRIES]:
-                head = self._head(obj, out)
+            found = self._candidates(chain, tokens, limit, floor, out)[:_TRIES]
+            for P, key, obj in found:
+                early = None
+                if guess is not None and guess[0] == obj.name:
+                    early = self._parallel(None, guess[1], out)[0]   # in flight already
+                head = self._head(obj, out, early)
                 d, B = P // chain.block_size, chain.block_size
                 if head is None:
                     if obj.name in out.bad:               # deleted: a departure (lost.py)
@@ -141,6 +147,8 @@ class Finder:
                 break
         except RemoteError:
             out.failed = True
+        if guess is not None:
+            guess[1].cancel()                 # not needed, or over (its request counted)
         out.seconds = time.perf_counter() - t0
         self.lookups += 1
         self.requests += out.requests
@@ -174,10 +182,26 @@ class Finder:
                 return sorted(found, key=lambda f: (-f[0], not framed(f[2].name)))
         return []
 
-    def _head(self, obj: ObjectInfo, out: Found) -> StateHead | None:
+    def _guess(self, chain: KeyChain, tokens: list[int], limit: int, floor: int):
+        """The head of the state at `limit` itself (framed), asked for beside the LISTs:
+        its name follows from the prompt (a prompt asked again, or a context restored by
+        another daemon, has its state there), and when it is there the LISTs' answer
+        only confirms it, so the head costs no round of its own. (name, future of
+        get_range) or None where no state can be there."""
+        B, G = chain.block_size, self.layout.grid
+        d = limit // B
+        if limit <= floor or d > len(chain):
+            return None
+        key = snapshot_key(chain.parent(d), tokens[d * B:limit], d, B, chain.ctx)
+        name = self.layout.state(chain.parent(d // G * G), limit, key)
+        return name, self.client.pool.submit(self.client.get_range, name, 0,
+                                             state_obj.FIRST_READ)
+
+    def _head(self, obj: ObjectInfo, out: Found, early=None) -> StateHead | None:
         """A state object's head (one ranged GET, two for a long head); None when it is
-        gone, or corrupt (then deleted)."""
-        first = self._parallel(lambda n: self.client.get_range(
+        gone, or corrupt (then deleted). early: the first GET's answer, when it was
+        asked for already (_guess)."""
+        first = early if early is not None else self._parallel(lambda n: self.client.get_range(
             n, 0, min(obj.size, state_obj.FIRST_READ)), [obj.name], out)[0]
         if first is None:
             return None
@@ -237,12 +261,16 @@ class Finder:
         out.where[head.key] = Loc(obj.name, head.snapshot_at, n, obj.size)
         out.state = obj.name
 
-    def _parallel(self, fn, names: list[str], out: Found) -> list:
-        """fn(name) for each name on the client's pool; RemoteError when one failed or
-        the lookup's time is up (a slow remote must not hold up the engine's step)."""
-        futs = [self.client.pool.submit(fn, n) for n in names]
+    def _parallel(self, fn, names, out: Found) -> list:
+        """fn(name) for each name on the client's pool (or, for a future, its result);
+        RemoteError when one failed or the lookup's time is up (a slow remote must not
+        hold up the engine's step)."""
+        if isinstance(names, Future):
+            futs = [names]                 # counted when it was asked for
+        else:
+            futs = [self.client.pool.submit(fn, n) for n in names]
+            out.requests += len(futs)
         done, late = wait(futs, timeout=max(0.0, out.deadline - time.perf_counter()))
-        out.requests += len(futs)
         if late:
             for f in late:
                 f.cancel()

@@ -91,6 +91,23 @@ def test_a_second_store_restores_what_the_first_uploaded(aws, open_store, spec, 
     b.sanity_check()
 
 
+def test_the_head_at_the_prompt_s_end_is_asked_for_beside_the_lists(aws, open_store, spec,
+                                                                      tmp_path):
+    """A prompt that ends where a state is: its head's GET goes with the LISTs and is
+    the one read (3 LISTs + 1 GET). A longer prompt: that guess misses (404), and the
+    head the LISTs found is read after them (3 + 1 + 1)."""
+    url = fresh_url()
+    uploaded(open_store, spec, url, tmp_path / "a")
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    longer = TOKENS + [9, 9, 9, 9, 9]
+    for n, (prompt, requests) in enumerate([(TOKENS, 3 + 1), (longer, 3 + 1 + 1)]):
+        before = b.stats()["remote"]["lookups"]["requests"]
+        plan = b.lookup_remote(prompt, len(prompt), b.chain(prompt))
+        assert plan.position == len(TOKENS), n
+        assert b.stats()["remote"]["lookups"]["requests"] - before == requests, n
+    check_restored(spec, b.load(plan), TOKENS)
+
+
 def test_ranges_cut_values_in_parts_and_join_them(aws, open_store, spec, tmp_path):
     """A range smaller than one frame: each comes in several ranged GETs, in parallel,
     and is decoded once its last part is in."""
