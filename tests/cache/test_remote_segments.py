@@ -322,3 +322,60 @@ def test_what_a_restore_writes_through_is_the_remote_s_bytes(aws, open_store, sp
         assert bytes(frames.page_bytes(codec.decode(value, b.fp)["kv"])) == page, p
     assert sum(p.key in found.framed for p in pieces) == 11
     check_restored(spec, b.load(b.lookup(t)), t)
+
+
+def test_a_state_of_the_old_layout_restores_by_its_values(aws, open_store, spec,  # noqa: F811
+                                                          tmp_path, s3_server):
+    """Objects of the layout before frames (segments of LMDB values, names without
+    ".f"), put as its code put them, restore exactly, value by value, and a restore
+    that finds both kinds at one position takes the framed one."""
+    from ckptd.cache.entry import SNAPSHOT
+    from ckptd.cache.remote import segment, state
+    from ckptd.cache.remote.layout import framed
+    from ckptd.cache.remote.state import SegmentRef, StateHead
+
+    url = fresh_url()
+    t = tokens(20)
+    a = open_store(spec, path=tmp_path / "a")            # no remote: LMDB only
+    fill(a, spec, t)
+    assert a.flush(30)
+    chain = a.chain(t)
+    k = chain.keys
+    tier = remote(spec, url)
+    layout, client = tier.layout, tier.client
+    refs = []
+    for lo, hi in [(0, 8), (8, 16), (16, 20)]:
+        parent = k[lo - 1] if lo else chain.root
+        items = [(key, a.disk.get(key)) for key in k[lo:hi]]
+        body = segment.pack(lo, parent, items)
+        name = layout.segment(parent, k[hi - 1], framed=False)
+        assert client.put(name, body)
+        refs.append(SegmentRef(name, lo, hi - lo, len(body), tuple(len(v) for _, v in items)))
+    snap = a.lookup(t).snapshot
+    m = a.catalog.index.get(snap.key)
+    assert m.kind == SNAPSHOT
+    head = StateHead(snap.key, m.parent, m.position, m.tokens, m.role, m.plain, a.fp,
+                     m.logical_bytes, spec.page_bytes(), refs)
+    old = layout.state(k[15], m.position, snap.key, framed=False)
+    assert client.put(old, state.pack(head, a.disk.get(snap.key), layout.relative))
+    tier.close()
+
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    plan = b.lookup_remote(t, len(t), b.chain(t))
+    assert plan.position == len(t) and plan.remote.state == old and not plan.remote.framed
+    restored = b.load(plan)
+    assert restored.ok and restored.tier == REMOTE
+    check_restored(spec, restored, t)
+    assert b.stats()["remote"]["fetch"]["objects"] == 21           # a value a block
+    assert b.reader.flush(30) and b.flush(30)
+    check_restored(spec, b.load(b.lookup(t)), t)                  # kept in LMDB as read
+    assert not b.stats()["remote"]["uploads"]["segments"]         # and not put back
+
+    # The same context uploaded framed by another daemon: that state is the one read.
+    c = open_store(spec, path=tmp_path / "c", remote=remote(spec, url))
+    fill(c, spec, t)
+    assert c.flush(30) and c.remote.flush(30)
+    d = open_store(spec, path=tmp_path / "d", remote=remote(spec, url))
+    plan = d.lookup_remote(t, len(t), d.chain(t))
+    assert framed(plan.remote.state) and plan.remote.framed
+    check_restored(spec, d.load(plan), t)
