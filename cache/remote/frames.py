@@ -32,7 +32,7 @@ import torch
 import xxhash
 import zstandard
 
-from ckptd.cache import codec
+from ckptd.cache import codec, codec_batch
 from ckptd.cache.keys import KEY_BYTES
 
 MAGIC = b"CKPF"
@@ -244,23 +244,27 @@ def as_tensor(raw: bytearray | memoryview, dtype: torch.dtype, shape) -> torch.T
 
 def cut_values(items: list, block_bytes: int, spec, fingerprint: str) -> list:
     """LMDB values of blocks read in frames: items (key, meta, the frame's stored bytes,
-    Frame, index in it) -> (key, meta, value, None), each frame decompressed once. A
+    Frame, index in it), in chain order -> (key, meta, value, None), each frame
+    decompressed once and its blocks encoded together (codec_batch.encode_pages). A
     frame that fails now (it was checked when read) ends the list there."""
-    out, raws = [], {}
-    for key, meta, body, frame, j in items:
-        raw = raws.get(id(body))
-        if raw is None:
-            try:
-                raw = unpack(body, frame, block_bytes)
-            except codec.CorruptValue:
-                break
-            raws.clear()                   # a frame's blocks come together, in order
-            raws[id(body)] = raw
-        page = as_tensor(memoryview(raw)[j * block_bytes:(j + 1) * block_bytes],
-                         spec.kv_dtype, spec.kv_shape())
-        blob = codec.encode({"kv": page}, fingerprint, key=key)
-        meta.stored_bytes = len(blob)
-        out.append((key, meta, blob, None))
+    out, at = [], 0
+    while at < len(items):
+        body, frame = items[at][2], items[at][3]
+        run = at
+        while run < len(items) and items[run][2] is body:
+            run += 1
+        group, at = items[at:run], run
+        try:
+            raw = unpack(body, frame, block_bytes)
+        except codec.CorruptValue:
+            break
+        pages = as_tensor(raw, spec.kv_dtype, (frame.blocks, *spec.kv_shape()))
+        js = [j for *_, j in group]
+        chosen = pages if js == list(range(frame.blocks)) else pages[js]
+        for (key, meta, *_), blob in zip(group, codec_batch.encode_pages(
+                chosen, fingerprint, [key for key, *_ in group])):
+            meta.stored_bytes = len(blob)
+            out.append((key, meta, blob, None))
     return out
 
 
