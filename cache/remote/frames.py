@@ -25,7 +25,6 @@ head for a damaged one and delete it), and a daemon of this one reads both.
 from __future__ import annotations
 
 import struct
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +40,6 @@ _HEAD = struct.Struct("<4sIQ16sIIH")       # magic, count, first, parent, block 
                                            # frames, tensor length
 _FRAME = struct.Struct("<IIQ")             # blocks, stored bytes, xxh3-64
 _SUM = 8
-_local = threading.local()
 
 
 class Frame(tuple):
@@ -153,13 +151,6 @@ def frame_bodies(buf: bytes | memoryview, header: FramedHeader) -> list[memoryvi
     return out
 
 
-def _dctx() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "dctx", None)
-    if d is None:
-        d = _local.dctx = zstandard.ZstdDecompressor()
-    return d
-
-
 def check(body: memoryview | bytes, frame: Frame) -> None:
     """codec.CorruptValue unless body is the frame's stored bytes."""
     if len(body) != frame.stored or xxhash.xxh3_64_intdigest(body) != frame.checksum:
@@ -176,7 +167,7 @@ def unpack(body: memoryview | bytes, frame: Frame, block_bytes: int) -> bytearra
 
 def _decompress_into(body: memoryview | bytes, out: memoryview) -> None:
     """One zstd frame into exactly out; codec.CorruptValue when it is not that long."""
-    reader = _dctx().stream_reader(body, read_size=len(body))
+    reader = codec._decompressor().stream_reader(body, read_size=len(body))
     got = 0
     try:
         while got < len(out):
