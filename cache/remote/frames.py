@@ -36,6 +36,8 @@ from ckptd.cache.keys import KEY_BYTES
 
 MAGIC = b"CKPF"
 LEVEL = 1                    # zstd level: a restore's decompression is what counts
+_WORTH = 1.1                 # a frame is compressed when that makes it this much smaller
+_RAW = zstandard.ZstdCompressor(level=-1)    # (a level that stores it as raw blocks)
 _HEAD = struct.Struct("<4sIQ16sIIH")       # magic, count, first, parent, block bytes,
                                            # frames, tensor length
 _FRAME = struct.Struct("<IIQ")             # blocks, stored bytes, xxh3-64
@@ -105,7 +107,14 @@ def pack(start: int, parent: bytes, keys: list[bytes], pages: list, tensor: str,
     cctx = zstandard.ZstdCompressor(level=LEVEL)
     frames, bodies = [], []
     for lo in range(0, len(pages), per):
-        body = cctx.compress(b"".join(pages[lo:lo + per]))
+        raw = b"".join(pages[lo:lo + per])
+        body = cctx.compress(raw)
+        if len(body) * _WORTH > len(raw):
+            # Saving under ~10%: the frame's blocks are stored as they are (a zstd frame
+            # still, of raw blocks). A restore is CPU-bound on two cores: decompressing
+            # a 512 KiB frame of the tiny model's fp32 KV took 0.74 ms for 8% fewer
+            # bytes; a frame of raw blocks, 0.03 ms (docs/BENCHMARKS.md, issue 32).
+            body = _RAW.compress(raw)
         bodies.append(body)
         frames.append(Frame(min(per, len(pages) - lo), len(body), xxhash.xxh3_64_intdigest(body)))
     name = tensor.encode()
