@@ -197,8 +197,10 @@ def into_pages(body: memoryview | bytes, frame: Frame, block_bytes: int,
     frame -> a page ([*kv_shape] tensor, any strides). A run of pages that lie end to
     end in memory (a fresh pool's pages usually do) is written by the decompressor
     itself when the frame is all of it; else the frame is decompressed once and each
-    run of pages copied in one call. codec.CorruptValue when the frame is bad (its
-    pages are then not written)."""
+    run of pages copied in one call. codec.CorruptValue when the frame is bad: a
+    checksum that fails writes nothing; a frame that passes it and still does not
+    decompress to its size (a writer's bug) may have written some of its pages, which
+    a failed restore never serves."""
     check(body, frame)
     run = _run(dests, frame.blocks, block_bytes)
     if run is not None:                     # straight into the pool's memory
