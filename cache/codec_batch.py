@@ -213,3 +213,37 @@ def _plan(header) -> tuple | bool:
             or any(n != count for n in sizes[:-1]) or sizes[-1] > count:
         return False                       # a low plane packed: decoded alone
     return header.get("fp"), e.get("name"), dtype, torch.Size(shape), k, e["offset"], sizes[-1]
+
+
+def encode_pages(pages: torch.Tensor, fingerprint: str, keys: list[bytes]) -> list[bytes]:
+    """codec.encode({"kv": page}, fingerprint, key=key) of each page of pages [n, ...]
+    (contiguous, CPU), the same bytes: what a remote restore writes through into LMDB,
+    ~15,000 pages for a 250K-token context. The byte planes of all pages are split with
+    one numpy operation each and the header is written from a template, so a page costs
+    its planes' compression and checksum, not ~170 us of per-value Python."""
+    codec_name = {2: "plane16", 4: "plane32"}.get(pages.element_size())
+    if pages.dtype not in (torch.float16, torch.bfloat16, torch.float32) or _BIG \
+            or not pages.is_contiguous() or codec_name is None:
+        return [codec.encode({"kv": p}, fingerprint, key=k) for p, k in zip(pages, keys)]
+    n, k = len(pages), pages.element_size()
+    u = codec._uints(pages).reshape(n, -1)
+    planes = [(u >> (8 * b)).astype(np.uint8) for b in range(k)]
+    pctx = zstandard.ZstdCompressor(compression_params=codec._PLANE_ZSTD)
+    dtype = str(pages.dtype).removeprefix("torch.")
+    shape = json.dumps(list(pages.shape[1:]), separators=(",", ":"))
+    head = (f'{{"fp":{json.dumps(fingerprint)},"tensors":[{{"name":"kv","dtype":"{dtype}",'
+            f'"shape":{shape},"codec":"{codec_name}","offset":0,"parts":[')
+    out = []
+    for i, key in enumerate(keys):
+        if k == 2:
+            parts = [planes[0][i], pctx.compress(planes[1][i])]
+        else:
+            parts = []
+            for p in planes:
+                c = pctx.compress(p[i])
+                parts.append(c if len(c) < p.shape[1] else p[i])
+        sizes = ",".join(str(x.nbytes if isinstance(x, np.ndarray) else len(x)) for x in parts)
+        header = f'{head}{sizes}]}}],"key":"{key.hex()}"}}'.encode()
+        body = b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, *parts])
+        out.append(body + xxhash.xxh3_128_digest(body))
+    return out

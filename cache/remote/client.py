@@ -39,6 +39,7 @@ class RemoteConfig:
     part_bytes: int = 16 << 20      # larger objects go up as multipart uploads of this size
     segment_bytes: int = 8 << 20    # blocks a segment object holds, in their bytes
     range_bytes: int = 4 << 20      # the most one ranged GET of a restore asks for
+    frame_bytes: int = 512 << 10    # raw page bytes a segment's frame holds (frames.py)
     linger: float = 0.5             # s a state's chain has no new block: it ends there
     interval_linger: float = 30.0   # the same for an interval snapshot (its prefill stopped)
     connect_timeout: float = 2.0    # seconds
@@ -52,7 +53,7 @@ class RemoteConfig:
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "upload_attempts", "max_lists", "queue_entries",
-                     "segment_bytes", "range_bytes"):
+                     "segment_bytes", "range_bytes", "frame_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"remote {name} must be >= 1, got {getattr(self, name)}")
         for name in ("connect_timeout", "read_timeout", "fetch_timeout", "lookup_timeout"):

@@ -3,10 +3,12 @@ in flight, the values of each range decoded together on a pool as soon as its by
 within a deadline.
 
 Every piece has a location (an object, an offset, a length, and the object's size the
-plan was made against). Pieces adjacent in one object are read together: a run of
-them is cut into ranges of at most range_bytes (at value boundaries where it can be),
-so a 250K-token context is a few dozen requests, not one per block, and its bytes
-come over `concurrency` connections at once. A value spanning ranges is decoded when
+plan was made against): a frame of pages (frames.py; the blocks it holds share it, and
+it is read and decoded once) or one value (a snapshot, or a block of the old layout).
+Pieces adjacent in one object are read together: a run of them is cut into ranges of
+at most range_bytes (at value boundaries where it can be), so a 250K-token context is a
+few dozen requests, not one per block, and its bytes come over `concurrency`
+connections at once. A value spanning ranges is decoded when
 the last of them is in.
 
 Each value is checked as it is decoded (its checksum, format, model and key: the

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from ckptd.cache import codec
-from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
+from ckptd.cache.entry import BLOCK, SNAPSHOT, BlockMeta, EntryMeta
 from ckptd.cache.keys import KeyChain, snapshot_key
 from ckptd.cache.lookup import REMOTE, PieceRef
 from ckptd.cache.remote import state as state_obj
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteError
 from ckptd.cache.remote.fetch import Fetcher, Loc
-from ckptd.cache.remote.layout import STATE, Layout
+from ckptd.cache.remote.frames import Frame
+from ckptd.cache.remote.layout import STATE, Layout, framed
 from ckptd.cache.remote.state import SegmentRef, StateHead
 
 _TRIES = 3          # state heads one lookup may read (the deepest first)
@@ -38,9 +39,13 @@ _TRIES = 3          # state heads one lookup may read (the deepest first)
 class Found:
     """The remote's entries for one prompt, as planning reads them (cache/lookup.py),
     and where each one's bytes are."""
-    blocks: dict[bytes, EntryMeta] = field(default_factory=dict)
+    blocks: dict[bytes, BlockMeta] = field(default_factory=dict)
     snaps: dict[bytes, list[tuple[bytes, EntryMeta]]] = field(default_factory=dict)
     where: dict[bytes, Loc] = field(default_factory=dict)
+    # a block in a framed segment: its frame (where[key] is the frame's bytes) and its
+    # index there
+    framed: dict[bytes, tuple[Frame, int]] = field(default_factory=dict)
+    block_bytes: int = 0
     segments: list[tuple[SegmentRef, list[bytes], bytes]] = field(default_factory=list)
     fetcher: Fetcher | None = None
     state: str | None = None      # the state object whose head named these pieces
@@ -54,18 +59,20 @@ class Found:
 
     @property
     def metas(self) -> dict[bytes, EntryMeta]:
-        out = dict(self.blocks)
+        out = {k: m.entry() for k, m in self.blocks.items()}
         for found in self.snaps.values():
             out.update(found)
         return out
 
     def meta(self, key: bytes) -> EntryMeta:
         if key in self.blocks:
-            return self.blocks[key]
+            return self.blocks[key].entry()
         return next(m for found in self.snaps.values() for k, m in found if k == key)
 
     def locs(self, pieces: Sequence[PieceRef]) -> list[Loc]:
-        return [self.where[p.key] for p in pieces]
+        """Where the pieces' bytes are: a location once, however many blocks of one
+        frame read it."""
+        return list(dict.fromkeys(self.where[p.key] for p in pieces))
 
     def rounds(self, pieces: Sequence[PieceRef]) -> int:
         """Request rounds reading these (remote) pieces takes. A restore prices the same
@@ -104,6 +111,7 @@ class Finder:
     def __init__(self, client: RemoteClient, layout: Layout, fetcher: Fetcher) -> None:
         self.client, self.layout, self.fetcher = client, layout, fetcher
         self.fanout = client.config.concurrency
+        self.tensor, self.block_bytes = "", 0     # a block's page, as framed heads name it
         self.lookups = self.requests = self.corrupt = 0
 
     def find(self, chain: KeyChain, tokens: list[int], limit: int, first: int,
@@ -113,9 +121,15 @@ class Finder:
         are held locally)."""
         t0 = time.perf_counter()
         out = Found(fetcher=self.fetcher, deadline=t0 + self.client.config.lookup_timeout)
+        guess = self._guess(chain, tokens, limit, floor)
+        out.requests += guess is not None
         try:
-            for P, key, obj in self._candidates(chain, tokens, limit, floor, out)[:_TRIES]:
-                head = self._head(obj, out)
+            found = self._candidates(chain, tokens, limit, floor, out)[:_TRIES]
+            for P, key, obj in found:
+                early = None
+                if guess is not None and guess[0] == obj.name:
+                    early = self._parallel(None, guess[1], out)[0]   # in flight already
+                head = self._head(obj, out, early)
                 d, B = P // chain.block_size, chain.block_size
                 if head is None:
                     if obj.name in out.bad:               # deleted: a departure (lost.py)
@@ -126,10 +140,15 @@ class Finder:
                         (key, P, chain.parent(d), tokens[d * B:P], d):
                     self.corrupt += 1         # a well-formed head of another state
                     continue
+                if any(s.framed for s in head.segments) and (
+                        head.tensor != self.tensor or head.block_bytes != self.block_bytes):
+                    continue                  # pages of another shape: not ours to read
                 self._fill(chain, tokens, first, head, obj, out)
                 break
         except RemoteError:
             out.failed = True
+        if guess is not None:
+            guess[1].cancel()                 # not needed, or over (its request counted)
         out.seconds = time.perf_counter() - t0
         self.lookups += 1
         self.requests += out.requests
@@ -159,14 +178,30 @@ class Finder:
                         continue
                     if snapshot_key(chain.parent(d), tokens[d * B:P], d, B, ctx) == key:
                         found.append((P, key, o))
-            if found:
-                return sorted(found, key=lambda f: -f[0])
+            if found:                  # framed before the old layout's at one position
+                return sorted(found, key=lambda f: (-f[0], not framed(f[2].name)))
         return []
 
-    def _head(self, obj: ObjectInfo, out: Found) -> StateHead | None:
+    def _guess(self, chain: KeyChain, tokens: list[int], limit: int, floor: int):
+        """The head of the state at `limit` itself (framed), asked for beside the LISTs:
+        its name follows from the prompt (a prompt asked again, or a context restored by
+        another daemon, has its state there), and when it is there the LISTs' answer
+        only confirms it, so the head costs no round of its own. (name, future of
+        get_range) or None where no state can be there."""
+        B, G = chain.block_size, self.layout.grid
+        d = limit // B
+        if limit <= floor or d > len(chain):
+            return None
+        key = snapshot_key(chain.parent(d), tokens[d * B:limit], d, B, chain.ctx)
+        name = self.layout.state(chain.parent(d // G * G), limit, key)
+        return name, self.client.pool.submit(self.client.get_range, name, 0,
+                                             state_obj.FIRST_READ)
+
+    def _head(self, obj: ObjectInfo, out: Found, early=None) -> StateHead | None:
         """A state object's head (one ranged GET, two for a long head); None when it is
-        gone, or corrupt (then deleted)."""
-        first = self._parallel(lambda n: self.client.get_range(
+        gone, or corrupt (then deleted). early: the first GET's answer, when it was
+        asked for already (_guess)."""
+        first = early if early is not None else self._parallel(lambda n: self.client.get_range(
             n, 0, min(obj.size, state_obj.FIRST_READ)), [obj.name], out)[0]
         if first is None:
             return None
@@ -186,26 +221,37 @@ class Finder:
 
     def _fill(self, chain: KeyChain, tokens: list[int], first: int, head: StateHead,
               obj: ObjectInfo, out: Found) -> None:
+        """The head's blocks from `first` on as metas and locations. ~15,000 blocks for a
+        250K-token prompt: lists made whole, nothing a block beyond one meta."""
         B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
         simple = ctx.extras is None and ctx.positions is None     # every block plain
         now, size = time.time(), head.block_bytes
-        blocks, where = out.blocks, out.where
+        out.block_bytes = head.block_bytes
+        new = tuple.__new__
         for seg in head.segments:
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
-            if seg.start + seg.used <= first:
+            lo = max(first - seg.start, 0)           # blocks below `first`: held locally
+            if lo >= seg.used:
                 continue
-            # ~2,000 blocks for a 32K-token prompt: nothing here is done twice a block
-            parents = [chain.parent(seg.start), *keys]
-            name, total = seg.name, seg.size
-            for j, (off, n) in enumerate(zip(seg.offsets(), seg.lengths)):
-                b = seg.start + j
-                if b < first:
-                    continue
-                blocks[keys[j]] = EntryMeta(
-                    BLOCK, parents[j], (b + 1) * B, tokens[b * B:(b + 1) * B], fp, n, size,
-                    now, now, plain=simple or ctx.plain(b, B))
-                where[keys[j]] = Loc(name, off, n, total)
+            name, total, b0 = seg.name, seg.size, seg.start + lo
+            if seg.framed:
+                locs, stored, places = [], [], []
+                for (_, off, n), f in zip(seg.frame_spans(), seg.frames):
+                    locs += [Loc(name, off, n, total)] * f.blocks
+                    stored += [n // f.blocks] * f.blocks
+                    places += zip([f] * f.blocks, range(f.blocks))
+                del locs[seg.used:], stored[seg.used:], places[seg.used:]
+                out.framed.update(zip(keys[lo:], places[lo:]))
+            else:
+                locs = [Loc(name, off, n, total) for off, n in zip(seg.offsets(), seg.lengths)]
+                stored = list(seg.lengths)
+            parents = [chain.parent(b0), *keys[lo:-1]]
+            out.blocks.update(zip(keys[lo:], [
+                new(BlockMeta, (BLOCK, p, (b + 1) * B, tokens[b * B:(b + 1) * B], fp, n, size,
+                                simple or ctx.plain(b, B), now))
+                for b, p, n in zip(range(b0, seg.start + seg.used), parents, stored[lo:])]))
+            out.where.update(zip(keys[lo:], locs[lo:]))
         d = head.position // B
         n = obj.size - head.snapshot_at
         meta = EntryMeta(SNAPSHOT, head.parent, head.position, head.tokens, fp,
@@ -215,12 +261,16 @@ class Finder:
         out.where[head.key] = Loc(obj.name, head.snapshot_at, n, obj.size)
         out.state = obj.name
 
-    def _parallel(self, fn, names: list[str], out: Found) -> list:
-        """fn(name) for each name on the client's pool; RemoteError when one failed or
-        the lookup's time is up (a slow remote must not hold up the engine's step)."""
-        futs = [self.client.pool.submit(fn, n) for n in names]
+    def _parallel(self, fn, names, out: Found) -> list:
+        """fn(name) for each name on the client's pool (or, for a future, its result);
+        RemoteError when one failed or the lookup's time is up (a slow remote must not
+        hold up the engine's step)."""
+        if isinstance(names, Future):
+            futs = [names]                 # counted when it was asked for
+        else:
+            futs = [self.client.pool.submit(fn, n) for n in names]
+            out.requests += len(futs)
         done, late = wait(futs, timeout=max(0.0, out.deadline - time.perf_counter()))
-        out.requests += len(futs)
         if late:
             for f in late:
                 f.cancel()

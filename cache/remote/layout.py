@@ -27,6 +27,11 @@ segments that hold blocks 0 .. P//B - 1 with every block's offset; the snapshot'
 value follows. A lookup LISTs the cells of a prompt, deepest first, and recognises
 its own states by key; one ranged GET of a head then plans the whole restore.
 
+Framed layout (frames.py): a segment of frames of raw pages, and the states that
+name such segments, are named as above with ".f" after the name: a daemon of the
+layout before it (segments of LMDB values) never lists them, and reads what it wrote
+itself as before; a daemon of this one writes framed objects and reads both.
+
 Objects are immutable and written conditionally (If-None-Match: *): a state only
 after every segment it names (state objects are the index, written last), so a
 daemon killed mid-upload leaves segments no state names (taken by `ckptd inspect
@@ -43,6 +48,12 @@ from ckptd.cache.keys import FORMAT_VERSION, KEY_BYTES
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _HEX = 2 * KEY_BYTES
 SEGMENT, STATE = "segment", "state"
+FRAMED = ".f"        # after the name of an object of the framed layout (frames.py)
+
+
+def framed(name: str) -> bool:
+    """Whether an object is of the framed layout (its segments are frames of pages)."""
+    return name.endswith(FRAMED)
 
 
 @dataclass(frozen=True)
@@ -81,15 +92,15 @@ class Layout:
         self.model_root = model_root(url, fingerprint)     # every grid, and the first layout
         self.root = f"{self.model_root}g{grid}/"
 
-    def segment(self, start_parent: bytes, last: bytes) -> str:
-        return f"{self.root}seg/{start_parent.hex()}/{last.hex()}"
+    def segment(self, start_parent: bytes, last: bytes, framed: bool = True) -> str:
+        return f"{self.root}seg/{start_parent.hex()}/{last.hex()}{FRAMED if framed else ''}"
 
     def states_of(self, cell_parent: bytes) -> str:
         """The prefix a LIST reads to find the states of one cell of one prefix."""
         return f"{self.root}state/{cell_parent.hex()}/"
 
-    def state(self, cell_parent: bytes, position: int, key: bytes) -> str:
-        return f"{self.states_of(cell_parent)}{position}-{key.hex()}"
+    def state(self, cell_parent: bytes, position: int, key: bytes, framed: bool = True) -> str:
+        return f"{self.states_of(cell_parent)}{position}-{key.hex()}{FRAMED if framed else ''}"
 
     def relative(self, name: str) -> str:
         """A name as a state's head keeps it: below ROOT (a bucket prefix may move)."""
@@ -106,6 +117,8 @@ class Layout:
         if not name.startswith(self.root):
             return None
         parts = name[len(self.root):].split("/")
+        if parts[-1].endswith(FRAMED):
+            parts[-1] = parts[-1][:-len(FRAMED)]
         if len(parts) != 3 or len(parts[1]) != _HEX:
             return None
         try:

@@ -15,6 +15,7 @@ period; never a state naming what is not there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, EntryMeta
-from ckptd.cache.remote import segment, state
+from ckptd.cache.remote import frames, state
 from ckptd.cache.remote.client import RemoteClient, RemoteError
 from ckptd.cache.remote.known import Known
 from ckptd.cache.remote.layout import Layout
@@ -207,13 +208,18 @@ class Publisher:
                 if any(v is None for v in values):
                     job.failed = "evicted"
                     return
-                for k, v in zip(job.keys, values):
-                    codec.verify(v, self.layout.fp, k)      # disk damage stays off the remote
-                body = segment.pack(job.start, job.parent, list(zip(job.keys, values)))
+                # decoding checks each value: disk damage stays off the remote
+                pages = [codec.decode(v, self.layout.fp, key=k)["kv"]
+                         for k, v in zip(job.keys, values)]
+                tensor = frames.tensor_of(pages[0].dtype, pages[0].shape)
+                if any(frames.tensor_of(p.dtype, p.shape) != tensor for p in pages):
+                    raise codec.CorruptValue("blocks of another shape")
+                body, h = frames.pack(job.start, job.parent, job.keys,
+                                      [frames.page_bytes(p) for p in pages], tensor,
+                                      self.block_bytes, self.cfg.frame_bytes)
                 self._count("segment", self._put(job.name, body), len(body))
-                ref = SegmentRef(job.name, job.start, len(values), len(body),
-                                 tuple(len(v) for v in values))
-        except codec.CorruptValue:
+                ref = _ref(job.name, h)
+        except (codec.CorruptValue, KeyError, ValueError):
             job.failed = "evicted"            # bad on disk: the same as gone
             return
         except RemoteError:
@@ -224,15 +230,17 @@ class Publisher:
 
     def _existing(self, job: SegmentJob) -> SegmentRef | None:
         """The segment when another daemon put it already (its header read)."""
-        if self.client.head(job.name) is None:
+        size = self.client.head(job.name)
+        if size is None:
             return None
-        got = self.client.get_range(job.name, 0, segment.header_bytes(len(job.keys)))
+        got = self.client.get_range(job.name, 0,
+                                    min(size, frames.max_header_bytes(len(job.keys))))
         try:
             if got is None:
                 return None
-            h = segment.read_header(got[0])
+            h = frames.read_header(got[0])
             if (h.start, h.parent, h.keys) != (job.start, job.parent, tuple(job.keys)) \
-                    or h.size != got[1]:
+                    or h.size != got[1] or h.block_bytes != self.block_bytes:
                 raise codec.CorruptValue("a segment of other blocks under this name")
         except codec.CorruptValue as e:
             log.warning("remote: %s is damaged (%s); putting it again", job.name, e)
@@ -240,7 +248,7 @@ class Publisher:
             return None
         with self.lock:
             self.counts.exists += 1
-        return SegmentRef(job.name, h.start, len(h.keys), h.size, h.lengths)
+        return _ref(job.name, h)
 
     def _put_state(self, job: StateJob, refs: list[SegmentRef]) -> None:
         m = job.meta
@@ -253,8 +261,10 @@ class Publisher:
             with self.lock:
                 self.counts.evicted += 1
             return
+        tensor = next((r.tensor for r in refs if r.tensor), "")
         head = StateHead(job.key, m.parent, m.position, m.tokens, m.role, m.plain,
-                         self.layout.fp, m.logical_bytes, self.block_bytes, refs)
+                         self.layout.fp, m.logical_bytes, self.block_bytes, refs,
+                         tensor=tensor)
         body = state.pack(head, value, self.layout.relative)
         name = self.layout.state(job.cell_parent, m.position, job.key)
         try:
@@ -316,6 +326,10 @@ class Publisher:
 
 
 def _used(ref: SegmentRef, n: int) -> SegmentRef:
-    return ref if ref.used == n else SegmentRef(ref.name, ref.start, ref.count, ref.size,
-                                                ref.lengths[:n])
+    return ref if ref.used == n else dataclasses.replace(ref, lengths=ref.lengths[:n])
+
+
+def _ref(name: str, h: frames.FramedHeader) -> SegmentRef:
+    return SegmentRef(name, h.start, len(h.keys), h.size, (h.block_bytes,) * len(h.keys),
+                   h.frames, h.header_bytes, h.tensor)
 

@@ -1,4 +1,5 @@
-"""One segment object: consecutive blocks of one chain, their LMDB values end to end.
+"""One segment object of the layout before frames (read, no longer written: frames.py):
+consecutive blocks of one chain, their LMDB values end to end.
 
     "CKPS" ‖ u32 count ‖ u64 first block ‖ start parent (16) ‖ count x (key 16 ‖ u32
     length) ‖ xxh3-64 of the bytes before it ‖ values

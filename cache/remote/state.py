@@ -11,6 +11,12 @@ offset from it and reads only the bytes it needs; the object's size tells it whe
 segment under that name is not the one the state was written against (a segment
 taken by gc and put again by a daemon whose values compress differently): then the
 state is stale for that segment, never its values misread.
+
+A framed segment (frames.py) is a row of seven: (name, first block, blocks, size,
+blocks this state uses, its frame table in base64 (u32 blocks, u32 stored bytes,
+u64 xxh3 each), where its frames start); the head then names the blocks' tensor
+("tensor"). A reader checks each frame it reads against this copy of the table, so
+it never reads the segment's own header.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import zstandard
 
 from ckptd.cache import codec
 from ckptd.cache.entry import ROLES
+from ckptd.cache.remote.frames import Frame
 from ckptd.cache.remote.segment import header_bytes
 
 MAGIC = b"CKPI"
 _HEAD = struct.Struct("<4sI")
 _SUM = 8
+_FRAME_ROW = np.dtype([("blocks", "<u4"), ("stored", "<u4"), ("sum", "<u8")])
 FIRST_READ = 256 << 10      # what a reader asks for first: the head, often all of it
 
 
@@ -41,13 +49,31 @@ class SegmentRef:
     count: int                   # blocks in the object
     size: int                    # the object's bytes
     lengths: tuple[int, ...]     # the values this state uses: blocks start .. start+len-1
+    # A framed segment (frames.py): its whole frame table, where the frames start, and
+    # lengths are the used blocks' raw page bytes. Empty for a segment of LMDB values.
+    frames: tuple = ()
+    at: int = 0
+    tensor: str = ""             # a block's tensor (frames.tensor_of)
+
+    @property
+    def framed(self) -> bool:
+        return bool(self.frames)
 
     @property
     def used(self) -> int:
         return len(self.lengths)
 
+    def frame_spans(self) -> list[tuple[int, int, int]]:
+        """Each frame's (first block in the object, offset, stored bytes)."""
+        out, at, b = [], self.at, 0
+        for f in self.frames:
+            out.append((b, at, f.stored))
+            at += f.stored
+            b += f.blocks
+        return out
+
     def offsets(self) -> list[int]:
-        """Where each used block's value starts in the object."""
+        """Where each used block's value starts in the object (segment of LMDB values)."""
         out, at = [], header_bytes(self.count)
         for n in self.lengths:
             out.append(at)
@@ -68,6 +94,7 @@ class StateHead:
     block_bytes: int             # one block's tensors
     segments: list[SegmentRef]
     snapshot_at: int = 0         # where the snapshot's value starts (set when read)
+    tensor: str = ""             # a block's tensor in framed segments (frames.tensor_of)
 
     @property
     def blocks(self) -> int:
@@ -76,13 +103,17 @@ class StateHead:
 
 def pack(head: StateHead, snapshot: bytes | memoryview, relative) -> bytes:
     """relative(name): a segment's name as the head keeps it."""
-    segs = [[relative(s.name), s.start, s.count, s.size,
+    segs = [[relative(s.name), s.start, s.count, s.size, s.used, _frames_text(s.frames), s.at]
+            if s.framed else
+            [relative(s.name), s.start, s.count, s.size,
              base64.b64encode(np.asarray(s.lengths, "<u4").tobytes()).decode()]
             for s in head.segments]
     doc = {"key": head.key.hex(), "parent": head.parent.hex(), "position": head.position,
            "tokens": head.tokens, "role": head.role, "plain": head.plain,
            "fp": head.fingerprint, "logical_bytes": head.logical_bytes,
            "block_bytes": head.block_bytes, "segments": segs}
+    if head.tensor:
+        doc["tensor"] = head.tensor
     body = zstandard.ZstdCompressor(level=3).compress(
         json.dumps(doc, separators=(",", ":")).encode())
     frame = _HEAD.pack(MAGIC, len(body)) + body
@@ -112,22 +143,20 @@ def read_head(buf: bytes | memoryview, fingerprint: str, absolute) -> StateHead:
     try:
         d = json.loads(zstandard.ZstdDecompressor().decompress(
             bytes(mv[_HEAD.size:end - _SUM]), max_output_size=64 << 20))
-        segs = []
-        for rel, start, count, size, lengths in d["segments"]:
-            raw = base64.b64decode(lengths, validate=True)
-            segs.append(SegmentRef(absolute(rel), int(start), int(count), int(size),
-                                   tuple(int(n) for n in np.frombuffer(raw, "<u4"))))
+        segs = [_segment_ref(s, absolute, int(d["block_bytes"]), str(d.get("tensor", "")))
+                for s in d["segments"]]
         head = StateHead(bytes.fromhex(d["key"]), bytes.fromhex(d["parent"]), d["position"],
                          d["tokens"], d["role"], d["plain"], d["fp"], d["logical_bytes"],
-                         d["block_bytes"], segs, end)
+                         d["block_bytes"], segs, end, str(d.get("tensor", "")))
     except (ValueError, KeyError, TypeError, zstandard.ZstdError) as e:
         raise codec.CorruptValue(f"bad state head: {e}") from None
     if head.fingerprint != fingerprint:
         raise codec.CorruptValue(f"state of model {head.fingerprint!r}, expected {fingerprint!r}")
     at = 0
     for s in segs:
-        if s.start != at or not 0 < s.used <= s.count \
-                or s.size < header_bytes(s.count) + sum(s.lengths):
+        if s.start != at or not 0 < s.used <= s.count or (
+                s.size != s.at + sum(f.stored for f in s.frames) if s.framed
+                else s.size < header_bytes(s.count) + sum(s.lengths)):
             raise codec.CorruptValue("a state's segments leave a gap or overrun")
         at += s.used
     if not (isinstance(head.position, int) and head.position > 0
@@ -135,6 +164,28 @@ def read_head(buf: bytes | memoryview, fingerprint: str, absolute) -> StateHead:
             and len(head.key) == len(head.parent) == 16):
         raise codec.CorruptValue("a state head field is out of range")
     return head
+
+
+def _segment_ref(row: list, absolute, block_bytes: int, tensor: str) -> SegmentRef:
+    """A head's row of one segment: 5 fields for a segment of LMDB values, 7 framed."""
+    if len(row) == 5:
+        rel, start, count, size, lengths = row
+        raw = base64.b64decode(lengths, validate=True)
+        return SegmentRef(absolute(rel), int(start), int(count), int(size),
+                          tuple(int(n) for n in np.frombuffer(raw, "<u4")))
+    rel, start, count, size, used, text, at = row
+    table = np.frombuffer(base64.b64decode(text, validate=True), _FRAME_ROW)
+    frames = tuple(Frame(int(b), int(n), int(c)) for b, n, c in table.tolist())
+    if sum(f.blocks for f in frames) != int(count) or not frames or min(
+            f.blocks for f in frames) < 1:
+        raise ValueError("a frame table that does not hold its segment's blocks")
+    return SegmentRef(absolute(rel), int(start), int(count), int(size),
+                      (block_bytes,) * int(used), frames, int(at), tensor)
+
+
+def _frames_text(frames) -> str:
+    return base64.b64encode(np.asarray([tuple(f) for f in frames], _FRAME_ROW).tobytes()
+                            ).decode()
 
 
 def fetch_head(get_range, name: str, size: int | None, fingerprint: str, absolute

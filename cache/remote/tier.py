@@ -20,6 +20,7 @@ import logging
 
 from ckptd.cache.keys import KeyChain
 from ckptd.cache.lookup import REMOTE, IndexView, RestorePlan, plan_restore
+from ckptd.cache.remote import frames
 from ckptd.cache.remote.client import RemoteClient, RemoteConfig, RemoteError
 from ckptd.cache.remote.fetch import Fetcher
 from ckptd.cache.remote.finder import Finder, LayeredView
@@ -51,6 +52,9 @@ class RemoteTier:
                                sweep=lambda owner, names: sweep(self.client, self.layout,
                                                                 owner, names))
         self.finder = Finder(self.client, self.layout, self.fetcher)
+        if spec.attention is not None:
+            self.finder.tensor = frames.tensor_of(spec.kv_dtype, spec.kv_shape())
+            self.finder.block_bytes = self.block_bytes
         self.uploader: Uploader | None = None
         self.skipped = 0             # lookups that did not ask the remote (cooling off)
         self.gone: Gone | None = None    # the store's records of departed entries
@@ -85,7 +89,8 @@ class RemoteTier:
         if found.dropped and self.gone is not None:
             self.gone.left(found.dropped, CORRUPT, REMOTE, BAD_HEAD)
         for ref, keys, _ in found.segments:
-            self.known.add(ref, keys)          # named by a state: an upload names it too
+            if ref.framed:                     # named by a state: an upload names it too
+                self.known.add(ref, keys)      # (a new state names framed segments only)
         plan = plan_restore(tokens, limit, chain, self.spec.is_hybrid,
                             LayeredView(local, found), device_blocks)
         plan.remote = found

@@ -14,9 +14,10 @@ from concurrent import futures
 import lmdb
 import torch
 
-from ckptd.cache import codec_batch
+from ckptd.cache import codec, codec_batch
 from ckptd.cache.entry import BLOCK
 from ckptd.cache.lookup import DEVICE, DISK, HOST, REMOTE, PieceRef, RestoredState, RestorePlan
+from ckptd.cache.remote import frames as remote_frames
 from ckptd.cache.remote import lost as remote_lost
 from ckptd.cache.remote.fetch import CORRUPT, MISSING, Lost
 from ckptd.cache.snapshot import Snapshot
@@ -158,38 +159,92 @@ class Reader:
                      timeout: float) -> None:
         """Fetch the remote pieces idx of the plan, each decoded on the reader pool as its
         bytes come in (cache/remote/fetch.py); adopt the good ones up to the first that
-        failed (what follows it would be orphans)."""
+        failed (what follows it would be orphans). A block of a framed segment is read
+        with its frame: once per frame, checked once and decompressed into every page
+        it holds (cache/remote/frames.py); its LMDB value is cut from the frame later,
+        off the restore's path."""
         pieces, found = plan.pieces(), plan.remote
+        locs = found.locs([pieces[i] for i in idx])
+        at = {loc: u for u, loc in enumerate(locs)}
+        readers: list[list[int]] = [[] for _ in locs]        # loc -> pieces read from it
+        for i in idx:
+            readers[at[found.where[pieces[i].key]]].append(i)
         raw: dict[int, memoryview] = {}
 
         def decode(ready: list[tuple[int, memoryview]]) -> list:
-            got = self._decode_many([(pieces[idx[j]].key, buf, into[idx[j]])
-                                     for j, buf in ready])
-            # Written through into LMDB (adopt) as the views they are: the fetch never
-            # writes a range's bytes twice, nor after it returns, and a copy of each
-            # value was a fifth of decoding it.
-            raw.update((idx[j], buf) for (j, buf), v in zip(ready, got) if isinstance(v, dict))
-            return got
+            out: list = [None] * len(ready)
+            plain = []
+            for r, (u, buf) in enumerate(ready):
+                first = pieces[readers[u][0]].key
+                if first in found.framed:
+                    out[r] = self._frame(buf, found, [(pieces[i].key, into[i])
+                                                      for i in readers[u]])
+                else:
+                    plain.append(r)
+            if plain:
+                got = self._decode_many([(pieces[readers[ready[r][0]][0]].key, ready[r][1],
+                                          into[readers[ready[r][0]][0]]) for r in plain])
+                for r, v in zip(plain, got):
+                    out[r] = v
+            # Kept for LMDB (adopt) as the views they are: the fetch never writes a
+            # range's bytes twice, nor after it returns, and a copy of each value was a
+            # fifth of decoding it.
+            raw.update((u, buf) for (u, buf), v in zip(ready, out) if isinstance(v, dict))
+            return out
         lost = Lost()
-        got = self.fetcher.fetch(found.locs([pieces[i] for i in idx]), timeout, decode,
-                                 self.pool, found.state, lost)
-        for i, v in zip(idx, got):
-            values[i] = v
-        keep = []
+        got = self.fetcher.fetch(locs, timeout, decode, self.pool, found.state, lost)
+        for u, v in enumerate(got):
+            for i in readers[u]:
+                values[i] = into[i] if isinstance(v, dict) and i < len(plan.blocks) else v
+        keep = []              # in chain order: the writer takes no block before its parent
         for i in idx:
             if not isinstance(values[i], dict):
                 break
             key = pieces[i].key
+            buf = raw[at[found.where[key]]]
+            if key in found.framed:
+                keep.append((key, found.meta(key), buf, None, *found.framed[key]))
+                continue
             # a snapshot's tensors are copied now: the caller may change its own
-            keep.append((key, found.meta(key), raw[i], None if i < len(plan.blocks)
-                         else {k: t.clone() for k, t in values[i].items()}))
+            keep.append((key, found.meta(key), buf, None if i < len(plan.blocks)
+                         else {k: t.clone() for k, t in values[i].items()}, None, 0))
         if keep and self.adopt is not None:
             # Off the restore's path, as disk reads' promotions are: queueing ~16K
             # blocks for the writer took longer than reading them.
-            self.promoter.submit(self.adopt, keep)
+            self.promoter.submit(self._adopt, keep, found.block_bytes)
         if lost.objects:
             remote_lost.record(self.gone, lost, found.where, found.metas,
-                               {k for k, _, _, _ in keep}, self.fp)
+                               {k for k, *_ in keep}, self.fp)
+
+    def _frame(self, buf: memoryview, found, blocks: list[tuple[bytes, dict | None]]):
+        """One frame's pages written into the pieces' outputs: a dict (as a decoded value
+        is), or _CORRUPT."""
+        frame, _ = found.framed[blocks[0][0]]
+        dests = {found.framed[k][1]: dest["kv"] for k, dest in blocks if dest is not None}
+        try:
+            remote_frames.into_pages(buf, frame, found.block_bytes, dests)
+        except codec.CorruptValue:
+            return _CORRUPT
+        return {}
+
+    def _adopt(self, keep: list, block_bytes: int) -> None:
+        """Hand what a remote restore read to adopt, in order: values as they came, and
+        blocks of frames cut into LMDB values (each frame decompressed once more, each
+        block encoded as the writer encodes a page)."""
+        out, framed = [], []
+        for key, meta, buf, tensors, frame, j in keep + [(None,) * 6]:
+            if frame is not None:
+                framed.append((key, meta, buf, frame, j))
+                continue
+            if framed:
+                cut = remote_frames.cut_values(framed, block_bytes, self.spec, self.fp)
+                out += cut
+                if len(cut) < len(framed):
+                    break                  # what follows would be orphans
+                framed = []
+            if key is not None:
+                out.append((key, meta, buf, tensors))
+        self.adopt(out)
 
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = [out for _, out in job]

@@ -200,3 +200,20 @@ def test_decoding_many_is_decoding_each(dtype):
     assert all(torch.equal(got[-2][n], snap[n]) for n in snap)
     assert torch.equal(_bits(got[-1]["kv"]), _bits(blocks[12]))
     assert codec_batch.decode_many(items[:2], "other-model") == [None, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_pages_encoded_together_are_the_bytes_encoded_alone(dtype):
+    """codec_batch.encode_pages (a remote restore's write-through) writes what
+    codec.encode writes, page by page: planes packed or not, any model name."""
+    from ckptd.cache import codec_batch
+
+    pages = (torch.randn(9, 2, 4, 3, 8) * 0.1).to(dtype)
+    pages[3] = 0                                       # planes that pack to nothing
+    pages[4] = torch.rand(2, 4, 3, 8).to(dtype) * 1e4  # and some that do not
+    keys = [bytes([i]) * 16 for i in range(9)]
+    want = [codec.encode({"kv": p}, 'fp-"q', key=k) for p, k in zip(pages, keys)]
+    assert codec_batch.encode_pages(pages, 'fp-"q', keys) == want
+    assert codec_batch.encode_pages(pages[[1, 5]], 'fp-"q', keys[:2]) == [
+        codec.encode({"kv": pages[1]}, 'fp-"q', key=keys[0]),
+        codec.encode({"kv": pages[5]}, 'fp-"q', key=keys[1])]

@@ -10,16 +10,17 @@ import time
 import pytest
 
 from ckptd.cache.lookup import REMOTE
-from ckptd.cache.remote import segment
 from ckptd.cache.remote.client import RemoteConfig
 from ckptd.cache.remote.layout import RemoteURL
 from ckptd.cache.remote.tier import RemoteTier
 from ckptd.tools.bench.slow_proxy import SlowProxy
 from tests.cache.conftest import FP, check_restored, fill
+from tests.remote_damage import flip_block
 from tests.s3 import BUCKET, READER_KEY, READER_SECRET, fresh_url
 
 TOKENS = list(range(3, 3 + 4 * 20 + 2))          # 20 blocks of 4, and 2 tokens
 GRID = 8                                          # blocks a segment
+FRAME = 2                                         # blocks a frame
 
 
 @pytest.fixture
@@ -34,6 +35,7 @@ def aws(s3_server, monkeypatch):
 
 def remote(spec, url: str, fingerprint: str = FP, **options) -> RemoteTier:
     options.setdefault("segment_bytes", GRID * spec.page_bytes())
+    options.setdefault("frame_bytes", FRAME * spec.page_bytes())
     return RemoteTier(RemoteConfig(RemoteURL.parse(url), **options), fingerprint, spec)
 
 
@@ -73,9 +75,10 @@ def test_a_second_store_restores_what_the_first_uploaded(aws, open_store, spec, 
     check_restored(spec, restored, TOKENS)
     st = b.stats()["remote"]
     # Found with a LIST of each of the prompt's 3 cells (one round) and one head GET;
-    # read with a ranged GET a segment and one for the snapshot: 21 values, 4 requests.
+    # read with a ranged GET a segment and one for the snapshot: 10 frames of 2 blocks
+    # and the snapshot, 4 requests.
     assert st["lookups"]["requests"] == 3 + 1
-    assert st["fetch"]["objects"] == 21 and st["fetch"]["requests"] == 4
+    assert st["fetch"]["objects"] == 11 and st["fetch"]["requests"] == 4
     # Kept in LMDB: the next plan is local, and nothing went back up.
     assert b.flush(30)
     local = b.lookup(TOKENS)
@@ -88,8 +91,25 @@ def test_a_second_store_restores_what_the_first_uploaded(aws, open_store, spec, 
     b.sanity_check()
 
 
+def test_the_head_at_the_prompt_s_end_is_asked_for_beside_the_lists(aws, open_store, spec,
+                                                                      tmp_path):
+    """A prompt that ends where a state is: its head's GET goes with the LISTs and is
+    the one read (3 LISTs + 1 GET). A longer prompt: that guess misses (404), and the
+    head the LISTs found is read after them (3 + 1 + 1)."""
+    url = fresh_url()
+    uploaded(open_store, spec, url, tmp_path / "a")
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    longer = TOKENS + [9, 9, 9, 9, 9]
+    for n, (prompt, requests) in enumerate([(TOKENS, 3 + 1), (longer, 3 + 1 + 1)]):
+        before = b.stats()["remote"]["lookups"]["requests"]
+        plan = b.lookup_remote(prompt, len(prompt), b.chain(prompt))
+        assert plan.position == len(TOKENS), n
+        assert b.stats()["remote"]["lookups"]["requests"] - before == requests, n
+    check_restored(spec, b.load(plan), TOKENS)
+
+
 def test_ranges_cut_values_in_parts_and_join_them(aws, open_store, spec, tmp_path):
-    """A range smaller than one value: each comes in several ranged GETs, in parallel,
+    """A range smaller than one frame: each comes in several ranged GETs, in parallel,
     and is decoded once its last part is in."""
     url = fresh_url()
     uploaded(open_store, spec, url, tmp_path / "a")
@@ -97,7 +117,7 @@ def test_ranges_cut_values_in_parts_and_join_them(aws, open_store, spec, tmp_pat
     plan = b.lookup_remote(TOKENS, len(TOKENS), b.chain(TOKENS))
     check_restored(spec, b.load(plan), TOKENS)
     fetch = b.stats()["remote"]["fetch"]
-    assert fetch["objects"] == 21 and fetch["requests"] >= fetch["bytes"] // 100
+    assert fetch["objects"] == 11 and fetch["requests"] >= fetch["bytes"] // 100
 
 
 def test_what_a_restore_read_is_kept_whatever_the_write_queue_bound(aws, open_store, spec,
@@ -123,8 +143,8 @@ def test_local_blocks_first_the_remote_only_beyond(aws, open_store, spec, tmp_pa
     assert tiers[12:] == [REMOTE] * 9            # blocks 12..19 and the snapshot
     check_restored(spec, b.load(plan), TOKENS)
     fetch = b.stats()["remote"]["fetch"]
-    # Only their bytes: the end of one segment, another whole, the snapshot.
-    assert fetch["objects"] == 9 and fetch["requests"] == 3
+    # Only their frames: the end of one segment, another whole, the snapshot.
+    assert fetch["objects"] == 2 + 2 + 1 and fetch["requests"] == 3
 
 
 def test_other_salts_and_models_find_nothing(aws, open_store, spec, tmp_path):
@@ -148,15 +168,13 @@ def test_corrupt_and_missing_segments_end_the_restore_below_them(aws, open_store
     chain = a.chain(TOKENS)
     bad = a.remote.layout.segment(chain.keys[7], chain.keys[15])      # blocks 8-15
     body = bytearray(s3.get_object(Bucket=BUCKET, Key=bad)["Body"].read())
-    h = segment.read_header(body)
-    at = h.header_bytes + sum(h.lengths[:2])                          # block 10's value
-    body[at + h.lengths[2] // 2] ^= 0x01         # a payload byte of it
+    assert flip_block(body, 2) == 2              # block 10's frame (10-11)
     s3.put_object(Bucket=BUCKET, Key=bad, Body=bytes(body))
     b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
     plan = b.lookup_remote(TOKENS, len(TOKENS), chain)
     assert plan.position == len(TOKENS)          # the search can't see damage
     restored = b.load(plan)
-    assert not restored.ok and restored.position == 10 * 4 and restored.dropped == 1
+    assert not restored.ok and restored.position == 10 * 4 and restored.dropped == FRAME
     assert b.stats()["remote"]["fetch"]["corrupt"] == 1
     # The bad segment is gone, for the next daemon that computes it to put back, and so
     # is the state that named it (it would name what is not there).

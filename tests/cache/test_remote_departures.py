@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from ckptd.cache.lookup import REMOTE
-from ckptd.cache.remote import segment
 from ckptd.cache.restorer import _failed
 from ckptd.cache.why.explain import Attempt, explain
 from tests.cache.conftest import FP
@@ -18,6 +17,7 @@ from tests.cache.test_remote import (
     remote,
     uploaded,
 )
+from tests.remote_damage import flip_block
 from tests.s3 import BUCKET, fresh_url
 
 B = 4        # tests/cache/conftest.py's block size: TOKENS is 20 blocks and 2 tokens
@@ -59,8 +59,7 @@ def test_a_corrupt_segment_fails_the_restore_and_is_reported_lost_after(
     s3 = s3_server.client()
     bad = a.remote.layout.segment(chain.keys[7], chain.keys[15])      # blocks 8-15
     body = bytearray(s3.get_object(Bucket=BUCKET, Key=bad)["Body"].read())
-    h = segment.read_header(body)
-    body[h.header_bytes + sum(h.lengths[:2]) + h.lengths[2] // 2] ^= 0x01     # block 10
+    assert flip_block(body, 2) == 2                  # block 10's frame: blocks 10-11
     s3.put_object(Bucket=BUCKET, Key=bad, Body=bytes(body))
     b = open_store(spec, path=tmp_path / "b", remote=_patient(spec, url))
     miss = _restore(b, TOKENS)

@@ -74,7 +74,9 @@ def test_a_growing_chat_puts_only_its_new_blocks(aws, open_store, spec, tmp_path
     assert a.flush(30) and a.remote.flush(30)
     chain = a.chain(turn2)
     k = chain.keys
-    got = {tuple(n.rsplit("/", 2)[-2:]) for n in names(s3_server, url) if "/seg/" in n}
+    segs = [n for n in names(s3_server, url) if "/seg/" in n]
+    assert all(n.endswith(".f") for n in segs)  # framed (cache/remote/frames.py)
+    got = {tuple(n.removesuffix(".f").rsplit("/", 2)[-2:]) for n in segs}
     want = {(chain.root, k[7]), (k[7], k[15]),      # cells 0 and 1
             (k[15], k[16]), (k[16], k[21])}         # turn 1's block 16, turn 2's 17-21
     assert got == {(p.hex(), last.hex()) for p, last in want}
@@ -173,11 +175,10 @@ def test_a_value_goes_to_its_decoder_only_once_all_its_bytes_are_in(aws, spec,  
 
 def test_a_segment_put_again_with_other_bytes_is_not_misread(aws, open_store, spec,  # noqa: F811
                                                              tmp_path, s3_server):
-    """A segment taken (gc) and put again by a daemon whose values compress otherwise:
-    same name, other offsets. A state written against the first is stale for it: its
-    blocks there count as missing (the object stays: it is good), never misread."""
-    from ckptd.cache import codec
-    from ckptd.cache.remote import segment
+    """A segment taken (gc) and put again by a daemon that frames it otherwise: same
+    name, other offsets. A state written against the first is stale for it: its blocks
+    there count as missing (the object stays: it is good), never misread."""
+    from ckptd.cache.remote import frames
     from tests.s3 import BUCKET
 
     url = fresh_url()
@@ -188,20 +189,22 @@ def test_a_segment_put_again_with_other_bytes_is_not_misread(aws, open_store, sp
     chain = a.chain(t)
     name = a.remote.layout.segment(chain.keys[7], chain.keys[15])       # blocks 8-15
     s3 = s3_server.client()
-    h = segment.read_header(s3.get_object(Bucket=BUCKET, Key=name)["Body"].read())
-    # The same blocks, encoded without their key in the header (a value any key reads):
-    # every value shorter, every offset after the first another.
-    again = [(k, codec.encode({"kv": fake_pages(spec, t, 8 + j, 1)[0]}, a.fp))
-             for j, k in enumerate(h.keys)]
-    body = segment.pack(h.start, h.parent, again)
-    assert len(body) < h.size
-    body += bytes(h.size - len(body) + 100)       # and longer: every range is in it
+    old = s3.get_object(Bucket=BUCKET, Key=name)["Body"].read()
+    h = frames.read_header(old)
+    bb = h.block_bytes
+    raw = b"".join(frames.unpack(body, f, bb) for body, f in
+                   zip(frames.frame_bodies(old, h), h.frames))
+    # The same blocks in one frame: every frame's offset and size another.
+    body, again = frames.pack(h.start, h.parent, list(h.keys),
+                              frames.blocks_of(raw, len(h.keys), bb), h.tensor, bb, 8 * bb)
+    assert again.frames != h.frames
+    body += bytes(max(0, h.size - len(body)) + 100)      # longer: every range is in it
     s3.put_object(Bucket=BUCKET, Key=name, Body=body)
     b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
     restored = b.load(b.lookup_remote(t, len(t), b.chain(t)))
     assert not restored.ok and restored.position == 8 * B and restored.dropped == 0
     fetch = b.stats()["remote"]["fetch"]
-    assert fetch["corrupt"] == 0 and fetch["missing"] >= 8
+    assert fetch["corrupt"] == 0 and fetch["missing"] >= 8 // 2
     assert s3.head_object(Bucket=BUCKET, Key=name)["ContentLength"] == len(body)
 
 
@@ -240,7 +243,7 @@ def test_a_corrupt_segment_takes_every_state_of_its_cell_that_names_it(
     state of a lower cell, naming only good segments, stays and restores."""
     import time
 
-    from ckptd.cache.remote import segment
+    from tests.remote_damage import flip_block
     from tests.s3 import BUCKET
 
     url = fresh_url()
@@ -266,12 +269,11 @@ def test_a_corrupt_segment_takes_every_state_of_its_cell_that_names_it(
     bad = a.remote.layout.segment(k[15], k[19])                          # blocks 16-19
     s3 = s3_server.client()
     body = bytearray(s3.get_object(Bucket=BUCKET, Key=bad)["Body"].read())
-    h = segment.read_header(body)
-    body[h.header_bytes + h.lengths[0] + h.lengths[1] // 2] ^= 0x01      # block 17's value
+    assert flip_block(body, 1) == 0                  # block 17's frame: blocks 16-17
     s3.put_object(Bucket=BUCKET, Key=bad, Body=bytes(body))
     b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
     restored = b.load(b.lookup_remote(t, len(t), b.chain(t)))
-    assert not restored.ok and restored.dropped == 1
+    assert not restored.ok and restored.dropped == 2
     left = [n for n in names(s3_server, url) if "/state/" in n]
     assert not [n for n in left if cell2 in n]
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix=bad).get("KeyCount") == 0
@@ -284,11 +286,12 @@ def test_a_corrupt_segment_takes_every_state_of_its_cell_that_names_it(
 def test_what_a_restore_writes_through_is_the_remote_s_bytes(aws, open_store, spec,  # noqa: F811
                                                              tmp_path, monkeypatch,
                                                              range_bytes):
-    """A restore keeps what it read in LMDB as views of the fetch's buffers (no copy a
-    value): every value there is the remote's own bytes, with parts of 97 bytes, and
-    ranges of 300 (values spanning ranges: joined in buffers of their own) or 1 MiB
-    (views of the range's buffer)."""
-    from ckptd.cache.remote import fetch
+    """A restore keeps what it read in LMDB: blocks cut from their frames (each an LMDB
+    value of exactly the frame's page bytes, under its key), the snapshot as the
+    remote's own bytes (views of the fetch's buffers), with parts of 97 bytes, and
+    ranges of 300 (frames spanning ranges: joined in buffers of their own) or 1 MiB."""
+    from ckptd.cache import codec
+    from ckptd.cache.remote import fetch, frames
 
     monkeypatch.setattr(fetch, "_PART_BYTES", 97)
     url = fresh_url()
@@ -307,5 +310,72 @@ def test_what_a_restore_writes_through_is_the_remote_s_bytes(aws, open_store, sp
     for p in pieces:
         loc = found.where[p.key]
         body = objects.setdefault(loc.name, b.remote.client.get(loc.name))
-        assert b.disk.get(p.key) == body[loc.offset:loc.offset + loc.length], p
+        stored = body[loc.offset:loc.offset + loc.length]
+        if p.key not in found.framed:                    # the snapshot
+            assert b.disk.get(p.key) == stored, p
+            continue
+        frame, j = found.framed[p.key]
+        page = frames.unpack(stored, frame, found.block_bytes)[
+            j * found.block_bytes:(j + 1) * found.block_bytes]
+        value = b.disk.get(p.key)
+        codec.verify(value, b.fp, p.key)
+        assert bytes(frames.page_bytes(codec.decode(value, b.fp)["kv"])) == page, p
+    assert sum(p.key in found.framed for p in pieces) == 11
     check_restored(spec, b.load(b.lookup(t)), t)
+
+
+def test_a_state_of_the_old_layout_restores_by_its_values(aws, open_store, spec,  # noqa: F811
+                                                          tmp_path, s3_server):
+    """Objects of the layout before frames (segments of LMDB values, names without
+    ".f"), put as its code put them, restore exactly, value by value, and a restore
+    that finds both kinds at one position takes the framed one."""
+    from ckptd.cache.entry import SNAPSHOT
+    from ckptd.cache.remote import segment, state
+    from ckptd.cache.remote.layout import framed
+    from ckptd.cache.remote.state import SegmentRef, StateHead
+
+    url = fresh_url()
+    t = tokens(20)
+    a = open_store(spec, path=tmp_path / "a")            # no remote: LMDB only
+    fill(a, spec, t)
+    assert a.flush(30)
+    chain = a.chain(t)
+    k = chain.keys
+    tier = remote(spec, url)
+    layout, client = tier.layout, tier.client
+    refs = []
+    for lo, hi in [(0, 8), (8, 16), (16, 20)]:
+        parent = k[lo - 1] if lo else chain.root
+        items = [(key, a.disk.get(key)) for key in k[lo:hi]]
+        body = segment.pack(lo, parent, items)
+        name = layout.segment(parent, k[hi - 1], framed=False)
+        assert client.put(name, body)
+        refs.append(SegmentRef(name, lo, hi - lo, len(body), tuple(len(v) for _, v in items)))
+    snap = a.lookup(t).snapshot
+    m = a.catalog.index.get(snap.key)
+    assert m.kind == SNAPSHOT
+    head = StateHead(snap.key, m.parent, m.position, m.tokens, m.role, m.plain, a.fp,
+                     m.logical_bytes, spec.page_bytes(), refs)
+    old = layout.state(k[15], m.position, snap.key, framed=False)
+    assert client.put(old, state.pack(head, a.disk.get(snap.key), layout.relative))
+    tier.close()
+
+    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
+    plan = b.lookup_remote(t, len(t), b.chain(t))
+    assert plan.position == len(t) and plan.remote.state == old and not plan.remote.framed
+    restored = b.load(plan)
+    assert restored.ok and restored.tier == REMOTE
+    check_restored(spec, restored, t)
+    assert b.stats()["remote"]["fetch"]["objects"] == 21           # a value a block
+    assert b.reader.flush(30) and b.flush(30)
+    check_restored(spec, b.load(b.lookup(t)), t)                  # kept in LMDB as read
+    assert not b.stats()["remote"]["uploads"]["segments"]         # and not put back
+
+    # The same context uploaded framed by another daemon: that state is the one read.
+    c = open_store(spec, path=tmp_path / "c", remote=remote(spec, url))
+    fill(c, spec, t)
+    assert c.flush(30) and c.remote.flush(30)
+    d = open_store(spec, path=tmp_path / "d", remote=remote(spec, url))
+    plan = d.lookup_remote(t, len(t), d.chain(t))
+    assert framed(plan.remote.state) and plan.remote.framed
+    check_restored(spec, d.load(plan), t)

@@ -9,11 +9,11 @@ import random
 import threading
 import time
 
-from ckptd.cache.remote import segment
 from ckptd.tools.bench.slow_proxy import SlowProxy
 from ckptd.tools.cli import main
 from tests.daemon.daemon_proc import Daemon
 from tests.daemon.test_remote_daemons import ARGS, complete, start_all, stats, wait_uploaded
+from tests.remote_damage import flip_block
 from tests.s3 import BUCKET, SeaweedS3, fresh_url
 
 B = 16                                     # ARGS' block size (the default)
@@ -115,9 +115,7 @@ def test_a_corrupt_object_and_refused_keys_never_reach_an_answer(tiny_hybrid_dir
         name = max((o for o in listed["Contents"] if "/seg/" in o["Key"]),
                    key=lambda o: o["Size"])["Key"]
         body = bytearray(s3.get_object(Bucket=BUCKET, Key=name)["Body"].read())
-        h = segment.read_header(body)
-        at = h.header_bytes + sum(h.lengths[:80])
-        body[at + h.lengths[80] // 2] ^= 0x10              # one bit of block 80's payload
+        flip_block(body, 80, 0x10)                 # one bit of block 80's frame
         s3.put_object(Bucket=BUCKET, Key=name, Body=bytes(body))
 
         got, cached, tier = complete(b, ctx)

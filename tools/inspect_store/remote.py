@@ -28,7 +28,7 @@ from ckptd.cache.keys import FORMAT_VERSION
 from ckptd.cache.remote import legacy
 from ckptd.cache.remote import state as state_obj
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteConfig, RemoteError
-from ckptd.cache.remote.layout import SEGMENT, Layout, RemoteURL, formats_root, model_root
+from ckptd.cache.remote.layout import FRAMED, SEGMENT, Layout, RemoteURL, formats_root, model_root
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -160,8 +160,9 @@ def call(fn, *args):
 
 
 def referenced(head: state_obj.StateHead) -> int:
-    """Bytes of the block values a state names."""
-    return sum(sum(s.lengths) for s in head.segments)
+    """Bytes of the block values (or frames) a state names."""
+    return sum(sum(n for b, _, n in s.frame_spans() if b < s.used) if s.framed
+               else sum(s.lengths) for s in head.segments)
 
 
 def stats(src: RemoteSource) -> dict:
@@ -207,7 +208,8 @@ def ls(src: RemoteSource, sort: str, kind: str | None, offset: int, limit: int) 
                   "modified": o.modified, "name": o.name}
                  for o, _, key, pos in m.states.values()]
     if kind in (None, "block"):
-        rows += [{"kind": "segment", "key": o.name.rsplit("/", 1)[1], "position": None,
+        rows += [{"kind": "segment", "key": o.name.rsplit("/", 1)[1].removesuffix(FRAMED),
+                  "position": None,
                   "bytes": o.size, "modified": o.modified, "name": o.name}
                  for o in m.segments.values()]
     rows.sort(key=_SORTS[sort], reverse=True)

@@ -12,8 +12,9 @@ import time
 from collections import Counter
 
 from ckptd.cache import codec
-from ckptd.cache.remote import segment
+from ckptd.cache.remote import frames, segment
 from ckptd.cache.remote.client import RemoteClient
+from ckptd.cache.remote.layout import FRAMED, framed
 from ckptd.tools.inspect_store.remote import RemoteSource, call
 
 STALE_UPLOAD = 3600.0          # an incomplete multipart upload this old is abandoned
@@ -21,7 +22,8 @@ STALE_UPLOAD = 3600.0          # an incomplete multipart upload this old is aban
 
 def verify(src: RemoteSource, drop: bool) -> dict:
     """Read every object of the model whole and check it: state heads and snapshots,
-    segment headers and every value (checksum, format, model, key), and that every
+    segment headers and every value (checksum, format, model, key) or frame (checksum,
+    size), and that every
     segment a state names is there, as large as the state says (else it dangles).
     With drop, delete the bad objects and the states that dangle."""
     m = src.model()
@@ -33,12 +35,17 @@ def verify(src: RemoteSource, drop: bool) -> dict:
         if body is None:
             return "gone"
         try:
-            h = segment.read_header(body)
-            parent, last = name.rsplit("/", 2)[-2:]
+            parent, last = name.removesuffix(FRAMED).rsplit("/", 2)[-2:]
+            if framed(name):
+                h = frames.read_header(body)
+                for part, f in zip(frames.frame_bodies(body, h), h.frames):
+                    frames.unpack(part, f, h.block_bytes)     # its checksum, its size
+            else:
+                h = segment.read_header(body)
+                for key, value in zip(h.keys, segment.values(body, h)):
+                    codec.verify(value, fp, key)
             if (h.parent.hex(), h.keys[-1].hex()) != (parent, last):
                 raise codec.CorruptValue("its blocks are not the ones its name says")
-            for key, value in zip(h.keys, segment.values(body, h)):
-                codec.verify(value, fp, key)
         except codec.CorruptValue as e:
             return f"bad: {e}"
         return None
