@@ -11,12 +11,12 @@ use, so a CPU-only process never imports triton.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from importlib.util import find_spec
 
 import torch
 
+from ckptd.kernels import external
 from ckptd.kernels.conv1d import naive as conv_ref
 from ckptd.kernels.conv1d import reference_varlen as conv_varlen_ref
 from ckptd.kernels.gated_delta import naive as gdn_ref
@@ -32,15 +32,11 @@ from ckptd.kernels.quant import naive as quant_ref
 from ckptd.kernels.rotary import naive as rotary_ref
 from ckptd.kernels.swiglu import naive as swiglu_ref
 
-log = logging.getLogger(__name__)
-
 _HAVE_TRITON = find_spec("triton") is not None
 _MODES = ("auto", "triton", "torch")
 # the optional kernels of `pip install ckptd[gpu]`; CKPTD_EXTERNAL_KERNELS=off keeps ours
 _HAVE_FLA = find_spec("fla") is not None
 _HAVE_FLASH = find_spec("flash_attn") is not None
-_EXTERNAL_MODULES = {"fla": "fla.ops.gated_delta_rule", "flash": "flash_attn"}
-_IMPORTS: dict[str, bool] = {}
 
 # The process's kernels, read once from CKPTD_KERNELS and CKPTD_EXTERNAL_KERNELS (every
 # op asks; a test sets these, monkeypatch.setattr(dispatch, "MODE", ...), not the variables)
@@ -54,24 +50,7 @@ def use_external(name: str, x: torch.Tensor) -> bool:
     graphs)."""
     if not EXTERNAL or not x.is_cuda or not (_HAVE_FLA if name == "fla" else _HAVE_FLASH):
         return False
-    return imports(name)
-
-
-def imports(name: str) -> bool:
-    """Whether the external kernel `name` imports here, tried once: a package that is
-    installed but does not import (built for another Triton or CUDA) leaves ckptd's own
-    kernels in place, with one warning, instead of failing every prefill."""
-    ok = _IMPORTS.get(name)
-    if ok is None:
-        try:
-            importlib.import_module(_EXTERNAL_MODULES[name])
-            ok = True
-        except Exception as e:          # any failure of a third party's import
-            log.warning("kernels: %s is installed but does not import (%s: %s); ckptd's "
-                        "own kernels run instead", name, type(e).__name__, e)
-            ok = False
-        _IMPORTS[name] = ok
-    return ok
+    return external.imports(name)
 
 
 def use_triton(x: torch.Tensor) -> bool:

@@ -8,7 +8,7 @@ from importlib.util import find_spec
 import pytest
 import torch
 
-from ckptd.kernels import dispatch
+from ckptd.kernels import dispatch, external
 from ckptd.kernels.gated_delta import reference_varlen as gdn_ref
 from ckptd.kernels.paged_attention import reference_varlen as attn_ref
 from tests.kernels.test_step_kernels import _gdn, _varlen
@@ -90,10 +90,10 @@ def test_fla_takes_half_precision_prefill_and_fp32_keeps_ckptd_kernel(dtype, mon
 
 def test_an_external_kernel_that_does_not_import_leaves_ours(monkeypatch, caplog):
     # installed but built for another Triton or CUDA: one warning, ckptd's kernels run
-    monkeypatch.setattr(dispatch, "_IMPORTS", {})
-    monkeypatch.setitem(dispatch._EXTERNAL_MODULES, "fla", "ckptd_not_a_module.ops")
-    monkeypatch.setitem(dispatch._EXTERNAL_MODULES, "flash", "json")
-    assert dispatch.imports("fla") is False and dispatch.imports("fla") is False
-    assert dispatch.imports("flash") is True
+    monkeypatch.setattr(external, "_IMPORTS", {})
+    monkeypatch.setitem(external.MODULES, "fla", "ckptd_not_a_module.ops")
+    monkeypatch.setitem(external.MODULES, "flash", "json")
+    assert external.imports("fla") is False and external.imports("fla") is False
+    assert external.imports("flash") is True
     warned = [r.getMessage() for r in caplog.records if "does not import" in r.getMessage()]
     assert len(warned) == 1 and "fla" in warned[0] and "ModuleNotFoundError" in warned[0]
