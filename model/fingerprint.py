@@ -33,12 +33,15 @@ def model_fingerprint(cfg: ModelConfig, weight_files: list[Path], dtype: torch.d
     return h.hexdigest()
 
 
+def folded(fingerprint: str, setting: str) -> str:
+    """A model's fingerprint with a serving setting that changes its KV or logits folded
+    in ("kv=torch.float16", "gemv=q8"): caches made under another never mix."""
+    return hashlib.blake2b(f"{fingerprint} {setting}".encode(), digest_size=16).hexdigest()
+
+
 def kv_fingerprint(fingerprint: str, kv_dtype: torch.dtype) -> str:
-    """A model's fingerprint once its KV is kept in kv_dtype, not its compute dtype (the
-    same weights' caches of another KV dtype never mix)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{fingerprint} kv={kv_dtype}".encode())
-    return h.hexdigest()
+    """A model's fingerprint once its KV is kept in kv_dtype, not its compute dtype."""
+    return folded(fingerprint, f"kv={kv_dtype}")
 
 
 def hash_files(h, files: list[Path]) -> None:

@@ -12,14 +12,13 @@ weight as fp32 (a near-tie must pick the expert transformers picks), and both ar
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch import nn
 
 from ckptd.kernels.quant import cpu
 from ckptd.kernels.quant.formats import QuantTensor
 from ckptd.model.arch.moe import Experts
+from ckptd.model.fingerprint import folded
 from ckptd.model.quant import (
     Kept,
     KeptColumns,
@@ -85,8 +84,7 @@ def use_gemv_activations(model: nn.Module, mode: str) -> None:
     model.gemv_activations = mode
     if any(isinstance(m, KeptLinear) and m.qweight.fmt in cpu.Q8_FORMATS
            and m.qweight.data.device.type == "cpu" for m in users):
-        model.fingerprint = hashlib.blake2b(f"{model.fingerprint} gemv={mode}".encode(),
-                                            digest_size=16).hexdigest()
+        model.fingerprint = folded(model.fingerprint, f"gemv={mode}")
 
 
 def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
