@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import xxhash
@@ -44,16 +45,11 @@ _FRAME = struct.Struct("<IIQ")             # blocks, stored bytes, xxh3-64
 _SUM = 8
 
 
-class Frame(tuple):
-    """(blocks, stored bytes, checksum) of one frame."""
-    __slots__ = ()
-
-    def __new__(cls, blocks: int, stored: int, checksum: int) -> Frame:
-        return tuple.__new__(cls, (blocks, stored, checksum))
-
-    blocks = property(lambda self: self[0])
-    stored = property(lambda self: self[1])
-    checksum = property(lambda self: self[2])
+class Frame(NamedTuple):
+    """One frame of a segment."""
+    blocks: int
+    stored: int              # its bytes in the object
+    checksum: int            # xxh3-64 of those bytes
 
 
 def tensor_of(dtype: torch.dtype, shape) -> str:
