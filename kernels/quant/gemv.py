@@ -146,11 +146,8 @@ def _dot_rows(acc, lo, hi, c_lo, c_hi, xp, stride_xm, M, k0, K, BM: tl.constexpr
     rows = tl.arange(0, BM)
     for r in tl.static_range(BM):
         end = K * (r < M).to(tl.int32)            # a spare row (r >= M) reads nothing
-        xl = tl.load(xp + r * stride_xm + k0 + c_lo, mask=k0 + c_lo < end,
-                     other=0.).to(tl.float32)
-        xh = tl.load(xp + r * stride_xm + k0 + c_hi, mask=k0 + c_hi < end,
-                     other=0.).to(tl.float32)
-        s = tl.sum(tl.sum(lo * xl + hi * xh, axis=2), axis=1)            # [BN]
+        s = tl.sum(tl.sum(_products(lo, hi, c_lo, c_hi, xp + r * stride_xm, k0, end),
+                          axis=2), axis=1)        # [BN]
         acc += tl.where(rows[:, None] == r, s[None, :], 0.)
     return acc
 
