@@ -67,17 +67,30 @@ class RestorePlan:
     remote: Any = field(repr=False, default=None)
                                        # the remote's pieces: what and where they are
                                        # (cache/remote/finder.py: Found)
+    _by_tier: dict | None = field(repr=False, default=None, compare=False)
+    _rounds: int | None = field(repr=False, default=None, compare=False)
 
     def pieces(self) -> list[PieceRef]:
         """What the store loads: the stored blocks, then the snapshot."""
         return [*self.blocks, *([self.snapshot] if self.snapshot else [])]
 
     def bytes_by_tier(self) -> dict[str, int]:
-        """Bytes to move from each store tier (device pages move nothing)."""
-        out: dict[str, int] = {}
-        for p in self.pieces():
-            out[p.tier] = out.get(p.tier, 0) + p.nbytes
-        return out
+        """Bytes to move from each store tier (device pages move nothing). A plan is not
+        changed once made, and a restore prices it several times: counted once."""
+        if self._by_tier is None:
+            out: dict[str, int] = {}
+            for p in self.pieces():
+                out[p.tier] = out.get(p.tier, 0) + p.nbytes
+            self._by_tier = out
+        return dict(self._by_tier)
+
+    def remote_rounds(self) -> int:
+        """Request rounds reading the plan's remote pieces takes (counted once)."""
+        if self._rounds is None:
+            pieces = [p for p in self.pieces() if p.tier == REMOTE]
+            self._rounds = self.remote.rounds(pieces) if self.remote is not None \
+                else len(pieces)
+        return self._rounds
 
     @property
     def total_bytes(self) -> int:
