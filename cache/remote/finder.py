@@ -16,10 +16,13 @@ served. A head that fails its own checks is deleted (it is the index of nothing)
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, BlockMeta, EntryMeta
@@ -39,7 +42,8 @@ _TRIES = 3          # state heads one lookup may read (the deepest first)
 class Found:
     """The remote's entries for one prompt, as planning reads them (cache/lookup.py),
     and where each one's bytes are."""
-    blocks: dict[bytes, BlockMeta] = field(default_factory=dict)
+    # each block's (meta, REMOTE): what planning's find_many answers for it
+    hits: dict[bytes, tuple[BlockMeta, str]] = field(default_factory=dict)
     snaps: dict[bytes, list[tuple[bytes, EntryMeta]]] = field(default_factory=dict)
     where: dict[bytes, Loc] = field(default_factory=dict)
     # a block in a framed segment: its frame (where[key] is the frame's bytes) and its
@@ -60,14 +64,14 @@ class Found:
 
     @property
     def metas(self) -> dict[bytes, EntryMeta]:
-        out = {k: m.entry() for k, m in self.blocks.items()}
+        out = {k: m.entry() for k, (m, _) in self.hits.items()}
         for found in self.snaps.values():
             out.update(found)
         return out
 
     def meta(self, key: bytes) -> EntryMeta:
-        if key in self.blocks:
-            return self.blocks[key].entry()
+        if key in self.hits:
+            return self.hits[key][0].entry()
         return next(m for found in self.snaps.values() for k, m in found if k == key)
 
     def locs(self, pieces: Sequence[PieceRef]) -> list[Loc]:
@@ -94,9 +98,10 @@ class LayeredView:
 
     def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]:
         out = self.local.find_many(keys)
-        blocks = self.found.blocks
-        return [hit if hit is not None or k not in blocks else (blocks[k], REMOTE)
-                for k, hit in zip(keys, out)]
+        remote = self.found.hits
+        if not any(out):                      # nothing local (a fresh daemon): no loop
+            return list(map(remote.get, keys))
+        return [hit if hit is not None else remote.get(k) for k, hit in zip(keys, out)]
 
     def has_snapshots(self, parent: bytes) -> bool:
         return parent in self.found.snaps or self.local.has_snapshots(parent)
@@ -262,14 +267,15 @@ class Finder:
         simple = ctx.extras is None and ctx.positions is None     # every block plain
         now, size = time.time(), head.block_bytes
         out.block_bytes = head.block_bytes
-        new = tuple.__new__
+        meta = partial(tuple.__new__, BlockMeta)        # called from C: no Python frame
+        cut = tokens.__getitem__
         for seg in head.segments:
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
             lo = max(first - seg.start, 0)           # blocks below `first`: held locally
             if lo >= seg.used:
                 continue
-            name, total, b0 = seg.name, seg.size, seg.start + lo
+            name, total, b0, end = seg.name, seg.size, seg.start + lo, seg.start + seg.used
             if seg.framed:
                 locs, stored, places = [], [], []
                 for (_, off, n), f in zip(seg.frame_spans(), seg.frames):
@@ -281,11 +287,13 @@ class Finder:
             else:
                 locs = [Loc(name, off, n, total) for off, n in zip(seg.offsets(), seg.lengths)]
                 stored = list(seg.lengths)
-            parents = [chain.parent(b0), *keys[lo:-1]]
-            out.blocks.update(zip(keys[lo:], [
-                new(BlockMeta, (BLOCK, p, (b + 1) * B, tokens[b * B:(b + 1) * B], fp, n, size,
-                                simple or ctx.plain(b, B), now))
-                for b, p, n in zip(range(b0, seg.start + seg.used), parents, stored[lo:])]))
+            spans = map(slice, range(b0 * B, end * B, B), range((b0 + 1) * B, end * B + 1, B))
+            metas = list(map(meta, zip(
+                repeat(BLOCK), itertools.chain((chain.parent(b0),), keys[lo:-1]),
+                range((b0 + 1) * B, end * B + 1, B), map(cut, spans), repeat(fp), stored[lo:],
+                repeat(size), repeat(True) if simple else map(ctx.plain, range(b0, end),
+                                                              repeat(B)), repeat(now))))
+            out.hits.update(zip(keys[lo:], zip(metas, repeat(REMOTE))))
             out.where.update(zip(keys[lo:], locs[lo:]))
         d = head.position // B
         n = obj.size - head.snapshot_at

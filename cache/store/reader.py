@@ -104,7 +104,13 @@ class Reader:
         into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
         from_disk, from_remote = [], []
-        for i, (p, v) in enumerate(zip(pieces, self.host.get_many([p.key for p in pieces]))):
+        held = self.host.get_many([p.key for p in pieces])
+        if held.count(None) == len(held):           # none in RAM (a fresh daemon): no loop
+            if self.fetcher is not None:
+                from_remote = [i for i, p in enumerate(pieces) if p.tier == REMOTE]
+            from_disk = sorted(set(range(len(pieces))).difference(from_remote))
+            held = []
+        for i, (p, v) in enumerate(zip(pieces, held)):
             if v is None:
                 (from_remote if p.tier == REMOTE and self.fetcher else from_disk).append(i)
             elif i < nb:
@@ -137,8 +143,8 @@ class Reader:
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
             self.drop(corrupt, REMOTE if from_remote else DISK)
-        read = {**dict.fromkeys(from_disk, DISK), **dict.fromkeys(from_remote, REMOTE)}
-        self._touch_and_promote(pieces, values, read, at_once=into_pages is not None)
+        self._touch_and_promote(pieces, values, from_disk, from_remote,
+                                at_once=into_pages is not None)
         snap = values[nb] if plan.snapshot is not None else None
         if isinstance(snap, dict) and plan.snapshot.position != plan.position:
             # Attention only: a later state's page, cut to the tokens the prompt shares
@@ -287,27 +293,32 @@ class Reader:
         return [_MISSING if buf is None else _CORRUPT if v is None else v
                 for (_, buf, _), v in zip(items, got)]
 
-    def _touch_and_promote(self, pieces: list[PieceRef], values: list, read: dict[int, str],
-                           at_once: bool = False):
-        """read: the pieces read from disk or the remote, and which. at_once: copy blocks
-        into RAM before returning (they are the caller's pool pages, which may be reused
-        once the restore has returned)."""
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: list[int],
+                           from_remote: list[int], at_once: bool = False):
+        """from_disk, from_remote: the pieces read from disk and from the remote (the
+        rest came from RAM). at_once: copy blocks into RAM before returning (they are
+        the caller's pool pages, which may be reused once the restore has returned)."""
         now, promote = time.time(), []
+        disk = set(from_disk)
+        # what the remote gave is not in the index yet (adopt commits it later): counted
+        # by the bytes, not touched
+        local = sorted(set(range(len(pieces))).difference(from_remote)) if from_remote \
+            else range(len(pieces))
         with self.catalog.lock:
             counted = self.catalog.counters.read_bytes
-            for i, p in enumerate(pieces):
+            counted[REMOTE] += sum(pieces[i].nbytes for i in from_remote
+                                   if isinstance(values[i], dict))
+            for i in local:
+                p = pieces[i]
                 if not isinstance(values[i], dict):
                     continue
-                tier = read.get(i, HOST)
-                counted[tier] += p.nbytes
-                if tier == REMOTE:
-                    continue                 # not in the index: adopt commits it later
+                counted[DISK if i in disk else HOST] += p.nbytes
                 meta = self.catalog.index.get(p.key)
                 if meta is None:
                     continue                 # in RAM only, not yet committed
                 meta.last_used, meta.hits = now, meta.hits + 1
                 self.catalog.touched[p.key] = meta
-                if read.get(i) == DISK and self.host.accepts(meta.logical_bytes) \
+                if i in disk and self.host.accepts(meta.logical_bytes) \
                         and self._into_ram(p.key, meta):
                     promote.append((p.key, meta, values[i]))
         # The caller owns what it gets back: RAM keeps its own copy. A snapshot (small;
