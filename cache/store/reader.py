@@ -179,6 +179,11 @@ class Reader:
         # where each block's page is (-1: not one contiguous CPU page): a frame whose
         # pages lie end to end is decompressed straight into them
         ptrs = remote_frames.addresses([d["kv"] for d in into[:nb]])
+        if nb:
+            # Pool pages a fresh daemon never touched fault in as the frames decode into
+            # them, holding the GIL (~0.5 ms a 512 KiB frame, the transfer's threads
+            # waiting): faulted in here ahead, beside the transfer, without it.
+            self.prefetcher.submit(pagein.write_ready_pages, ptrs, found.block_bytes)
         raw: dict[int, memoryview] = {}
 
         def decode(ready: list[tuple[int, memoryview]]) -> list:
