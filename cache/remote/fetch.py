@@ -161,7 +161,6 @@ class Transfer:
         if self.decode is None:
             self.whole += ready
             return
-
         ready = [(i, v) for i, v in ready if self.wanted[i]]
         if ready:              # one job a part: a future per value costs more
             self.decodes.append(self.pool.submit(_decode, self, ready, name))
