@@ -94,7 +94,15 @@ class DevicePages:
             if short > 0:
                 # reclaim a little more than needed: each reclaim walks the table
                 evicted = self._reclaim(max(short, min(self.num_pages // 64, 256)), short)
-            pages = [heapq.heappop(self._free) for _ in range(n)]
+            free = self._free
+            if 8 * n >= len(free):
+                # most of the free list (a long restore): the n least pages at once. A
+                # sorted list is still a heap, and the free list of a fresh pool is sorted.
+                free.sort()
+                pages = free[:n]
+                del free[:n]
+            else:
+                pages = [heapq.heappop(free) for _ in range(n)]
             for p in pages:
                 self.refs[p] = 1
         if evicted and self.on_evict is not None:

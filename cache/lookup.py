@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -67,17 +68,30 @@ class RestorePlan:
     remote: Any = field(repr=False, default=None)
                                        # the remote's pieces: what and where they are
                                        # (cache/remote/finder.py: Found)
+    _by_tier: dict | None = field(repr=False, default=None, compare=False)
+    _rounds: int | None = field(repr=False, default=None, compare=False)
 
     def pieces(self) -> list[PieceRef]:
         """What the store loads: the stored blocks, then the snapshot."""
         return [*self.blocks, *([self.snapshot] if self.snapshot else [])]
 
     def bytes_by_tier(self) -> dict[str, int]:
-        """Bytes to move from each store tier (device pages move nothing)."""
-        out: dict[str, int] = {}
-        for p in self.pieces():
-            out[p.tier] = out.get(p.tier, 0) + p.nbytes
-        return out
+        """Bytes to move from each store tier (device pages move nothing). A plan is not
+        changed once made, and a restore prices it several times: counted once."""
+        if self._by_tier is None:
+            out: dict[str, int] = {}
+            for p in self.pieces():
+                out[p.tier] = out.get(p.tier, 0) + p.nbytes
+            self._by_tier = out
+        return dict(self._by_tier)
+
+    def remote_rounds(self) -> int:
+        """Request rounds reading the plan's remote pieces takes (counted once)."""
+        if self._rounds is None:
+            pieces = [p for p in self.pieces() if p.tier == REMOTE]
+            self._rounds = self.remote.rounds(pieces) if self.remote is not None \
+                else len(pieces)
+        return self._rounds
 
     @property
     def total_bytes(self) -> int:
@@ -153,11 +167,12 @@ def _block_run(tokens: list[int], B: int, dev: int, keys: Sequence[bytes],
     of its positions, one of its token lists against the prompt's), block by block only
     to find where a mismatch is."""
     n = hits.index(None) if None in hits else len(hits)
-    metas = [h[0] for h in hits[:n]]
+    metas = list(map(itemgetter(0), hits[:n]))        # C loops: ~15,000 blocks at 250K
     end = (dev + n) * B
-    if [m.kind for m in metas] == [BLOCK] * n \
-            and [m.position for m in metas] == list(range((dev + 1) * B, end + 1, B)) \
-            and [m.tokens for m in metas] == [tokens[i:i + B] for i in range(dev * B, end, B)]:
+    if list(map(attrgetter("kind"), metas)) == [BLOCK] * n \
+            and list(map(attrgetter("position"), metas)) == list(range((dev + 1) * B, end + 1, B)) \
+            and list(map(attrgetter("tokens"), metas)) == list(map(tokens.__getitem__, map(
+                slice, range(dev * B, end, B), range((dev + 1) * B, end + 1, B)))):
         new, host = tuple.__new__, HOST     # PieceRef(...) is a Python call: 4x the time
         return [new(PieceRef, (k, m.kind, t, m.logical_bytes if t == host else m.stored_bytes,
                                m.position)) for k, (m, t) in zip(keys, hits[:n])]

@@ -60,9 +60,8 @@ class Rates:
         by_tier = plan.bytes_by_tier()
         s = sum(n / self.bytes_per_s[t] for t, n in by_tier.items() if t != REMOTE)
         if REMOTE in by_tier:
-            pieces = [p for p in plan.pieces() if p.tier == REMOTE]
-            rounds = plan.remote.rounds(pieces) if plan.remote is not None else len(pieces)
-            s += rounds * self.remote_latency + by_tier[REMOTE] / self.bytes_per_s[REMOTE]
+            s += plan.remote_rounds() * self.remote_latency \
+                + by_tier[REMOTE] / self.bytes_per_s[REMOTE]
         return s
 
     def update_remote(self, rounds: int, nbytes: int, seconds: float) -> None:
@@ -181,6 +180,8 @@ class Restorer:
         finally:
             if paused:
                 gc.enable()
+            if self.store is not None and self.store.remote is not None:
+                self.store.remote.fetcher.cancel_waiting()    # ranges no plan read
 
     def _restore(self, rec, info: RestoreInfo) -> None:
         t0 = time.perf_counter()
@@ -275,6 +276,8 @@ class Restorer:
                     and self._cost(plan, limit) < self._cost(best, limit):
                 plan.shared = max(plan.shared, best.shared)
                 best = plan
+            elif plan is not None and plan.remote is not None:
+                store.remote.fetcher.cancel(plan.remote.transfer)     # not read: stop it
         return best, declined
 
     def _window_gap(self, device: list[int], plan: RestorePlan) -> int | None:

@@ -80,6 +80,15 @@ class ObjectInfo(NamedTuple):
     modified: float      # seconds since the epoch
 
 
+def _read_into(body) -> Callable[[memoryview], int]:
+    """readinto for a body that has none (botocore before 1.38): read, then copy."""
+    def into(view: memoryview) -> int:
+        data = body.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+    return into
+
+
 def _boto():
     try:
         import boto3
@@ -226,24 +235,32 @@ class RemoteClient:
             self.bytes_down += len(data)
         return data, total
 
-    def read_range(self, name: str, start: int, end: int, part: int,
-                   take: Callable[[int, bytes], bool]) -> bool:
-        """Bytes start .. end - 1 of an object handed to take(size, data) as they come in,
-        `part` bytes at a time (size: the object's whole size, known before any byte;
-        take returns False to stop reading); False when there is no such object. A
-        body cut short is a RemoteError after the parts that came."""
+    def read_into(self, name: str, start: int, buf: memoryview, part: int,
+                  progress: Callable[[int, int], bool]) -> bool:
+        """Bytes start .. start + len(buf) - 1 of an object read straight into buf,
+        `part` bytes a call; progress(size, have) after the headers (have 0: size is the
+        object's whole size, before any byte is written) and after each part (False:
+        stop reading). False when there is no such object. A body cut short is a
+        RemoteError after the parts that came; a body shorter than buf ends early (the
+        caller sees have < len(buf))."""
         got = 0
 
         def fetch() -> None:
             nonlocal got
             r = self.s3.get_object(Bucket=self.url.bucket, Key=name,
-                                   Range=f"bytes={start}-{end - 1}")
+                                   Range=f"bytes={start}-{start + len(buf) - 1}")
             total = r.get("ContentRange", "").rpartition("/")[2]
             size = int(total) if total.isdigit() else int(r.get("ContentLength", 0))
             with r["Body"] as body:
-                while data := body.read(part):
-                    got += len(data)
-                    if not take(size, data):
+                if not progress(size, 0):
+                    return
+                into = getattr(body, "readinto", None) or _read_into(body)  # botocore < 1.38
+                while got < len(buf):
+                    n = into(buf[got:got + part])
+                    if not n:
+                        return
+                    got += n
+                    if not progress(size, got):
                         return
         try:
             self._call("get", fetch)

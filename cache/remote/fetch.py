@@ -9,7 +9,10 @@ Pieces adjacent in one object are read together: a run of them is cut into range
 at most range_bytes (at value boundaries where it can be), so a 250K-token context is a
 few dozen requests, not one per block, and its bytes come over `concurrency`
 connections at once. A value spanning ranges is decoded when
-the last of them is in.
+the last of them is in. The ranges may start before the restore asks for them (`start`:
+the finder begins them once a state's head names them, and the restore's planning runs
+while they come); the fetch then takes the transfer over (`fetch(..., started=)`), or
+`cancel` stops it when the plan does not read the remote.
 
 Each value is checked as it is decoded (its checksum, format, model and key: the
 caller's decode). A bad one is corrupt, and the object holding it is deleted from the
@@ -34,6 +37,7 @@ from typing import NamedTuple
 
 from ckptd.cache.remote.client import RemoteClient, RemoteError
 from ckptd.cache.remote.state import StateHead
+from ckptd.cache.threads import started_pool
 
 log = logging.getLogger(__name__)
 MISSING, CORRUPT = "missing", "corrupt"
@@ -99,10 +103,15 @@ def plan_ranges(locs: list[Loc], max_bytes: int) -> list[Chunk]:
     return out
 
 
-class _Run:
-    """One fetch in progress: bytes as they come in, the values waiting for them."""
+class Transfer:
+    """One set of ranged GETs in progress: bytes as they come in, and the values that are
+    whole. A transfer may start before anyone asks for its values (Fetcher.start: the
+    restore's planning meanwhile); the values are decoded once a fetch takes it over
+    (`attach`), those whole by then at once, the rest as their bytes come."""
 
     def __init__(self, locs: list[Loc], chunks: list[Chunk]) -> None:
+        self.locs, self.chunks = locs, chunks
+        self.index = {loc: i for i, loc in enumerate(locs)}
         self.lock = threading.Lock()
         self.done = threading.Condition(self.lock)
         self.cancelled = False
@@ -112,20 +121,75 @@ class _Run:
             for i in c.values:
                 self.waiting[i] += 1
         self.out: list = [None] * len(locs)
-        self.open = len(locs)                              # values not yet resolved
+        self.wanted: list[bool] | None = None              # set by attach
+        self.whole: list[tuple[int, memoryview]] = []      # whole before attach
+        self.decode = self.pool = None
+        self.open = 0                                      # wanted values not resolved
         self.decodes: list[Future] = []
+        self.gets: list[Future] = []
         self.bad: set[str] = set()                         # objects with a corrupt value
         self.gone: set[str] = set()                        # objects missing (or others)
+        self.started = time.perf_counter()
         self.last_byte = 0.0                               # when the last range came in
-        self.late = 0
+        self.got = 0                                       # bytes in
+
+    def covers(self, locs: list[Loc]) -> bool:
+        index = self.index
+        return not self.cancelled and self.wanted is None and all(loc in index for loc in locs)
+
+    def attach(self, locs: list[Loc], decode, pool: Executor) -> None:
+        """Decode the values at locs (all of them this transfer's) with decode on pool:
+        those whole now at once, the rest as they come. Under the lock."""
+        wanted = [False] * len(self.locs)
+        at = {}                                            # this transfer's index -> locs'
+        for k, loc in enumerate(locs):
+            wanted[self.index[loc]] = True
+            at[self.index[loc]] = k
+        self.wanted, self.pool = wanted, pool
+        self.decode = lambda ready: decode([(at[i], v) for i, v in ready])
+        self.open = sum(1 for i, w in enumerate(wanted) if w and self.out[i] is None)
+        ready = [(i, v) for i, v in self.whole if wanted[i]]
+        self.whole = []
+        n = max(1, -(-len(ready) // 8))                    # a few values a job
+        for s in range(0, len(ready), n):
+            self.hand(ready[s:s + n], "")
+        if not self.open:
+            self.done.notify_all()
+
+    def hand(self, ready: list[tuple[int, memoryview]], name: str) -> None:
+        """Whole values to their decode (kept until a fetch attaches). Under the lock."""
+        if self.decode is None:
+            self.whole += ready
+            return
+        ready = [(i, v) for i, v in ready if self.wanted[i]]
+        if ready:              # one job a part: a future per value costs more
+            self.decodes.append(self.pool.submit(_decode, self, ready, name))
 
     def resolve(self, i: int, result) -> None:
         """Under the lock."""
         if self.out[i] is None:
             self.out[i] = result
-            self.open -= 1
-            if not self.open:
-                self.done.notify_all()
+            if self.wanted is not None and self.wanted[i]:
+                self.open -= 1
+                if not self.open:
+                    self.done.notify_all()
+
+
+def _decode(run: Transfer, ready: list[tuple[int, memoryview]], name: str) -> None:
+    """One part's values, decoded together (a value's fixed cost, paid once for all of
+    them, was most of a small value's decoding)."""
+    if run.cancelled:
+        return
+    try:
+        results = run.decode(ready)
+    except Exception:                          # never a reason to fail the restore
+        log.exception("remote: decoding %s failed", name)
+        results = [CORRUPT] * len(ready)
+    with run.lock:
+        for (i, _), result in zip(ready, results):
+            if result == CORRUPT:
+                run.bad.add(run.locs[i].name)
+            run.resolve(i, result)
 
 
 class Fetcher:
@@ -135,9 +199,14 @@ class Fetcher:
         segments): delete the other states that name segments a state read named and
         that are bad or gone, returning their heads (cache/remote/sweep.py)."""
         self.client, self.cfg, self.forget, self.sweep = client, client.config, forget, sweep
+        # Its own connections' threads: a restore's ranges start while the lookup's
+        # LISTs may still be out on the client's pool.
+        self.pool = started_pool(self.cfg.concurrency, "ckptd-fetch")
         self.lock = threading.Lock()
         self.restores = self.pieces = self.missing = self.corrupt = self.late = 0
         self.requests = self.bytes = 0
+        self.early = self.unused = self.unused_bytes = 0   # transfers started before asked
+        self.waiting: set[Transfer] = set()                # started, not taken over yet
         self.seconds = self.transfer_seconds = 0.0   # all of it; until the last byte
         # The latest fetch: (request rounds, bytes read, seconds), for restore planning.
         self.last = (0, 0, 0.0)
@@ -147,30 +216,76 @@ class Fetcher:
         """Request rounds a fetch of locs takes: its ranged GETs over the connections."""
         return math.ceil(len(plan_ranges(locs, self.cfg.range_bytes)) / self.cfg.concurrency)
 
+    def start(self, locs: list[Loc]) -> Transfer:
+        """Begin reading locs now, before a fetch asks for them (it then takes this
+        transfer over); `cancel` it when none will."""
+        locs = list(dict.fromkeys(locs))
+        chunks = plan_ranges(locs, self.cfg.range_bytes)
+        run = Transfer(locs, chunks)
+        with run.lock:
+            run.gets = [self.pool.submit(self._get, run, c) for c in chunks]
+        with self.lock:
+            self.waiting.add(run)
+        return run
+
+    def cancel_waiting(self) -> None:
+        """Cancel every transfer started and not taken over (a restore that planned
+        without the remote, or failed before it read)."""
+        with self.lock:
+            runs, self.waiting = list(self.waiting), set()
+        for run in runs:
+            self.cancel(run)
+
+    def cancel(self, run: Transfer | None) -> None:
+        """A transfer no fetch took over: its ranges stop at their next part."""
+        if run is None:
+            return
+        with run.lock:
+            if run.cancelled or run.wanted is not None:
+                return
+            run.cancelled = True
+            run.whole = []
+        for f in run.gets:
+            f.cancel()
+        with self.lock:
+            self.waiting.discard(run)
+            self.unused += 1
+            self.requests += len(run.chunks)
+            self.unused_bytes += run.got
+
     def fetch(self, locs: list[Loc], timeout: float,
               decode: Callable[[list[tuple[int, memoryview]]], list],
-              pool: Executor, owner: str | None = None, lost: Lost | None = None) -> list:
+              pool: Executor, owner: str | None = None, lost: Lost | None = None,
+              started: Transfer | None = None) -> list:
         """decode([(i, value), ...]) on `pool` for the locations whose bytes came in with
-        one range (a result per value); returns, per location, what decode returned
-        (CORRUPT for a bad value), or MISSING. owner: the
+        one part (a result per value; i indexes locs);
+        returns, per location, what decode returned (CORRUPT for a bad value), or
+        MISSING. started: a transfer begun for these (`start`), taken over when it
+        holds all of locs. owner: the
         state object that named these locations: when one of them is corrupt or not
         there, it names what is not there, and is deleted too, with the other states
         that name it (the next daemon that computes it puts them again). lost: filled
         with what was found gone (deleted here, or before)."""
         t0 = time.perf_counter()
-        chunks = plan_ranges(locs, self.cfg.range_bytes)
-        run = _Run(locs, chunks)
-        gets = [self.client.pool.submit(self._get, run, c, locs, decode, pool) for c in chunks]
+        run = started if started is not None and started.covers(locs) else None
+        if run is None:
+            self.cancel(started)
+            run = self.start(locs)
+        with self.lock:
+            self.waiting.discard(run)
+            self.early += run is started
         with run.lock:
+            run.attach(locs, decode, pool)
             run.done.wait_for(lambda: not run.open, timeout)
             run.cancelled = True
             late = run.open
-            for i in range(len(locs)):
-                run.resolve(i, MISSING)
-            started = list(run.decodes)
-        for f in gets:
+            for i, w in enumerate(run.wanted):
+                if w:
+                    run.resolve(i, MISSING)
+            started_decodes = list(run.decodes)
+        for f in run.gets:
             f.cancel()                 # those not started; the running ones finish idle
-        for f in started:
+        for f in started_decodes:
             f.cancel()
             if not f.cancelled():
                 f.exception()          # a decode that had begun writes before we return
@@ -187,67 +302,71 @@ class Fetcher:
             swept = self.sweep(owner, (run.bad | run.gone) - {owner}) if self.sweep else []
             if lost is not None:
                 lost.owner, lost.swept = owner, swept
-        out = run.out
-        got = sum(locs[i].length for i, v in enumerate(out) if v not in (MISSING, CORRUPT))
-        seconds = time.perf_counter() - t0
+        out = [run.out[run.index[loc]] for loc in locs]
+        got = sum(loc.length for loc, v in zip(locs, out) if v not in (MISSING, CORRUPT))
+        now = time.perf_counter()
         with self.lock:
-            rounds = math.ceil(len(chunks) / self.cfg.concurrency)
-            self.last, self.last_late = (rounds, got, seconds), late
+            rounds = math.ceil(len(run.chunks) / self.cfg.concurrency)
+            # from the transfer's start: what the restore planner prices is the network's
+            # time, however much of it the planning hid
+            self.last, self.last_late = (rounds, got, now - run.started), late
             self.restores += 1
-            self.requests += len(chunks)
+            self.requests += len(run.chunks)
             self.pieces += sum(1 for v in out if v not in (MISSING, CORRUPT))
             self.bytes += got
             self.missing += sum(1 for v in out if v == MISSING)
             self.corrupt += sum(1 for v in out if v == CORRUPT)
             self.late += late
-            self.seconds += seconds
-            self.transfer_seconds += max(0.0, run.last_byte - t0)
+            self.seconds += now - t0
+            self.transfer_seconds += max(0.0, run.last_byte - run.started)
         if late:
             self.client.gave_up("get", timeout)
             log.warning("remote: %d of %d values not read within %.1f s; recomputing",
                         late, len(locs), timeout)
         return out
 
-    def _get(self, run: _Run, c: Chunk, locs: list[Loc], decode, pool: Executor) -> None:
-        """One ranged GET, read in parts: the values each part completes are decoded
-        while the rest comes in (a range's decode waiting for its last byte was most of
-        a 32K restore's fetch on two loaded cores)."""
+    def _get(self, run: Transfer, c: Chunk) -> None:
+        """One ranged GET, read into its buffer in parts: the values each part completes
+        go to their decode while the rest comes in (a range's decode waiting for its
+        last byte was most of a 32K restore's fetch on two loaded cores)."""
         # Never resized, each byte written once: views of it go to decodes, and outlive
         # the fetch (a restore writes the values through into LMDB as they are).
         buf = bytearray(c.end - c.start)
-        have, nxt = 0, 0                       # bytes in; c.values[nxt]: first not handed
+        view = memoryview(buf)
+        nxt = 0                                # c.values[nxt]: the first not handed on
+        have = 0
 
-        def take(size: int, data: bytes) -> bool:
-            nonlocal have, nxt
+        def progress(size: int, now: int) -> bool:
+            nonlocal nxt, have
             with run.lock:
                 if run.cancelled:
                     return False
-                if size != c.size or have + len(data) > len(buf):
+                if size != c.size:
                     log.warning("remote: %s is %d bytes, planned as %d: another object "
                                 "under its name; not read", c.name, size, c.size)
                     self._lose(run, c, nxt, gone=True)
                     return False
-                buf[have:have + len(data)] = data
-                have += len(data)
+                run.got += now - have
+                have = now
                 if have == len(buf):
                     run.last_byte = time.perf_counter()
                 ready = []
                 while nxt < len(c.values):
                     i = c.values[nxt]
-                    loc = locs[i]
+                    loc = run.locs[i]
                     hi = min(loc.offset + loc.length, c.end)
                     if hi - c.start > have:
                         break
                     nxt += 1
-                    view = self._piece(run, c, loc, i, buf)
-                    if view is not None:
-                        ready.append((i, view))
-                if ready:              # one job a part: a future per value costs more
-                    run.decodes.append(pool.submit(self._decode, run, ready, decode, c.name))
+                    piece = self._piece(run, c, loc, i, buf)
+                    if piece is not None:
+                        ready.append((i, piece))
+                if ready:
+                    run.hand(ready, c.name)
             return True
         try:
-            found = run.cancelled or self.client.read_range(c.name, c.start, c.end,
-                                                             _PART_BYTES, take)
+            found = run.cancelled or self.client.read_into(c.name, c.start, view, _PART_BYTES,
+                                                           progress)
             failed = False
         except RemoteError:          # the remote failing says nothing of the object
             found, failed = True, True
@@ -256,7 +375,8 @@ class Fetcher:
                 self._lose(run, c, nxt, gone=not failed and (not found or have < len(buf)))
 
     @staticmethod
-    def _piece(run: _Run, c: Chunk, loc: Loc, i: int, buf: bytearray) -> memoryview | None:
+    def _piece(run: Transfer, c: Chunk, loc: Loc, i: int, buf: bytearray
+               ) -> memoryview | None:
         """Location i's bytes in chunk c (all in buf now): its value when that is whole,
         else None (a value spanning ranges waits for the others). Under the lock."""
         lo, hi = max(loc.offset, c.start), min(loc.offset + loc.length, c.end)
@@ -272,30 +392,13 @@ class Fetcher:
         return view if not run.waiting[i] else None
 
     @staticmethod
-    def _lose(run: _Run, c: Chunk, first: int, gone: bool) -> None:
+    def _lose(run: Transfer, c: Chunk, first: int, gone: bool) -> None:
         """The values of c from c.values[first] on did not come: missing (and c's object
         gone, when the remote said so rather than failed). Under the lock."""
         if gone:
             run.gone.add(c.name)
         for i in c.values[first:]:
             run.resolve(i, MISSING)
-
-    def _decode(self, run: _Run, ready: list[tuple[int, memoryview]], decode, name: str
-                ) -> None:
-        """One range's values, decoded together (a value's fixed cost, paid once for
-        all of them, was most of a small value's decoding)."""
-        if run.cancelled:
-            return
-        try:
-            results = decode(ready)
-        except Exception:                          # never a reason to fail the restore
-            log.exception("remote: decoding %s failed", name)
-            results = [CORRUPT] * len(ready)
-        with run.lock:
-            for (i, _), result in zip(ready, results):
-                if result == CORRUPT:
-                    run.bad.add(name)
-                run.resolve(i, result)
 
     def _forget_bad(self, names: set[str]) -> None:
         for name in names:
@@ -310,10 +413,15 @@ class Fetcher:
         except RemoteError:
             pass                                   # the next reader finds it bad again
 
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
     def stats(self) -> dict:
         with self.lock:
             return {"restores": self.restores, "objects": self.pieces, "bytes": self.bytes,
                     "requests": self.requests, "missing": self.missing,
                     "corrupt": self.corrupt, "late": self.late,
+                    "early": self.early, "unused": self.unused,
+                    "unused_bytes": self.unused_bytes,
                     "seconds": round(self.seconds, 3),
                     "transfer_seconds": round(self.transfer_seconds, 3)}

@@ -16,10 +16,13 @@ served. A head that fails its own checks is deleted (it is the index of nothing)
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 
 from ckptd.cache import codec
 from ckptd.cache.entry import BLOCK, SNAPSHOT, BlockMeta, EntryMeta
@@ -27,7 +30,7 @@ from ckptd.cache.keys import KeyChain, snapshot_key
 from ckptd.cache.lookup import REMOTE, PieceRef
 from ckptd.cache.remote import state as state_obj
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteError
-from ckptd.cache.remote.fetch import Fetcher, Loc
+from ckptd.cache.remote.fetch import Fetcher, Loc, Transfer
 from ckptd.cache.remote.frames import Frame
 from ckptd.cache.remote.layout import STATE, Layout, framed
 from ckptd.cache.remote.state import SegmentRef, StateHead
@@ -39,7 +42,8 @@ _TRIES = 3          # state heads one lookup may read (the deepest first)
 class Found:
     """The remote's entries for one prompt, as planning reads them (cache/lookup.py),
     and where each one's bytes are."""
-    blocks: dict[bytes, BlockMeta] = field(default_factory=dict)
+    # each block's (meta, REMOTE): what planning's find_many answers for it
+    hits: dict[bytes, tuple[BlockMeta, str]] = field(default_factory=dict)
     snaps: dict[bytes, list[tuple[bytes, EntryMeta]]] = field(default_factory=dict)
     where: dict[bytes, Loc] = field(default_factory=dict)
     # a block in a framed segment: its frame (where[key] is the frame's bytes) and its
@@ -49,6 +53,7 @@ class Found:
     segments: list[tuple[SegmentRef, list[bytes], bytes]] = field(default_factory=list)
     fetcher: Fetcher | None = None
     state: str | None = None      # the state object whose head named these pieces
+    transfer: Transfer | None = None      # their ranges, started when the head was read
     requests: int = 0
     seconds: float = 0.0
     failed: bool = False          # a request failed: what was found may be partial
@@ -59,14 +64,14 @@ class Found:
 
     @property
     def metas(self) -> dict[bytes, EntryMeta]:
-        out = {k: m.entry() for k, m in self.blocks.items()}
+        out = {k: m.entry() for k, (m, _) in self.hits.items()}
         for found in self.snaps.values():
             out.update(found)
         return out
 
     def meta(self, key: bytes) -> EntryMeta:
-        if key in self.blocks:
-            return self.blocks[key].entry()
+        if key in self.hits:
+            return self.hits[key][0].entry()
         return next(m for found in self.snaps.values() for k, m in found if k == key)
 
     def locs(self, pieces: Sequence[PieceRef]) -> list[Loc]:
@@ -93,9 +98,10 @@ class LayeredView:
 
     def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]:
         out = self.local.find_many(keys)
-        blocks = self.found.blocks
-        return [hit if hit is not None or k not in blocks else (blocks[k], REMOTE)
-                for k, hit in zip(keys, out)]
+        remote = self.found.hits
+        if not any(out):                      # nothing local (a fresh daemon): no loop
+            return list(map(remote.get, keys))
+        return [hit if hit is not None else remote.get(k) for k, hit in zip(keys, out)]
 
     def has_snapshots(self, parent: bytes) -> bool:
         return parent in self.found.snaps or self.local.has_snapshots(parent)
@@ -118,54 +124,88 @@ class Finder:
              floor: int) -> Found:
         """The deepest state of the prompt on the remote that covers more than `floor`
         tokens and at most `limit`, with its blocks first .. (blocks before `first`
-        are held locally)."""
+        are held locally). The ranges of what it names start coming at once
+        (Found.transfer): the caller's planning runs while they do."""
         t0 = time.perf_counter()
         out = Found(fetcher=self.fetcher, deadline=t0 + self.client.config.lookup_timeout)
         guess = self._guess(chain, tokens, limit, floor)
         out.requests += guess is not None
         try:
-            found = self._candidates(chain, tokens, limit, floor, out)[:_TRIES]
-            for P, key, obj in found:
-                early = None
-                if guess is not None and guess[0] == obj.name:
-                    early = self._parallel(None, guess[1], out)[0]   # in flight already
-                head = self._head(obj, out, early)
-                d, B = P // chain.block_size, chain.block_size
-                if head is None:
-                    if obj.name in out.bad:               # deleted: a departure (lost.py)
-                        out.dropped.append((key, EntryMeta(
-                            SNAPSHOT, chain.parent(d), P, tokens[d * B:P], self.layout.fp)))
-                    continue
-                if (head.key, head.position, head.parent, head.tokens, head.blocks) != \
-                        (key, P, chain.parent(d), tokens[d * B:P], d):
-                    self.corrupt += 1         # a well-formed head of another state
-                    continue
-                if any(s.framed for s in head.segments) and (
-                        head.tensor != self.tensor or head.block_bytes != self.block_bytes):
-                    continue                  # pages of another shape: not ours to read
-                self._fill(chain, tokens, first, head, obj, out)
-                break
+            cells = self._cells(chain, limit, floor)
+            listing = self._list(chain, cells[:self.fanout], out)
+            if guess is not None:
+                name, key, asked = guess
+                got = self._parallel(None, asked, out)[0]
+                # the deepest state there can be: when it is usable the LISTs can only
+                # confirm it, and are not waited for
+                if got is not None and self._take(chain, tokens, first, limit, key,
+                                                  ObjectInfo(name, got[1], 0.0), out, got):
+                    out.requests -= sum(f.cancel() for f in listing)   # never asked
+                    listing = None
+            if listing is not None:
+                found = self._candidates(chain, tokens, limit, floor, cells, listing, out)
+                for P, key, obj in found[:_TRIES]:
+                    if guess is not None and obj.name == guess[0]:
+                        continue                  # read above, and not usable
+                    if self._take(chain, tokens, first, P, key, obj, out):
+                        break
         except RemoteError:
             out.failed = True
         if guess is not None:
-            guess[1].cancel()                 # not needed, or over (its request counted)
+            guess[2].cancel()                 # not needed, or over (its request counted)
         out.seconds = time.perf_counter() - t0
         self.lookups += 1
         self.requests += out.requests
         return out
 
-    def _candidates(self, chain: KeyChain, tokens: list[int], limit: int, floor: int,
-                    out: Found) -> list[tuple[int, bytes, ObjectInfo]]:
-        """The prompt's states in the deepest batch of cells that has any, deepest
-        first: (position, key, object)."""
-        B, G, ctx = chain.block_size, self.layout.grid, chain.ctx
+    def _take(self, chain: KeyChain, tokens: list[int], first: int, P: int, key: bytes,
+              obj: ObjectInfo, out: Found, early=None) -> bool:
+        """The state at P (key, in obj) when its head is readable and is the prompt's:
+        its pieces into `out` and their transfer started; False otherwise."""
+        head = self._head(obj, out, early)
+        d, B = P // chain.block_size, chain.block_size
+        if head is None:
+            if obj.name in out.bad:               # deleted: a departure (lost.py)
+                out.dropped.append((key, EntryMeta(
+                    SNAPSHOT, chain.parent(d), P, tokens[d * B:P], self.layout.fp)))
+            return False
+        if (head.key, head.position, head.parent, head.tokens, head.blocks) != \
+                (key, P, chain.parent(d), tokens[d * B:P], d):
+            self.corrupt += 1         # a well-formed head of another state
+            return False
+        if any(s.framed for s in head.segments) and (
+                head.tensor != self.tensor or head.block_bytes != self.block_bytes):
+            return False              # pages of another shape: not ours to read
+        out.transfer = self.fetcher.start(_ranges(head, obj, first))
+        self._fill(chain, tokens, first, head, obj, out)
+        return True
+
+    def _cells(self, chain: KeyChain, limit: int, floor: int) -> list[int]:
+        """The prompt's cells that may hold its states, deepest first."""
+        B, G = chain.block_size, self.layout.grid
         n_full = min(limit // B, len(chain))
         cells = list(range(n_full // G, max(floor, 0) // B // G - 1, -1))
-        cells = cells[:self.client.config.max_lists]
+        return cells[:self.client.config.max_lists]
+
+    def _list(self, chain: KeyChain, batch: list[int], out: Found) -> list[Future]:
+        """LISTs of the states of cells `batch`, asked for (futures)."""
+        G = self.layout.grid
+        futs = [self.client.pool.submit(self.client.list, self.layout.states_of(
+            chain.parent(c * G))) for c in batch]
+        out.requests += len(futs)
+        return futs
+
+    def _candidates(self, chain: KeyChain, tokens: list[int], limit: int, floor: int,
+                    cells: list[int], listing: list[Future], out: Found
+                    ) -> list[tuple[int, bytes, ObjectInfo]]:
+        """The prompt's states in the deepest batch of cells that has any, deepest
+        first: (position, key, object). listing: the first batch's LISTs, asked for."""
+        B, G, ctx = chain.block_size, self.layout.grid, chain.ctx
+        n_full = min(limit // B, len(chain))
         for s in range(0, len(cells), self.fanout):
             batch = cells[s:s + self.fanout]
-            listed = self._parallel(self.client.list, [
-                self.layout.states_of(chain.parent(c * G)) for c in batch], out)
+            listed = self._parallel(None, listing if s == 0 else self._list(chain, batch, out),
+                                    out)
             found = []
             for c, objs in zip(batch, listed):
                 for o in objs:
@@ -185,17 +225,17 @@ class Finder:
     def _guess(self, chain: KeyChain, tokens: list[int], limit: int, floor: int):
         """The head of the state at `limit` itself (framed), asked for beside the LISTs:
         its name follows from the prompt (a prompt asked again, or a context restored by
-        another daemon, has its state there), and when it is there the LISTs' answer
-        only confirms it, so the head costs no round of its own. (name, future of
-        get_range) or None where no state can be there."""
+        another daemon, has its state there), and when it is there the LISTs are not
+        waited for. (name, key, future of get_range) or None where no state can be
+        there."""
         B, G = chain.block_size, self.layout.grid
         d = limit // B
         if limit <= floor or d > len(chain):
             return None
         key = snapshot_key(chain.parent(d), tokens[d * B:limit], d, B, chain.ctx)
         name = self.layout.state(chain.parent(d // G * G), limit, key)
-        return name, self.client.pool.submit(self.client.get_range, name, 0,
-                                             state_obj.FIRST_READ)
+        return name, key, self.client.pool.submit(self.client.get_range, name, 0,
+                                                  state_obj.FIRST_READ)
 
     def _head(self, obj: ObjectInfo, out: Found, early=None) -> StateHead | None:
         """A state object's head (one ranged GET, two for a long head); None when it is
@@ -227,14 +267,15 @@ class Finder:
         simple = ctx.extras is None and ctx.positions is None     # every block plain
         now, size = time.time(), head.block_bytes
         out.block_bytes = head.block_bytes
-        new = tuple.__new__
+        meta = partial(tuple.__new__, BlockMeta)        # called from C: no Python frame
+        cut = tokens.__getitem__
         for seg in head.segments:
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
             lo = max(first - seg.start, 0)           # blocks below `first`: held locally
             if lo >= seg.used:
                 continue
-            name, total, b0 = seg.name, seg.size, seg.start + lo
+            name, total, b0, end = seg.name, seg.size, seg.start + lo, seg.start + seg.used
             if seg.framed:
                 locs, stored, places = [], [], []
                 for (_, off, n), f in zip(seg.frame_spans(), seg.frames):
@@ -246,11 +287,13 @@ class Finder:
             else:
                 locs = [Loc(name, off, n, total) for off, n in zip(seg.offsets(), seg.lengths)]
                 stored = list(seg.lengths)
-            parents = [chain.parent(b0), *keys[lo:-1]]
-            out.blocks.update(zip(keys[lo:], [
-                new(BlockMeta, (BLOCK, p, (b + 1) * B, tokens[b * B:(b + 1) * B], fp, n, size,
-                                simple or ctx.plain(b, B), now))
-                for b, p, n in zip(range(b0, seg.start + seg.used), parents, stored[lo:])]))
+            spans = map(slice, range(b0 * B, end * B, B), range((b0 + 1) * B, end * B + 1, B))
+            metas = list(map(meta, zip(
+                repeat(BLOCK), itertools.chain((chain.parent(b0),), keys[lo:-1]),
+                range((b0 + 1) * B, end * B + 1, B), map(cut, spans), repeat(fp), stored[lo:],
+                repeat(size), repeat(True) if simple else map(ctx.plain, range(b0, end),
+                                                              repeat(B)), repeat(now))))
+            out.hits.update(zip(keys[lo:], zip(metas, repeat(REMOTE))))
             out.where.update(zip(keys[lo:], locs[lo:]))
         d = head.position // B
         n = obj.size - head.snapshot_at
@@ -262,11 +305,13 @@ class Finder:
         out.state = obj.name
 
     def _parallel(self, fn, names, out: Found) -> list:
-        """fn(name) for each name on the client's pool (or, for a future, its result);
-        RemoteError when one failed or the lookup's time is up (a slow remote must not
-        hold up the engine's step)."""
+        """fn(name) for each name on the client's pool (or, for futures asked for
+        already, their results); RemoteError when one failed or the lookup's time is up
+        (a slow remote must not hold up the engine's step)."""
         if isinstance(names, Future):
             futs = [names]                 # counted when it was asked for
+        elif fn is None:
+            futs = list(names)
         else:
             futs = [self.client.pool.submit(fn, n) for n in names]
             out.requests += len(futs)
@@ -277,3 +322,25 @@ class Finder:
             self.client.gave_up("lookup", self.client.config.lookup_timeout)
             raise RemoteError("timeout", "the remote did not answer the lookup in time")
         return [f.result() for f in futs]
+
+
+def _ranges(head: StateHead, obj: ObjectInfo, first: int) -> list[Loc]:
+    """Where the values a plan from this head reads lie: the frames (or old-layout
+    values) holding its blocks from `first` on, then its snapshot. The same locations
+    _fill gives its blocks, so a restore's fetch takes the transfer of these over."""
+    out = []
+    for seg in head.segments:
+        end = seg.start + seg.used
+        if end <= first:
+            continue
+        if seg.framed:
+            b = seg.start
+            for (_, off, n), f in zip(seg.frame_spans(), seg.frames):
+                if b < end and b + f.blocks > first:
+                    out.append(Loc(seg.name, off, n, seg.size))
+                b += f.blocks
+        else:
+            out += [Loc(seg.name, off, n, seg.size) for b, (off, n) in enumerate(
+                zip(seg.offsets(), seg.lengths), seg.start) if first <= b < end]
+    out.append(Loc(obj.name, head.snapshot_at, obj.size - head.snapshot_at, obj.size))
+    return out

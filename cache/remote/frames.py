@@ -38,7 +38,7 @@ from ckptd.cache.keys import KEY_BYTES
 MAGIC = b"CKPF"
 LEVEL = 1                    # zstd level: a restore's decompression is what counts
 _WORTH = 1.1                 # a frame is compressed when that makes it this much smaller
-_RAW = zstandard.ZstdCompressor(level=-1)    # (a level that stores it as raw blocks)
+_RAW_LEVEL = -1             # a zstd level that stores a frame as raw blocks
 _HEAD = struct.Struct("<4sIQ16sIIH")       # magic, count, first, parent, block bytes,
                                            # frames, tensor length
 _FRAME = struct.Struct("<IIQ")             # blocks, stored bytes, xxh3-64
@@ -100,7 +100,9 @@ def pack(start: int, parent: bytes, keys: list[bytes], pages: list, tensor: str,
     if any(len(memoryview(p).cast("B")) != block_bytes for p in pages):
         raise ValueError(f"a block's page is not {block_bytes} bytes")
     per = frame_blocks(frame_bytes, block_bytes)
-    cctx = zstandard.ZstdCompressor(level=LEVEL)
+    # a compressor of its own: one is not safe to share between threads (the uploader
+    # packs segments on several at once; a shared one crashed a daemon)
+    cctx, raw_cctx = zstandard.ZstdCompressor(level=LEVEL), None
     frames, bodies = [], []
     for lo in range(0, len(pages), per):
         raw = b"".join(pages[lo:lo + per])
@@ -110,7 +112,8 @@ def pack(start: int, parent: bytes, keys: list[bytes], pages: list, tensor: str,
             # still, of raw blocks). A restore is CPU-bound on two cores: decompressing
             # a 512 KiB frame of the tiny model's fp32 KV took 0.74 ms for 8% fewer
             # bytes; a frame of raw blocks, 0.03 ms (docs/BENCHMARKS.md, issue 32).
-            body = _RAW.compress(raw)
+            raw_cctx = raw_cctx or zstandard.ZstdCompressor(level=_RAW_LEVEL)
+            body = raw_cctx.compress(raw)
         bodies.append(body)
         frames.append(Frame(min(per, len(pages) - lo), len(body), xxhash.xxh3_64_intdigest(body)))
     name = tensor.encode()
@@ -188,45 +191,43 @@ def _decompress_into(body: memoryview | bytes, out: memoryview) -> None:
 
 
 def into_pages(body: memoryview | bytes, frame: Frame, block_bytes: int,
-               dests: dict[int, torch.Tensor]) -> None:
-    """Check a frame and write its blocks into their pages: dests, block index in the
-    frame -> a page ([*kv_shape] tensor, any strides). A run of pages that lie end to
-    end in memory (a fresh pool's pages usually do) is written by the decompressor
-    itself when the frame is all of it; else the frame is decompressed once and each
-    run of pages copied in one call. codec.CorruptValue when the frame is bad: a
-    checksum that fails writes nothing; a frame that passes it and still does not
+               dest: memoryview | dict[int, torch.Tensor]) -> None:
+    """Check a frame and write its blocks into their pages: dest is the memory of all
+    of them end to end (run_view; the decompressor writes straight into it), or block
+    index in the frame -> a page ([*kv_shape] tensor, any strides; the frame is then
+    decompressed once and each page copied). codec.CorruptValue when the frame is bad:
+    a checksum that fails writes nothing; a frame that passes it and still does not
     decompress to its size (a writer's bug) may have written some of its pages, which
     a failed restore never serves."""
     check(body, frame)
-    run = _run(dests, frame.blocks, block_bytes)
-    if run is not None:                     # straight into the pool's memory
-        _decompress_into(body, run)
+    if isinstance(dest, memoryview):
+        if len(dest) != frame.blocks * block_bytes:
+            raise ValueError(f"a run of {len(dest)} bytes for a frame of {frame.blocks} pages")
+        _decompress_into(body, dest)
         return
     raw = bytearray(frame.blocks * block_bytes)
     _decompress_into(body, memoryview(raw))
-    first = next(iter(dests.values()))
+    first = next(iter(dest.values()))
     src = torch.frombuffer(raw, dtype=torch.uint8).view(first.dtype).view(
         frame.blocks, *first.shape)
-    js = sorted(dests)
-    torch._foreach_copy_([dests[j] for j in js], [src[j] for j in js])
+    js = sorted(dest)
+    torch._foreach_copy_([dest[j] for j in js], [src[j] for j in js])
 
 
-def _run(dests: dict[int, torch.Tensor], blocks: int, block_bytes: int) -> memoryview | None:
-    """The memory of pages 0 .. blocks-1 as one writable buffer, when dests names all of
-    them, contiguous and end to end; else None."""
-    if len(dests) != blocks or codec._BIG:
-        return None
-    first = dests.get(0)
-    if first is None or not first.is_contiguous() or first.device.type != "cpu":
-        return None
-    base = first.data_ptr()
-    for j in range(1, blocks):
-        t = dests.get(j)
-        if t is None or t.data_ptr() != base + j * block_bytes or not t.is_contiguous():
-            return None
-    st = first.untyped_storage()
+def addresses(pages: list[torch.Tensor]) -> list[int]:
+    """Where each page's bytes start, when a frame can be decompressed straight into it
+    (a contiguous CPU page, little-endian host); else -1."""
+    if codec._BIG or any(p.device.type != "cpu" for p in pages[:1]):
+        return [-1] * len(pages)
+    return [p.data_ptr() if p.is_contiguous() and p.device.type == "cpu" else -1
+            for p in pages]
+
+
+def run_view(first: torch.Tensor, nbytes: int) -> memoryview:
+    """nbytes of memory from the start of page `first` on, writable: pages that lie end
+    to end after it (addresses() says which do), as one buffer."""
     flat = torch.empty(0, dtype=torch.uint8).set_(
-        st, first.storage_offset() * first.element_size(), (blocks * block_bytes,))
+        first.untyped_storage(), first.storage_offset() * first.element_size(), (nbytes,))
     return memoryview(flat.numpy()).cast("B")
 
 

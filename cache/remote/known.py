@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from itertools import repeat
 
 from ckptd.cache.remote.state import SegmentRef
 
@@ -36,7 +37,7 @@ class Known:
             self._drop(old)
             self.refs[ref.name] = (ref, keys)
             name = ref.name
-            self.by_key.update((k, (name, j)) for j, k in enumerate(keys))
+            self.by_key.update(zip(keys, zip(repeat(name), range(len(keys)))))
             self.blocks += len(keys)
             while self.blocks > self.max_blocks and len(self.refs) > 1:
                 self._drop(self.refs.popitem(last=False)[1])

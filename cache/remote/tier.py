@@ -140,4 +140,5 @@ class RemoteTier:
     def close(self) -> None:
         if self.uploader is not None:
             self.uploader.close()
+        self.fetcher.close()
         self.client.close()

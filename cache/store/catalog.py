@@ -76,12 +76,14 @@ class Catalog:
 
     def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]:
         """The IndexView restore planning reads (cache/lookup.py): RAM first, then disk."""
-        out: list = [None if m is None else (m, HOST) for m in self.host.metas(keys)]
+        host = self.host.metas(keys)
         with self.lock:
-            for i, key in enumerate(keys):
-                if out[i] is None and (meta := self.index.get(key)) is not None:
-                    out[i] = (meta, DISK)
-        return out
+            rows = self.index.rows
+            disk = list(map(rows.get, keys)) if rows else None
+        if disk is None:
+            return [None if m is None else (m, HOST) for m in host]
+        return [(m, HOST) if m is not None else None if d is None else (d, DISK)
+                for m, d in zip(host, disk)]
 
     def has_snapshots(self, parent: bytes) -> bool:
         with self.lock:

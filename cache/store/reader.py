@@ -104,7 +104,13 @@ class Reader:
         into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
         from_disk, from_remote = [], []
-        for i, (p, v) in enumerate(zip(pieces, self.host.get_many([p.key for p in pieces]))):
+        held = self.host.get_many([p.key for p in pieces])
+        if held.count(None) == len(held):           # none in RAM (a fresh daemon): no loop
+            if self.fetcher is not None:
+                from_remote = [i for i, p in enumerate(pieces) if p.tier == REMOTE]
+            from_disk = sorted(set(range(len(pieces))).difference(from_remote))
+            held = []
+        for i, (p, v) in enumerate(zip(pieces, held)):
             if v is None:
                 (from_remote if p.tier == REMOTE and self.fetcher else from_disk).append(i)
             elif i < nb:
@@ -137,8 +143,8 @@ class Reader:
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
         if corrupt:
             self.drop(corrupt, REMOTE if from_remote else DISK)
-        read = {**dict.fromkeys(from_disk, DISK), **dict.fromkeys(from_remote, REMOTE)}
-        self._touch_and_promote(pieces, values, read, at_once=into_pages is not None)
+        self._touch_and_promote(pieces, values, from_disk, from_remote,
+                                at_once=into_pages is not None)
         snap = values[nb] if plan.snapshot is not None else None
         if isinstance(snap, dict) and plan.snapshot.position != plan.position:
             # Attention only: a later state's page, cut to the tokens the prompt shares
@@ -158,27 +164,34 @@ class Reader:
     def _load_remote(self, plan: RestorePlan, idx: list[int], into: list, values: list,
                      timeout: float) -> None:
         """Fetch the remote pieces idx of the plan, each decoded on the reader pool as its
-        bytes come in (cache/remote/fetch.py); adopt the good ones up to the first that
-        failed (what follows it would be orphans). A block of a framed segment is read
-        with its frame: once per frame, checked once and decompressed into every page
-        it holds (cache/remote/frames.py); its LMDB value is cut from the frame later,
-        off the restore's path."""
-        pieces, found = plan.pieces(), plan.remote
+        bytes come in (cache/remote/fetch.py; the finder started their ranges when it
+        read the state's head); adopt the good ones up to the first that failed (what
+        follows it would be orphans). A block of a framed segment is read with its
+        frame: once per frame, checked once and decompressed into every page it holds
+        (cache/remote/frames.py); its LMDB value is cut from the frame later, off the
+        restore's path."""
+        pieces, found, nb = plan.pieces(), plan.remote, len(plan.blocks)
         locs = found.locs([pieces[i] for i in idx])
         at = {loc: u for u, loc in enumerate(locs)}
         readers: list[list[int]] = [[] for _ in locs]        # loc -> pieces read from it
         for i in idx:
             readers[at[found.where[pieces[i].key]]].append(i)
+        # where each block's page is (-1: not one contiguous CPU page): a frame whose
+        # pages lie end to end is decompressed straight into them
+        ptrs = remote_frames.addresses([d["kv"] for d in into[:nb]])
+        if nb:
+            # Pool pages a fresh daemon never touched fault in as the frames decode into
+            # them, holding the GIL (~0.5 ms a 512 KiB frame, the transfer's threads
+            # waiting): faulted in here ahead, beside the transfer, without it.
+            self.prefetcher.submit(pagein.write_ready_pages, ptrs, found.block_bytes)
         raw: dict[int, memoryview] = {}
 
         def decode(ready: list[tuple[int, memoryview]]) -> list:
             out: list = [None] * len(ready)
             plain = []
             for r, (u, buf) in enumerate(ready):
-                first = pieces[readers[u][0]].key
-                if first in found.framed:
-                    out[r] = self._frame(buf, found, [(pieces[i].key, into[i])
-                                                      for i in readers[u]])
+                if pieces[readers[u][0]].key in found.framed:
+                    out[r] = self._frame(buf, found, readers[u], pieces, into, ptrs)
                 else:
                     plain.append(r)
             if plain:
@@ -192,40 +205,59 @@ class Reader:
             raw.update((u, buf) for (u, buf), v in zip(ready, out) if isinstance(v, dict))
             return out
         lost = Lost()
-        got = self.fetcher.fetch(locs, timeout, decode, self.pool, found.state, lost)
+        got = self.fetcher.fetch(locs, timeout, decode, self.pool, found.state, lost,
+                                 started=found.transfer)
         for u, v in enumerate(got):
             for i in readers[u]:
-                values[i] = into[i] if isinstance(v, dict) and i < len(plan.blocks) else v
-        keep = []              # in chain order: the writer takes no block before its parent
-        for i in idx:
-            if not isinstance(values[i], dict):
-                break
+                values[i] = into[i] if isinstance(v, dict) and i < nb else v
+        # in chain order: the writer takes no block before its parent
+        good = next((n for n, i in enumerate(idx) if not isinstance(values[i], dict)), len(idx))
+        good = idx[:good]
+        # a snapshot's tensors are copied now: the caller may change its own
+        snaps = {i: {k: t.clone() for k, t in values[i].items()} for i in good if i >= nb}
+        if good and self.adopt is not None:
+            # Off the restore's path, as disk reads' promotions are: queueing ~16K
+            # blocks for the writer took longer than reading them.
+            self.promoter.submit(self._keep, pieces, good, found, at, raw, snaps)
+        if lost.objects:
+            remote_lost.record(self.gone, lost, found.where, found.metas,
+                               {pieces[i].key for i in good}, self.fp)
+
+    @staticmethod
+    def _frame(buf: memoryview, found, idx: list[int], pieces: list[PieceRef], into: list,
+               ptrs: list[int]):
+        """One frame's pages written into the outputs of pieces idx (its blocks, in
+        order): a dict (as a decoded value is), or _CORRUPT."""
+        framed = found.framed
+        frame, j0 = framed[pieces[idx[0]].key]
+        bb = found.block_bytes
+        i0 = idx[0]
+        dest = None
+        if j0 == 0 and len(idx) == frame.blocks and idx[-1] - i0 == len(idx) - 1 \
+                and i0 + len(idx) <= len(ptrs) and ptrs[i0] >= 0 \
+                and ptrs[i0:i0 + len(idx)] == list(range(ptrs[i0], ptrs[i0] + len(idx) * bb, bb)):
+            dest = remote_frames.run_view(into[i0]["kv"], len(idx) * bb)
+        else:
+            dest = {framed[pieces[i].key][1]: into[i]["kv"] for i in idx if into[i] is not None}
+        try:
+            remote_frames.into_pages(buf, frame, bb, dest)
+        except codec.CorruptValue:
+            return _CORRUPT
+        return {}
+
+    def _keep(self, pieces: list[PieceRef], good: list[int], found, at: dict, raw: dict,
+              snaps: dict) -> None:
+        """What a remote restore read, handed to adopt in chain order (on the promoter
+        thread, after the restore has returned)."""
+        keep = []
+        for i in good:
             key = pieces[i].key
             buf = raw[at[found.where[key]]]
             if key in found.framed:
                 keep.append((key, found.meta(key), buf, None, *found.framed[key]))
-                continue
-            # a snapshot's tensors are copied now: the caller may change its own
-            keep.append((key, found.meta(key), buf, None if i < len(plan.blocks)
-                         else {k: t.clone() for k, t in values[i].items()}, None, 0))
-        if keep and self.adopt is not None:
-            # Off the restore's path, as disk reads' promotions are: queueing ~16K
-            # blocks for the writer took longer than reading them.
-            self.promoter.submit(self._adopt, keep, found.block_bytes)
-        if lost.objects:
-            remote_lost.record(self.gone, lost, found.where, found.metas,
-                               {k for k, *_ in keep}, self.fp)
-
-    def _frame(self, buf: memoryview, found, blocks: list[tuple[bytes, dict | None]]):
-        """One frame's pages written into the pieces' outputs: a dict (as a decoded value
-        is), or _CORRUPT."""
-        frame, _ = found.framed[blocks[0][0]]
-        dests = {found.framed[k][1]: dest["kv"] for k, dest in blocks if dest is not None}
-        try:
-            remote_frames.into_pages(buf, frame, found.block_bytes, dests)
-        except codec.CorruptValue:
-            return _CORRUPT
-        return {}
+            else:
+                keep.append((key, found.meta(key), buf, snaps.get(i), None, 0))
+        self._adopt(keep, found.block_bytes)
 
     def _adopt(self, keep: list, block_bytes: int) -> None:
         """Hand what a remote restore read to adopt, in order: values as they came, and
@@ -266,23 +298,32 @@ class Reader:
         return [_MISSING if buf is None else _CORRUPT if v is None else v
                 for (_, buf, _), v in zip(items, got)]
 
-    def _touch_and_promote(self, pieces: list[PieceRef], values: list, read: dict[int, str],
-                           at_once: bool = False):
-        """read: the pieces read from disk or the remote, and which. at_once: copy blocks
-        into RAM before returning (they are the caller's pool pages, which may be reused
-        once the restore has returned)."""
+    def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: list[int],
+                           from_remote: list[int], at_once: bool = False):
+        """from_disk, from_remote: the pieces read from disk and from the remote (the
+        rest came from RAM). at_once: copy blocks into RAM before returning (they are
+        the caller's pool pages, which may be reused once the restore has returned)."""
         now, promote = time.time(), []
+        disk = set(from_disk)
+        # what the remote gave is not in the index yet (adopt commits it later): counted
+        # by the bytes, not touched
+        local = sorted(set(range(len(pieces))).difference(from_remote)) if from_remote \
+            else range(len(pieces))
         with self.catalog.lock:
-            for i, p in enumerate(pieces):
+            counted = self.catalog.counters.read_bytes
+            counted[REMOTE] += sum(pieces[i].nbytes for i in from_remote
+                                   if isinstance(values[i], dict))
+            for i in local:
+                p = pieces[i]
                 if not isinstance(values[i], dict):
                     continue
-                self.catalog.counters.read_bytes[read.get(i, HOST)] += p.nbytes
+                counted[DISK if i in disk else HOST] += p.nbytes
                 meta = self.catalog.index.get(p.key)
                 if meta is None:
                     continue                 # in RAM only, not yet committed
                 meta.last_used, meta.hits = now, meta.hits + 1
                 self.catalog.touched[p.key] = meta
-                if read.get(i) == DISK and self.host.accepts(meta.logical_bytes) \
+                if i in disk and self.host.accepts(meta.logical_bytes) \
                         and self._into_ram(p.key, meta):
                     promote.append((p.key, meta, values[i]))
         # The caller owns what it gets back: RAM keeps its own copy. A snapshot (small;

@@ -117,6 +117,8 @@ class HostTier:
         out: list[Tensors | None] = []
         with self.lock:
             items = self.items
+            if not items:
+                return [None] * len(keys)
             for k in keys:
                 item = items.get(k)
                 if item is not None:
@@ -131,6 +133,8 @@ class HostTier:
 
     def metas(self, keys: Sequence[bytes]) -> list[EntryMeta | None]:
         with self.lock:
+            if not self.items:
+                return [None] * len(keys)
             return [None if (item := self.items.get(k)) is None else item[0] for k in keys]
 
     def has_snapshots(self, parent: bytes) -> bool:

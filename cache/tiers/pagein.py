@@ -61,3 +61,15 @@ def write_ready(t: torch.Tensor) -> None:
     """Fault in the memory of a contiguous CPU tensor that is about to be written (the
     contents stay as they are)."""
     _advise(t.data_ptr(), t.numel() * t.element_size(), _POPULATE_WRITE, True)
+
+
+def write_ready_pages(addresses: list[int], nbytes: int) -> None:
+    """write_ready for pages of nbytes each at these addresses (-1: none), one call a run
+    of pages that lie end to end."""
+    a = np.asarray([x for x in addresses if x >= 0], dtype=np.int64)
+    if not len(a):
+        return
+    a.sort()
+    cut = np.flatnonzero(np.diff(a) != nbytes) + 1
+    for run in np.split(a, cut):
+        _advise(int(run[0]), len(run) * nbytes, _POPULATE_WRITE, True)

@@ -23,6 +23,26 @@ def test_write_ready_keeps_contents_on_any_alignment():
     assert torch.equal(base, want)
 
 
+def _resident_bytes() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * mmap.PAGESIZE
+
+
+def test_pages_end_to_end_or_apart_are_faulted_in_and_keep_their_contents():
+    """write_ready_pages over a restore's pool pages (addresses, -1 for a page it can't
+    touch): fresh memory becomes resident, written memory keeps its bytes."""
+    page = 64 << 10
+    pool = torch.empty(256 * page, dtype=torch.uint8)          # fresh: not resident
+    pool[:page].fill_(7)
+    at = [pool[k * page].data_ptr() for k in range(256)]
+    before = _resident_bytes()
+    pagein.write_ready_pages([at[k] for k in (*range(0, 128), *range(130, 256), 129)] + [-1],
+                             page)
+    assert _resident_bytes() - before > 200 * page               # 255 of 256 pages asked
+    assert bool((pool[:page] == 7).all())
+    pagein.write_ready_pages([-1, -1], page)
+    pagein.write_ready_pages([], page)
+
+
 def test_read_hints_on_a_mapped_file_and_on_bytes(tmp_path):
     data = bytes(range(256)) * 100
     (tmp_path / "f").write_bytes(data)

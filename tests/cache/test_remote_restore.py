@@ -75,6 +75,8 @@ def test_a_remote_restore_gives_the_uncached_logits(tiny_model, daemons):
     info, got = _prefill(rb, b, tokens + [9, 10, 11])
     assert info.tier == "remote" and info.cached_tokens >= 128
     assert info.tokens_by_tier() == {"remote": info.cached_tokens}
+    # its ranges started when the finder read the head, and the load took them over
+    assert b.store.remote.fetcher.stats()["early"] == 1
     want = prompt_logits(tiny_model, tokens + [9, 10, 11])[-1]
     assert (got - want).abs().max().item() <= 1e-5
     # An exact repeat on a third: the stored logits, nothing computed.
@@ -96,6 +98,8 @@ def test_the_remote_is_taken_on_cost_and_asked_on_expectation(daemons):
     info, _ = _prefill(rb, b, tokens)
     assert info.cached_tokens == 0 and remote.finder.lookups == 1
     assert remote.fetcher.restores == 0
+    # the ranges the finder started were stopped, not left running
+    assert remote.fetcher.stats()["unused"] == 1 and not remote.fetcher.waiting
     # Asking can't pay off (prefill is nearly free): not even asked.
     (rc, c), = daemons(1)
     c.rates.prefill_tps = 1e12
