@@ -24,11 +24,18 @@ from tests.s3 import fresh_url
 TOKENS = list(range(3, 3 + 4 * 20 + 2))          # 20 blocks of 4, and 2 tokens
 
 
-def _uploaded(open_store, spec, url, path):
-    a = open_store(spec, path=path, remote=remote(spec, url))
+def _reader(open_store, spec, tmp_path, **options):
+    """A store with nothing local whose remote holds TOKENS (another store uploaded
+    them)."""
+    url = fresh_url()
+    a = open_store(spec, path=tmp_path / "a", remote=remote(spec, url))
     fill(a, spec, TOKENS)
     assert a.flush(30) and a.remote.flush(30)
-    return a
+    return open_store(spec, path=tmp_path / "b", remote=remote(spec, url, **options))
+
+
+def _plan(store, tokens=TOKENS):
+    return store.lookup_remote(tokens, len(tokens), store.chain(tokens))
 
 
 def _gets(store) -> int:
@@ -37,11 +44,8 @@ def _gets(store) -> int:
 
 def test_the_ranges_start_at_the_head_and_the_load_takes_them_over(
         aws, open_store, spec, tmp_path):  # noqa: F811
-    url = fresh_url()
-    _uploaded(open_store, spec, url, tmp_path / "a")
-    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
-    t = TOKENS
-    plan = b.lookup_remote(t, len(t), b.chain(t))
+    b = _reader(open_store, spec, tmp_path)
+    plan = _plan(b)
     run = plan.remote.transfer
     assert run is not None and len(run.chunks) >= 2
     deadline = time.monotonic() + 30
@@ -49,7 +53,7 @@ def test_the_ranges_start_at_the_head_and_the_load_takes_them_over(
         assert time.monotonic() < deadline, "the transfer never finished"
         time.sleep(0.01)
     before = _gets(b)
-    check_restored(spec, b.load(plan), t)
+    check_restored(spec, b.load(plan), TOKENS)
     assert _gets(b) == before                    # every byte came with the early ranges
     st = b.remote.fetcher.stats()
     assert st["early"] == 1 and st["unused"] == 0 and st["missing"] == 0
@@ -57,18 +61,15 @@ def test_the_ranges_start_at_the_head_and_the_load_takes_them_over(
 
 
 def test_a_transfer_no_load_takes_is_cancelled(aws, open_store, spec, tmp_path):  # noqa: F811
-    url = fresh_url()
-    _uploaded(open_store, spec, url, tmp_path / "a")
-    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
-    t = TOKENS
-    plan = b.lookup_remote(t, len(t), b.chain(t))
+    b = _reader(open_store, spec, tmp_path)
+    plan = _plan(b)
     run = plan.remote.transfer
     assert run in b.remote.fetcher.waiting
     b.remote.fetcher.cancel_waiting()
     assert run.cancelled and not b.remote.fetcher.waiting
     assert b.remote.fetcher.stats()["unused"] == 1
     # A later load of the same plan reads the values anew, exactly.
-    check_restored(spec, b.load(plan), t)
+    check_restored(spec, b.load(plan), TOKENS)
     st = b.remote.fetcher.stats()
     assert st["early"] == 0 and st["missing"] == 0 and st["restores"] == 1
 
@@ -78,9 +79,7 @@ def test_a_usable_guessed_head_does_not_wait_for_the_lists(aws, open_store, spec
     """The state at the prompt's end is there: its head (asked for beside the LISTs)
     is the whole plan. With every LIST held up, the lookup still finds it (it would
     otherwise run out of its second and find nothing)."""
-    url = fresh_url()
-    _uploaded(open_store, spec, url, tmp_path / "a")
-    b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url, lookup_timeout=1.0))
+    b = _reader(open_store, spec, tmp_path, lookup_timeout=1.0)
     release = threading.Event()
     real = b.remote.client.list
 
@@ -88,15 +87,12 @@ def test_a_usable_guessed_head_does_not_wait_for_the_lists(aws, open_store, spec
         release.wait(10)
         return real(*args, **kw)
     b.remote.client.list = held
-    t = TOKENS
     try:
-        plan = b.lookup_remote(t, len(t), b.chain(t))
-        assert plan.position == len(t) and not plan.remote.failed
-        check_restored(spec, b.load(plan), t)
+        plan = _plan(b)
+        assert plan.position == len(TOKENS) and not plan.remote.failed
+        check_restored(spec, b.load(plan), TOKENS)
         # A prompt whose own end is not there needs the LISTs: held, the lookup gives up.
-        longer = t + [7, 7, 7]
-        plan = b.lookup_remote(longer, len(longer), b.chain(longer))
-        assert plan.remote.failed
+        assert _plan(b, TOKENS + [7, 7, 7]).remote.failed
     finally:
         release.set()
 
