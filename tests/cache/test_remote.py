@@ -74,10 +74,11 @@ def test_a_second_store_restores_what_the_first_uploaded(aws, open_store, spec, 
     assert restored.ok and restored.tier == REMOTE
     check_restored(spec, restored, TOKENS)
     st = b.stats()["remote"]
-    # Found with a LIST of each of the prompt's 3 cells (one round) and one head GET;
-    # read with a ranged GET a segment and one for the snapshot: 10 frames of 2 blocks
-    # and the snapshot, 4 requests.
-    assert st["lookups"]["requests"] == 3 + 1
+    # Found by one head GET (the state at the prompt's end, asked for beside a LIST of
+    # each of the prompt's 3 cells; the LISTs not yet sent when the head came back
+    # usable are not sent); read with a ranged GET a segment and one for the snapshot:
+    # 10 frames of 2 blocks and the snapshot, 4 requests.
+    assert 1 <= st["lookups"]["requests"] <= 3 + 1
     assert st["fetch"]["objects"] == 11 and st["fetch"]["requests"] == 4
     # Kept in LMDB: the next plan is local, and nothing went back up.
     assert b.flush(30)
@@ -94,17 +95,20 @@ def test_a_second_store_restores_what_the_first_uploaded(aws, open_store, spec, 
 def test_the_head_at_the_prompt_s_end_is_asked_for_beside_the_lists(aws, open_store, spec,
                                                                       tmp_path):
     """A prompt that ends where a state is: its head's GET goes with the LISTs and is
-    the one read (3 LISTs + 1 GET). A longer prompt: that guess misses (404), and the
-    head the LISTs found is read after them (3 + 1 + 1)."""
+    the one read (1 GET and at most the 3 LISTs: those not sent yet when the head came
+    back usable are not sent). A longer prompt: that guess misses (404), and the head
+    the LISTs found is read after them (3 + 1 + 1)."""
     url = fresh_url()
     uploaded(open_store, spec, url, tmp_path / "a")
     b = open_store(spec, path=tmp_path / "b", remote=remote(spec, url))
     longer = TOKENS + [9, 9, 9, 9, 9]
-    for n, (prompt, requests) in enumerate([(TOKENS, 3 + 1), (longer, 3 + 1 + 1)]):
+    for n, (prompt, least, most) in enumerate([(TOKENS, 1, 3 + 1),
+                                               (longer, 3 + 1 + 1, 3 + 1 + 1)]):
         before = b.stats()["remote"]["lookups"]["requests"]
         plan = b.lookup_remote(prompt, len(prompt), b.chain(prompt))
         assert plan.position == len(TOKENS), n
-        assert b.stats()["remote"]["lookups"]["requests"] - before == requests, n
+        asked = b.stats()["remote"]["lookups"]["requests"] - before
+        assert least <= asked <= most, (n, asked)
     check_restored(spec, b.load(plan), TOKENS)
 
 
