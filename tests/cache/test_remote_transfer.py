@@ -78,13 +78,13 @@ def test_a_usable_guessed_head_does_not_wait_for_the_lists(aws, open_store, spec
                                                            tmp_path):
     """The state at the prompt's end is there: its head (asked for beside the LISTs)
     is the whole plan. With every LIST held up, the lookup still finds it (it would
-    otherwise run out of its second and find nothing)."""
-    b = _reader(open_store, spec, tmp_path, lookup_timeout=1.0)
+    otherwise run out of its 3 s and find nothing)."""
+    b = _reader(open_store, spec, tmp_path, lookup_timeout=3.0)   # a loaded CI box's GET
     release = threading.Event()
     real = b.remote.client.list
 
     def held(*args, **kw):
-        release.wait(10)
+        release.wait(30)
         return real(*args, **kw)
     b.remote.client.list = held
     try:
