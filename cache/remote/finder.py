@@ -30,9 +30,10 @@ from ckptd.cache.keys import KeyChain, snapshot_key
 from ckptd.cache.lookup import REMOTE, PieceRef
 from ckptd.cache.remote import state as state_obj
 from ckptd.cache.remote.client import ObjectInfo, RemoteClient, RemoteError
-from ckptd.cache.remote.fetch import Fetcher, Loc, Transfer
+from ckptd.cache.remote.fetch import Fetcher
 from ckptd.cache.remote.frames import Frame
 from ckptd.cache.remote.layout import STATE, Layout, framed
+from ckptd.cache.remote.ranges import Loc, Transfer
 from ckptd.cache.remote.state import SegmentRef, StateHead
 
 _TRIES = 3          # state heads one lookup may read (the deepest first)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from ckptd.cache.entry import SNAPSHOT, EntryMeta
 from ckptd.cache.lookup import REMOTE
-from ckptd.cache.remote.fetch import CORRUPT, MISSING, Lost
+from ckptd.cache.remote.fetch import Lost
+from ckptd.cache.remote.ranges import CORRUPT, MISSING
 from ckptd.cache.why import gone as departures
 
 _WHY = {CORRUPT: "its object held a corrupt value; deleted from the bucket",

@@ -4,7 +4,8 @@
     layout     object names: segments of blocks, state objects (layout.py)
     uploader   write-behind from LMDB, in segments and states (uploader.py, publish.py)
     finder     the deepest state of a prompt: a LIST round and a head GET (finder.py)
-    fetcher    a plan's pieces by ranged GETs, decoded as they come (fetch.py)
+    fetcher    a plan's pieces by ranged GETs, decoded as they come (fetch.py; the
+               locations, ranges and a transfer in progress: ranges.py)
     known      segments known to be there: what uploads name instead of putting again
     sweep      states naming a segment a reader found corrupt or gone, deleted with it
     lost       what a fetch or a lookup found gone, recorded as departures (cache/why/)

@@ -19,7 +19,8 @@ from ckptd.cache.entry import BLOCK
 from ckptd.cache.lookup import DEVICE, DISK, HOST, REMOTE, PieceRef, RestoredState, RestorePlan
 from ckptd.cache.remote import frames as remote_frames
 from ckptd.cache.remote import lost as remote_lost
-from ckptd.cache.remote.fetch import CORRUPT, MISSING, Lost
+from ckptd.cache.remote.fetch import Lost
+from ckptd.cache.remote.ranges import CORRUPT, MISSING
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store.catalog import Catalog
 from ckptd.cache.threads import started_pool

@@ -123,9 +123,10 @@ def test_a_remote_read_is_priced_by_its_request_rounds_and_bytes():
     from ckptd.cache.entry import BLOCK
     from ckptd.cache.lookup import REMOTE, PieceRef, RestorePlan
     from ckptd.cache.remote.client import RemoteConfig
-    from ckptd.cache.remote.fetch import Fetcher, Loc
+    from ckptd.cache.remote.fetch import Fetcher
     from ckptd.cache.remote.finder import Found
     from ckptd.cache.remote.layout import RemoteURL
+    from ckptd.cache.remote.ranges import Loc
     from ckptd.cache.restorer import Rates
 
     class Client:                              # what the fetcher's planning reads

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ckptd.cache.lookup import REMOTE
-from ckptd.cache.remote.fetch import Loc, plan_ranges
+from ckptd.cache.remote.ranges import Loc, plan_ranges
 from tests.cache.conftest import check_restored, fake_pages, fake_snapshot, fill
 from tests.cache.test_remote import GRID, aws, names, remote  # noqa: F401 (aws: a fixture)
 from tests.s3 import fresh_url

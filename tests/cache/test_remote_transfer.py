@@ -16,7 +16,7 @@ import torch
 
 from ckptd.cache.remote import frames
 from ckptd.cache.remote.client import _read_into
-from ckptd.cache.remote.fetch import Loc
+from ckptd.cache.remote.ranges import Loc
 from tests.cache.conftest import check_restored, fill
 from tests.cache.test_remote import aws, remote  # noqa: F401 (aws: a fixture)
 from tests.s3 import fresh_url

@@ -20,8 +20,8 @@ import time
 import uuid
 
 from ckptd.cache.remote.client import RemoteClient, RemoteConfig
-from ckptd.cache.remote.fetch import Loc, plan_ranges
 from ckptd.cache.remote.layout import RemoteURL
+from ckptd.cache.remote.ranges import Loc, plan_ranges
 from ckptd.tools.bench.seaweed import local_unless
 from ckptd.tools.bench.slow_proxy import SlowProxy
 
