@@ -31,7 +31,10 @@ def test_pages_end_to_end_or_apart_are_faulted_in_and_keep_their_contents():
     """write_ready_pages over a restore's pool pages (addresses, -1 for a page it can't
     touch): fresh memory becomes resident, written memory keeps its bytes."""
     page = 64 << 10
-    pool = torch.empty(256 * page, dtype=torch.uint8)          # fresh: not resident
+    # memory of its own, never touched (torch.empty may reuse what the allocator has
+    # already faulted in)
+    fresh = mmap.mmap(-1, 256 * page)
+    pool = torch.frombuffer(fresh, dtype=torch.uint8)
     pool[:page].fill_(7)
     at = [pool[k * page].data_ptr() for k in range(256)]
     before = _resident_bytes()
@@ -41,6 +44,8 @@ def test_pages_end_to_end_or_apart_are_faulted_in_and_keep_their_contents():
     assert bool((pool[:page] == 7).all())
     pagein.write_ready_pages([-1, -1], page)
     pagein.write_ready_pages([], page)
+    del pool, at
+    fresh.close()
 
 
 def test_read_hints_on_a_mapped_file_and_on_bytes(tmp_path):
