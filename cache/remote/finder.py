@@ -61,7 +61,6 @@ class Found:
     bad: set[str] = field(default_factory=set)      # state objects whose head was bad
     dropped: list[tuple[bytes, EntryMeta]] = field(default_factory=list)   # their states
     deadline: float = 0.0         # perf_counter time the search gives up
-    _rounds: dict = field(default_factory=dict, repr=False)   # pieces' keys -> rounds
 
     @property
     def metas(self) -> dict[bytes, EntryMeta]:
@@ -81,14 +80,11 @@ class Found:
         return list(dict.fromkeys(self.where[p.key] for p in pieces))
 
     def rounds(self, pieces: Sequence[PieceRef]) -> int:
-        """Request rounds reading these (remote) pieces takes. A restore prices the same
-        plan several times (its cost, its deadline): the ranges are planned once."""
+        """Request rounds reading these (remote) pieces takes (a plan counts it once:
+        RestorePlan.remote_rounds)."""
         if self.fetcher is None:
             return len(pieces)
-        keys = tuple(p.key for p in pieces)
-        if keys not in self._rounds:
-            self._rounds[keys] = self.fetcher.rounds(self.locs(pieces))
-        return self._rounds[keys]
+        return self.fetcher.rounds(self.locs(pieces))
 
 
 class LayeredView:
@@ -136,7 +132,7 @@ class Finder:
             listing = self._list(chain, cells[:self.fanout], out)
             if guess is not None:
                 name, key, asked = guess
-                got = self._parallel(None, asked, out)[0]
+                got = self._parallel(None, [asked], out)[0]   # counted when asked for
                 # the deepest state there can be: when it is usable the LISTs can only
                 # confirm it, and are not waited for
                 if got is not None and self._take(chain, tokens, first, limit, key,
@@ -306,12 +302,10 @@ class Finder:
         out.state = obj.name
 
     def _parallel(self, fn, names, out: Found) -> list:
-        """fn(name) for each name on the client's pool (or, for futures asked for
-        already, their results); RemoteError when one failed or the lookup's time is up
-        (a slow remote must not hold up the engine's step)."""
-        if isinstance(names, Future):
-            futs = [names]                 # counted when it was asked for
-        elif fn is None:
+        """fn(name) for each name on the client's pool (or, fn None: names are futures
+        asked for already, their results); RemoteError when one failed or the lookup's
+        time is up (a slow remote must not hold up the engine's step)."""
+        if fn is None:
             futs = list(names)
         else:
             futs = [self.client.pool.submit(fn, n) for n in names]

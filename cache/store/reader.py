@@ -233,7 +233,6 @@ class Reader:
         frame, j0 = framed[pieces[idx[0]].key]
         bb = found.block_bytes
         i0 = idx[0]
-        dest = None
         if j0 == 0 and len(idx) == frame.blocks and idx[-1] - i0 == len(idx) - 1 \
                 and i0 + len(idx) <= len(ptrs) and ptrs[i0] >= 0 \
                 and ptrs[i0:i0 + len(idx)] == list(range(ptrs[i0], ptrs[i0] + len(idx) * bb, bb)):
