@@ -6,6 +6,10 @@ ports of its own (every port it would open is named, so two servers, or another
 session's, never collide). It takes two identities: `ckptd` may do anything,
 `reader` may only read and list; any other key is refused (403). Stopped with
 SIGKILL of its own pid (SIGTERM takes seconds).
+
+Its volumes take writes while 64 MiB of the disk are free (weed's own default is 1% of
+the disk: on a large shared disk nearly full, every put hung and failed while reads
+still answered, which CI once saw as an hour of timeouts).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 KEY, SECRET = "ckptd", "ckptd-secret"
 READER_KEY, READER_SECRET = "reader", "reader-secret"
 BUCKET = "ckptd-test"
+MIN_FREE = "64MiB"
 
 
 def weed_binary() -> str | None:
@@ -71,7 +76,7 @@ class SeaweedS3:
                f"-s3.port={p[0]}", f"-s3.port.grpc={p[1]}", f"-master.port={p[2]}",
                f"-master.port.grpc={p[3]}", f"-volume.port={p[4]}", f"-volume.port.grpc={p[5]}",
                f"-filer.port={p[6]}", f"-filer.port.grpc={p[7]}", "-s3.port.iceberg=0",
-               "-s3.port.lance=0"]
+               "-s3.port.lance=0", f"-volume.minFreeSpace={MIN_FREE}"]
         self.log = open(self.root / "weed.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         return self
@@ -96,21 +101,29 @@ class SeaweedS3:
                                           retries={"max_attempts": 1}))
 
     def wait_ready(self, timeout: float = 60.0) -> SeaweedS3:
-        """Until the gateway creates the test bucket (it takes a while after the start)."""
+        """Until the gateway creates the test bucket (it takes a while after the start)
+        and stores an object in it (a server that cannot write says so here, once)."""
         c = self.client()
         deadline = time.monotonic() + timeout
+        made = False
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.proc.returncode}: "
                                    f"{(self.root / 'weed.log').read_text()[-2000:]}")
             try:
-                c.create_bucket(Bucket=BUCKET)
+                if not made:
+                    c.create_bucket(Bucket=BUCKET)
+                    made = True
+                c.put_object(Bucket=BUCKET, Key=".ready", Body=b"ready")
                 return self
             except Exception as e:
                 if "BucketAlready" in str(e):
-                    return self
+                    made = True
+                    continue
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"SeaweedFS not ready after {timeout} s: {e}") from None
+                    free = shutil.disk_usage(self.root).free >> 20
+                    raise TimeoutError(f"SeaweedFS not ready after {timeout} s ({free} MiB "
+                                       f"free under {self.root}): {e}") from None
                 time.sleep(0.2)
 
     def kill(self) -> None:
