@@ -53,8 +53,9 @@ def _ports(n: int) -> list[int]:
 
 
 class SeaweedS3:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, min_free: str = MIN_FREE) -> None:
+        """min_free: the free disk below which its volumes take no writes."""
+        self.root, self.min_free = root, min_free
         (root / "data").mkdir(parents=True, exist_ok=True)
         (root / "s3.json").write_text(json.dumps({"identities": [
             {"name": "ckptd", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
@@ -76,7 +77,7 @@ class SeaweedS3:
                f"-s3.port={p[0]}", f"-s3.port.grpc={p[1]}", f"-master.port={p[2]}",
                f"-master.port.grpc={p[3]}", f"-volume.port={p[4]}", f"-volume.port.grpc={p[5]}",
                f"-filer.port={p[6]}", f"-filer.port.grpc={p[7]}", "-s3.port.iceberg=0",
-               "-s3.port.lance=0", f"-volume.minFreeSpace={MIN_FREE}"]
+               "-s3.port.lance=0", f"-volume.minFreeSpace={self.min_free}"]
         self.log = open(self.root / "weed.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         return self
