@@ -101,26 +101,39 @@ class SeaweedS3:
                             config=Config(connect_timeout=2, read_timeout=10,
                                           retries={"max_attempts": 1}))
 
-    def wait_ready(self, timeout: float = 60.0) -> SeaweedS3:
-        """Until the gateway creates the test bucket (it takes a while after the start)
-        and stores an object in it (a server that cannot write says so here, once)."""
+    def wait_ready(self, timeout: float = 60.0, write_timeout: float | None = None
+                   ) -> SeaweedS3:
+        """Until the gateway creates the test bucket (it takes a while after the start),
+        within `timeout` s, then until it stores an object in it, within `write_timeout`
+        s more (default: what is left of `timeout`): a server that cannot write says so
+        here, once."""
         c = self.client()
         deadline = time.monotonic() + timeout
-        made = False
+
+        def bucket() -> None:
+            try:
+                c.create_bucket(Bucket=BUCKET)
+            except Exception as e:
+                if "BucketAlready" not in str(e):
+                    raise
+
+        self._until(deadline, timeout, bucket)
+        if write_timeout is not None:
+            deadline, timeout = time.monotonic() + write_timeout, write_timeout
+        self._until(deadline, timeout,
+                    lambda: c.put_object(Bucket=BUCKET, Key=".ready", Body=b"ready"))
+        return self
+
+    def _until(self, deadline: float, timeout: float, step) -> None:
+        """step() until it returns; TimeoutError (naming the free disk) past deadline."""
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.proc.returncode}: "
                                    f"{(self.root / 'weed.log').read_text()[-2000:]}")
             try:
-                if not made:
-                    c.create_bucket(Bucket=BUCKET)
-                    made = True
-                c.put_object(Bucket=BUCKET, Key=".ready", Body=b"ready")
-                return self
+                step()
+                return
             except Exception as e:
-                if "BucketAlready" in str(e):
-                    made = True
-                    continue
                 if time.monotonic() > deadline:
                     free = shutil.disk_usage(self.root).free >> 20
                     raise TimeoutError(f"SeaweedFS not ready after {timeout} s ({free} MiB "
