@@ -124,20 +124,21 @@ class SeaweedS3:
                     lambda: c.put_object(Bucket=BUCKET, Key=".ready", Body=b"ready"))
         return self
 
-    def _until(self, deadline: float, timeout: float, step) -> None:
-        """step() until it returns; TimeoutError (naming the free disk) past deadline."""
+    def _until(self, deadline: float, timeout: float, step,
+               what: str = "SeaweedFS not ready"):
+        """step() until it returns, and what it returned; TimeoutError (naming the free
+        disk) past deadline."""
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.proc.returncode}: "
                                    f"{(self.root / 'weed.log').read_text()[-2000:]}")
             try:
-                step()
-                return
+                return step()
             except Exception as e:
                 if time.monotonic() > deadline:
                     free = shutil.disk_usage(self.root).free >> 20
-                    raise TimeoutError(f"SeaweedFS not ready after {timeout} s ({free} MiB "
-                                       f"free under {self.root}): {e}") from None
+                    raise TimeoutError(f"{what} after {timeout} s ({free} MiB free under "
+                                       f"{self.root}): {e}") from None
                 time.sleep(0.2)
 
     def kill(self) -> None:
@@ -178,16 +179,16 @@ def _kept_ready(server: SeaweedS3, marker: str, timeout: float = 60.0) -> None:
     gateway answers (a GET meanwhile is a 500). A marker put the first time is read
     until it comes."""
     c = server.client()
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def there() -> bool:
         try:
             c.get_object(Bucket=BUCKET, Key=marker)["Body"].read()
-            return
+            return True
         except Exception as e:
             if "NoSuchKey" in str(e):
-                c.put_object(Bucket=BUCKET, Key=marker, Body=b"kept")
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"SeaweedFS's kept data not readable after {timeout} s: "
-                                   f"{e}") from None
-            time.sleep(0.2)
+                return False
+            raise
+
+    if not server._until(time.monotonic() + timeout, timeout, there,
+                         "SeaweedFS's kept data not readable"):
+        c.put_object(Bucket=BUCKET, Key=marker, Body=b"kept")
