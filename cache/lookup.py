@@ -44,6 +44,10 @@ class IndexView(Protocol):
         """Whether some snapshot names this parent."""
         ...
 
+    # A view may also offer run_after(block, end) -> a run of the remote's blocks from
+    # `block` up to at most `end` (cache/remote/run.py), or None: the blocks a fresh
+    # daemon's plan reads, found by range instead of key by key.
+
 
 class PieceRef(NamedTuple):   # a tuple: a long plan makes ~1,000 of them per request
     key: bytes
@@ -53,10 +57,57 @@ class PieceRef(NamedTuple):   # a tuple: a long plan makes ~1,000 of them per re
     position: int      # tokens covered by the state this piece was taken from
 
 
+class Blocks(Sequence):
+    """A plan's stored blocks, in prompt order: `refs` (pieces of any tier), then `run`
+    (the remote's blocks after them, held by range: cache/remote/run.py). Indexing makes
+    a run block's piece when asked for; what a restore reads in bulk (bytes by tier,
+    ranges, the load) reads the run as a whole."""
+
+    __slots__ = ("refs", "run")
+
+    def __init__(self, refs=(), run=None) -> None:
+        self.refs: list[PieceRef] = list(refs)
+        self.run = run if run is not None and len(run) else None
+
+    def __len__(self) -> int:
+        return len(self.refs) + (len(self.run) if self.run is not None else 0)
+
+    def __getitem__(self, i):
+        n, nr = len(self), len(self.refs)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if start or step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return Blocks(self.refs[:stop]) if stop <= nr else \
+                Blocks(self.refs, self.run.head(stop - nr))
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("plan block index out of range")
+        return self.refs[i] if i < nr else self.run.ref(i - nr)
+
+    def __iter__(self):
+        yield from self.refs
+        if self.run is not None:
+            yield from self.run.refs()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Blocks({len(self.refs)} pieces, run of {len(self.run or ())})"
+
+    def tier_counts(self) -> list[tuple[str, int]]:
+        """(tier, blocks) in order: a piece's tier once each, the run's once."""
+        out = [(p.tier, 1) for p in self.refs]
+        return out + [(REMOTE, len(self.run))] if self.run is not None else out
+
+
 @dataclass
 class RestorePlan:
     position: int                      # tokens the restored state covers
-    blocks: list[PieceRef]             # stored blocks device_blocks .. position // B - 1
+    blocks: Blocks                     # stored blocks device_blocks .. position // B - 1
+                                       # (a list of pieces is taken as one)
     snapshot: PieceRef | None          # the state at `position`; for attention-only
                                        # models it may be taken later (snapshot.position >
                                        # position): its partial page is then cut
@@ -71,36 +122,49 @@ class RestorePlan:
     _by_tier: dict | None = field(repr=False, default=None, compare=False)
     _rounds: int | None = field(repr=False, default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.blocks, Blocks):
+            self.blocks = Blocks(self.blocks)
+
     def pieces(self) -> list[PieceRef]:
-        """What the store loads: the stored blocks, then the snapshot."""
+        """What the store loads: the stored blocks, then the snapshot (a run's blocks
+        made one by one: `listed` is what a restore reads)."""
         return [*self.blocks, *([self.snapshot] if self.snapshot else [])]
+
+    def listed(self) -> list[PieceRef]:
+        """The pieces held one by one: the blocks before the run, then the snapshot."""
+        return [*self.blocks.refs, *([self.snapshot] if self.snapshot else [])]
 
     def bytes_by_tier(self) -> dict[str, int]:
         """Bytes to move from each store tier (device pages move nothing). A plan is not
         changed once made, and a restore prices it several times: counted once."""
         if self._by_tier is None:
             out: dict[str, int] = {}
-            for p in self.pieces():
+            for p in self.listed():
                 out[p.tier] = out.get(p.tier, 0) + p.nbytes
+            if self.blocks.run is not None:
+                out[REMOTE] = out.get(REMOTE, 0) + self.blocks.run.nbytes
             self._by_tier = out
         return dict(self._by_tier)
 
     def remote_rounds(self) -> int:
         """Request rounds reading the plan's remote pieces takes (counted once)."""
         if self._rounds is None:
-            pieces = [p for p in self.pieces() if p.tier == REMOTE]
-            self._rounds = self.remote.rounds(pieces) if self.remote is not None \
-                else len(pieces)
+            pieces = [p for p in self.listed() if p.tier == REMOTE]
+            run = self.blocks.run
+            self._rounds = self.remote.rounds(pieces, run) if self.remote is not None \
+                else len(pieces) + len(run or ())
         return self._rounds
 
     @property
     def total_bytes(self) -> int:
-        return sum(p.nbytes for p in self.pieces())
+        return sum(self.bytes_by_tier().values())
 
     @property
     def tier(self) -> str | None:
         """The slowest tier the plan reads from (None for an empty plan)."""
-        tiers = {p.tier for p in self.pieces()} | ({DEVICE} if self.device_blocks else set())
+        tiers = {p.tier for p in self.listed()} | ({DEVICE} if self.device_blocks else set()) \
+            | ({REMOTE} if self.blocks.run is not None else set())
         return next((t for t in _SLOWEST_FIRST if t in tiers), None)
 
 
@@ -129,6 +193,10 @@ def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,
     dev = min(device_blocks, n_full)
     wanted = keys[dev:n_full]
     blocks = _block_run(tokens, B, dev, wanted, view.find_many(wanted))
+    depth = dev + len(blocks)
+    run_after = getattr(view, "run_after", None)
+    run = run_after(depth, n_full) if run_after is not None else None
+    blocks = Blocks(blocks, run)
     depth = dev + len(blocks)
     shared = depth * B + _shared_after(tokens, chain, depth, view)
     if not hybrid:

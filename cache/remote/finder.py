@@ -16,16 +16,13 @@ served. A head that fails its own checks is deleted (it is the index of nothing)
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from functools import partial
-from itertools import repeat
 
 from ckptd.cache import codec
-from ckptd.cache.entry import BLOCK, SNAPSHOT, BlockMeta, EntryMeta
+from ckptd.cache.entry import SNAPSHOT, EntryMeta
 from ckptd.cache.keys import KeyChain, snapshot_key
 from ckptd.cache.lookup import REMOTE, PieceRef
 from ckptd.cache.remote import state as state_obj
@@ -34,6 +31,7 @@ from ckptd.cache.remote.fetch import Fetcher
 from ckptd.cache.remote.frames import Frame
 from ckptd.cache.remote.layout import STATE, Layout, framed
 from ckptd.cache.remote.ranges import Loc, Transfer
+from ckptd.cache.remote.run import Run, Span
 from ckptd.cache.remote.state import SegmentRef, StateHead
 
 _TRIES = 3          # state heads one lookup may read (the deepest first)
@@ -43,13 +41,11 @@ _TRIES = 3          # state heads one lookup may read (the deepest first)
 class Found:
     """The remote's entries for one prompt, as planning reads them (cache/lookup.py),
     and where each one's bytes are."""
-    # each block's (meta, REMOTE): what planning's find_many answers for it
-    hits: dict[bytes, tuple[BlockMeta, str]] = field(default_factory=dict)
+    # the blocks the head named, from the first the local tiers lack (None: none)
+    run: Run | None = None
     snaps: dict[bytes, list[tuple[bytes, EntryMeta]]] = field(default_factory=dict)
-    where: dict[bytes, Loc] = field(default_factory=dict)
-    # a block in a framed segment: its frame (where[key] is the frame's bytes) and its
-    # index there
-    framed: dict[bytes, tuple[Frame, int]] = field(default_factory=dict)
+    # where each piece listed one by one is (the snapshot; a test's values)
+    places: dict[bytes, Loc] = field(default_factory=dict)
     block_bytes: int = 0
     segments: list[tuple[SegmentRef, list[bytes], bytes]] = field(default_factory=list)
     fetcher: Fetcher | None = None
@@ -63,28 +59,59 @@ class Found:
     deadline: float = 0.0         # perf_counter time the search gives up
 
     @property
+    def where(self) -> dict[bytes, Loc]:
+        """key -> where its bytes are, for every entry found (the run's blocks made one
+        by one: for failures and tests, not a restore's path)."""
+        if self.run is None:
+            return self.places
+        run = self.run
+        out = {k: run.span_of(b).loc for k, b in run.index().items()}
+        out.update(self.places)
+        return out
+
+    @property
+    def framed(self) -> dict[bytes, tuple[Frame, int]]:
+        """key -> (its frame, its index there), for the run's blocks of framed segments."""
+        run = self.run
+        if run is None:
+            return {}
+        out = {}
+        for k, b in run.index().items():
+            s = run.span_of(b)
+            if s.frame is not None:
+                out[k] = (s.frame, b - s.first)
+        return out
+
+    @property
     def metas(self) -> dict[bytes, EntryMeta]:
-        out = {k: m.entry() for k, (m, _) in self.hits.items()}
+        run = self.run
+        out = {} if run is None else {k: run.meta(b).entry() for k, b in run.index().items()}
         for found in self.snaps.values():
             out.update(found)
         return out
 
     def meta(self, key: bytes) -> EntryMeta:
-        if key in self.hits:
-            return self.hits[key][0].entry()
-        return next(m for found in self.snaps.values() for k, m in found if k == key)
+        found = next((m for found in self.snaps.values() for k, m in found if k == key), None)
+        return found if found is not None else self.metas[key]
 
-    def locs(self, pieces: Sequence[PieceRef]) -> list[Loc]:
-        """Where the pieces' bytes are: a location once, however many blocks of one
-        frame read it."""
-        return list(dict.fromkeys(self.where[p.key] for p in pieces))
+    def places_of(self, pieces: Sequence[PieceRef]) -> dict[bytes, Loc]:
+        """key -> Loc for these pieces: `places`, unless some are the run's blocks."""
+        places = self.places
+        return places if all(p.key in places for p in pieces) else self.where
 
-    def rounds(self, pieces: Sequence[PieceRef]) -> int:
-        """Request rounds reading these (remote) pieces takes (a plan counts it once:
-        RestorePlan.remote_rounds)."""
+    def locs(self, pieces: Sequence[PieceRef], run: Run | None = None) -> list[Loc]:
+        """Where the pieces' bytes are (the run's spans first): a location once, however
+        many blocks of one frame read it."""
+        where = self.places_of(pieces)
+        return list(dict.fromkeys([*(run.locs() if run is not None else ()),
+                                   *(where[p.key] for p in pieces)]))
+
+    def rounds(self, pieces: Sequence[PieceRef], run: Run | None = None) -> int:
+        """Request rounds reading these (remote) pieces and run takes (a plan counts it
+        once: RestorePlan.remote_rounds)."""
         if self.fetcher is None:
-            return len(pieces)
-        return self.fetcher.rounds(self.locs(pieces))
+            return len(pieces) + len(run or ())
+        return self.fetcher.rounds(self.locs(pieces, run))
 
 
 class LayeredView:
@@ -94,11 +121,14 @@ class LayeredView:
         self.local, self.found = local, found
 
     def find_many(self, keys: Sequence[bytes]) -> list[tuple[EntryMeta, str] | None]:
-        out = self.local.find_many(keys)
-        remote = self.found.hits
-        if not any(out):                      # nothing local (a fresh daemon): no loop
-            return list(map(remote.get, keys))
-        return [hit if hit is not None else remote.get(k) for k, hit in zip(keys, out)]
+        return self.local.find_many(keys)        # the remote's blocks: run_after
+
+    def run_after(self, block: int, end: int) -> Run | None:
+        """The remote's blocks from `block` on (up to `end`), when its run reaches there."""
+        run = self.found.run
+        if run is None or not run.lo <= block < run.hi:
+            return None
+        return run.cut(block, end)
 
     def has_snapshots(self, parent: bytes) -> bool:
         return parent in self.found.snaps or self.local.has_snapshots(parent)
@@ -258,47 +288,36 @@ class Finder:
 
     def _fill(self, chain: KeyChain, tokens: list[int], first: int, head: StateHead,
               obj: ObjectInfo, out: Found) -> None:
-        """The head's blocks from `first` on as metas and locations. ~15,000 blocks for a
-        250K-token prompt: lists made whole, nothing a block beyond one meta."""
+        """The head's blocks from `first` on as a run (their frames, or old-layout
+        values, as spans: cache/remote/run.py), and its snapshot."""
         B, fp, ctx = chain.block_size, self.layout.fp, chain.ctx
-        simple = ctx.extras is None and ctx.positions is None     # every block plain
-        now, size = time.time(), head.block_bytes
         out.block_bytes = head.block_bytes
-        meta = partial(tuple.__new__, BlockMeta)        # called from C: no Python frame
-        cut = tokens.__getitem__
-        for seg in head.segments:
+        spans: list[Span] = []
+        end = None                     # where the segments stop being end to end
+        for seg in sorted(head.segments, key=lambda s: s.start):
             keys = chain.keys[seg.start:seg.start + seg.used]
             out.segments.append((seg, keys, chain.parent(seg.start)))
-            lo = max(first - seg.start, 0)           # blocks below `first`: held locally
-            if lo >= seg.used:
-                continue
-            name, total, b0, end = seg.name, seg.size, seg.start + lo, seg.start + seg.used
+            if end is not None and seg.start != end:
+                break
+            end = seg.start + seg.used
+            name, total = seg.name, seg.size
             if seg.framed:
-                locs, stored, places = [], [], []
-                for (_, off, n), f in zip(seg.frame_spans(), seg.frames):
-                    locs += [Loc(name, off, n, total)] * f.blocks
-                    stored += [n // f.blocks] * f.blocks
-                    places += zip([f] * f.blocks, range(f.blocks))
-                del locs[seg.used:], stored[seg.used:], places[seg.used:]
-                out.framed.update(zip(keys[lo:], places[lo:]))
+                spans += [Span(seg.start + b, f.blocks, Loc(name, off, n, total), f)
+                          for (b, off, n), f in zip(seg.frame_spans(), seg.frames)
+                          if b < seg.used]
             else:
-                locs = [Loc(name, off, n, total) for off, n in zip(seg.offsets(), seg.lengths)]
-                stored = list(seg.lengths)
-            spans = map(slice, range(b0 * B, end * B, B), range((b0 + 1) * B, end * B + 1, B))
-            metas = list(map(meta, zip(
-                repeat(BLOCK), itertools.chain((chain.parent(b0),), keys[lo:-1]),
-                range((b0 + 1) * B, end * B + 1, B), map(cut, spans), repeat(fp), stored[lo:],
-                repeat(size), repeat(True) if simple else map(ctx.plain, range(b0, end),
-                                                              repeat(B)), repeat(now))))
-            out.hits.update(zip(keys[lo:], zip(metas, repeat(REMOTE))))
-            out.where.update(zip(keys[lo:], locs[lo:]))
+                spans += [Span(b, 1, Loc(name, off, n, total), None) for b, off, n in zip(
+                    range(seg.start, end), seg.offsets(), seg.lengths)]
+        if end is not None and first < end:
+            out.run = Run(chain, tokens, spans, first, end, fp, head.block_bytes,
+                          ctx.plain, time.time())
         d = head.position // B
         n = obj.size - head.snapshot_at
         meta = EntryMeta(SNAPSHOT, head.parent, head.position, head.tokens, fp,
                          stored_bytes=n, logical_bytes=head.logical_bytes,
                          plain=ctx.plain(d, B), role=head.role)
         out.snaps[head.parent] = [(head.key, meta)]
-        out.where[head.key] = Loc(obj.name, head.snapshot_at, n, obj.size)
+        out.places[head.key] = Loc(obj.name, head.snapshot_at, n, obj.size)
         out.state = obj.name
 
     def _parallel(self, fn, names, out: Found) -> list:

@@ -88,7 +88,13 @@ class Reader:
         daemon's first disk restore). remote_timeout: seconds the remote pieces may take
         (then they count as missing)."""
         first = plan.device_blocks
-        pieces, nb = plan.pieces(), len(plan.blocks)
+        # pieces: the blocks held one by one, then the snapshot; the remote's run of
+        # blocks (plan.blocks.run) comes after those blocks and is read as a whole
+        pieces, nb = plan.listed(), len(plan.blocks)
+        run = plan.blocks.run if self.fetcher is not None else None
+        if plan.blocks.run is not None and run is None:
+            raise ValueError("a plan with the remote's blocks, and no remote to read")
+        nr = len(plan.blocks.refs)
         pages = None
         if into_pages is not None:
             if len(into_pages) < nb:
@@ -102,7 +108,7 @@ class Reader:
             outs = list(pages)
         else:
             outs = []
-        into = [{"kv": outs[i]} if i < nb else None for i in range(len(pieces))]
+        into = [{"kv": outs[i]} if i < nr else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
         from_disk, from_remote = [], []
         held = self.host.get_many([p.key for p in pieces])
@@ -114,7 +120,7 @@ class Reader:
         for i, (p, v) in enumerate(zip(pieces, held)):
             if v is None:
                 (from_remote if p.tier == REMOTE and self.fetcher else from_disk).append(i)
-            elif i < nb:
+            elif i < nr:
                 values[i] = into[i]
                 outs[i].copy_(v["kv"])
             else:
@@ -138,67 +144,91 @@ class Reader:
                         values[i] = v
             finally:
                 done.set()
-        if from_remote:
-            self._load_remote(plan, from_remote, into, values, remote_timeout)
+        run_good, run_corrupt, run_missing = 0, [], 0
+        if from_remote or run is not None:
+            run_good, run_corrupt, run_missing = self._load_remote(plan, from_remote, into, values,
+                                                      remote_timeout, outs[nr:])
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
-        corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT]
+        corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT] + run_corrupt
         if corrupt:
-            self.drop(corrupt, REMOTE if from_remote else DISK)
+            self.drop(corrupt, REMOTE if from_remote or run is not None else DISK)
         self._touch_and_promote(pieces, values, from_disk, from_remote,
-                                at_once=into_pages is not None)
-        snap = values[nb] if plan.snapshot is not None else None
+                                at_once=into_pages is not None,
+                                remote_bytes=run.head(run_good).nbytes if run_good else 0)
+        snap = values[nr] if plan.snapshot is not None else None
         if isinstance(snap, dict) and plan.snapshot.position != plan.position:
             # Attention only: a later state's page, cut to the tokens the prompt shares
             # (its logits belong to that later state).
             snap = {"kv": snap["kv"][:, :, :plan.position % self.B].clone()}
-        if not bad:
-            tier = REMOTE if from_remote else DISK if from_disk else HOST if pieces else DEVICE
+        # the first failed block, in prompt order: a piece, else one of the run's
+        lost = next((i for i in bad if i < nr), None)
+        if lost is None and run is not None and run_good < len(run):
+            lost = nr + run_good
+        if lost is None and bad:
+            lost = nb                                # the snapshot
+        if lost is None:
+            remote = from_remote or run is not None
+            tier = REMOTE if remote else DISK if from_disk else HOST if pieces else DEVICE
             snap = Snapshot.from_tensors(snap) if isinstance(snap, dict) else None
             return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None,
                                  first_block=first)
         with self.catalog.lock:
-            self.catalog.counters.missing += len(bad) - len(corrupt)
-        good = min(bad[0], nb)
-        return RestoredState((first + good) * self.B, None, None, ok=False,
+            self.catalog.counters.missing += run_missing + sum(values[i] != _CORRUPT
+                                                               for i in bad)
+        return RestoredState((first + lost) * self.B, None, None, ok=False,
                              dropped=len(corrupt), first_block=first)
 
     def _load_remote(self, plan: RestorePlan, idx: list[int], into: list, values: list,
-                     timeout: float) -> None:
-        """Fetch the remote pieces idx of the plan, each decoded on the reader pool as its
-        bytes come in (cache/remote/fetch.py; the finder started their ranges when it
-        read the state's head); adopt the good ones up to the first that failed (what
-        follows it would be orphans). A block of a framed segment is read with its
-        frame: once per frame, checked once and decompressed into every page it holds
-        (cache/remote/frames.py); its LMDB value is cut from the frame later, off the
-        restore's path."""
-        pieces, found, nb = plan.pieces(), plan.remote, len(plan.blocks)
-        locs = found.locs([pieces[i] for i in idx])
+                     timeout: float, run_outs: list) -> tuple[int, list[bytes], int]:
+        """Fetch the plan's run of remote blocks into run_outs (their pages) and its
+        remote pieces idx, each frame or value decoded on the reader pool as its bytes
+        come in (cache/remote/fetch.py; the finder started their ranges when it read
+        the state's head); adopt the good ones up to the first that failed (what
+        follows it would be orphans). A frame is read once, checked once and
+        decompressed into every page it holds (cache/remote/frames.py); its blocks'
+        LMDB values are cut from it later, off the restore's path. Returns how many of
+        the run's blocks came (a prefix), the keys of its corrupt ones and how many of
+        its blocks did not come."""
+        pieces, found = plan.listed(), plan.remote
+        run = plan.blocks.run if self.fetcher is not None else None
+        spans = run.spans if run is not None else []
+        places = found.places_of([pieces[i] for i in idx])
+        locs = list(dict.fromkeys([*(s.loc for s in spans), *(places[pieces[i].key] for i in idx)]))
         at = {loc: u for u, loc in enumerate(locs)}
         readers: list[list[int]] = [[] for _ in locs]        # loc -> pieces read from it
         for i in idx:
-            readers[at[found.where[pieces[i].key]]].append(i)
-        # where each block's page is (-1: not one contiguous CPU page): a frame whose
-        # pages lie end to end is decompressed straight into them
-        ptrs = remote_frames.addresses([d["kv"] for d in into[:nb]])
-        if nb:
+            readers[at[places[pieces[i].key]]].append(i)
+        bb = found.block_bytes
+        # where each run page is (-1: not one contiguous CPU page): a frame whose pages
+        # lie end to end is decompressed straight into them
+        ptrs = remote_frames.addresses(run_outs) if run is not None else []
+        if ptrs:
             # Pool pages a fresh daemon never touched fault in as the frames decode into
             # them, holding the GIL (~0.5 ms a 512 KiB frame, the transfer's threads
             # waiting): faulted in here ahead, beside the transfer, without it.
-            self.prefetcher.submit(pagein.write_ready_pages, ptrs, found.block_bytes)
+            self.prefetcher.submit(pagein.write_ready_pages, ptrs, bb)
         raw: dict[int, memoryview] = {}
+        ns = len(spans)
 
         def decode(ready: list[tuple[int, memoryview]]) -> list:
             out: list = [None] * len(ready)
             plain = []
             for r, (u, buf) in enumerate(ready):
-                if pieces[readers[u][0]].key in found.framed:
-                    out[r] = self._frame(buf, found, readers[u], pieces, into, ptrs)
+                if u < ns and spans[u].frame is not None:
+                    out[r] = self._frame(buf, spans[u], run, run_outs, ptrs, bb)
                 else:
                     plain.append(r)
             if plain:
-                got = self._decode_many([(pieces[readers[ready[r][0]][0]].key, ready[r][1],
-                                          into[readers[ready[r][0]][0]]) for r in plain])
-                for r, v in zip(plain, got):
+                items = []
+                for r in plain:
+                    u, buf = ready[r]
+                    if u < ns:                      # an old-layout value of the run
+                        b = spans[u].first
+                        items.append((run.chain.keys[b], buf, {"kv": run_outs[b - run.lo]}))
+                    else:
+                        i = readers[u][0]
+                        items.append((pieces[i].key, buf, into[i]))
+                for r, v in zip(plain, self._decode_many(items)):
                     out[r] = v
             # Kept for LMDB (adopt) as the views they are: the fetch never writes a
             # range's bytes twice, nor after it returns, and a copy of each value was a
@@ -208,37 +238,49 @@ class Reader:
         lost = Lost()
         got = self.fetcher.fetch(locs, timeout, decode, self.pool, found.state, lost,
                                  started=found.transfer)
-        for u, v in enumerate(got):
+        run_good, run_corrupt, run_missing = (len(run) if run is not None else 0), [], 0
+        for u in range(ns):
+            if not isinstance(got[u], dict):
+                run_good = min(run_good, max(spans[u].first, run.lo) - run.lo)
+                if got[u] == _CORRUPT:
+                    run_corrupt += [run.chain.keys[b] for b in run.blocks_of(spans[u])]
+                else:
+                    run_missing += len(run.blocks_of(spans[u]))
+        for u in range(ns, len(locs)):
             for i in readers[u]:
-                values[i] = into[i] if isinstance(v, dict) and i < nb else v
-        # in chain order: the writer takes no block before its parent
+                values[i] = into[i] if isinstance(got[u], dict) and into[i] is not None \
+                    else got[u]
+        # in chain order: the writer takes no block before its parent (the run's blocks
+        # come before the pieces read here: the snapshot)
         good = next((n for n, i in enumerate(idx) if not isinstance(values[i], dict)), len(idx))
-        good = idx[:good]
+        good = idx[:good] if run is None or run_good == len(run) else []
         # a snapshot's tensors are copied now: the caller may change its own
-        snaps = {i: {k: t.clone() for k, t in values[i].items()} for i in good if i >= nb}
-        if good and self.adopt is not None:
+        snaps = {i: {k: t.clone() for k, t in values[i].items()} for i in good
+                 if into[i] is None}
+        if (good or run_good) and self.adopt is not None:
             # Off the restore's path, as disk reads' promotions are: queueing ~16K
             # blocks for the writer took longer than reading them.
-            self.promoter.submit(self._keep, pieces, good, found, at, raw, snaps)
+            self.promoter.submit(self._keep, pieces, good, found, at, raw, snaps,
+                                 run.head(run_good) if run_good else None, places)
         if lost.objects:
-            remote_lost.record(self.gone, lost, found.where, found.metas,
-                               {pieces[i].key for i in good}, self.fp)
+            kept = {pieces[i].key for i in good}
+            if run_good:
+                kept.update(run.head(run_good).keys())
+            remote_lost.record(self.gone, lost, found.where, found.metas, kept, self.fp)
+        return run_good, run_corrupt, run_missing
 
     @staticmethod
-    def _frame(buf: memoryview, found, idx: list[int], pieces: list[PieceRef], into: list,
-               ptrs: list[int]):
-        """One frame's pages written into the outputs of pieces idx (its blocks, in
-        order): a dict (as a decoded value is), or _CORRUPT."""
-        framed = found.framed
-        frame, j0 = framed[pieces[idx[0]].key]
-        bb = found.block_bytes
-        i0 = idx[0]
-        if j0 == 0 and len(idx) == frame.blocks and idx[-1] - i0 == len(idx) - 1 \
-                and i0 + len(idx) <= len(ptrs) and ptrs[i0] >= 0 \
-                and ptrs[i0:i0 + len(idx)] == list(range(ptrs[i0], ptrs[i0] + len(idx) * bb, bb)):
-            dest = remote_frames.run_view(into[i0]["kv"], len(idx) * bb)
+    def _frame(buf: memoryview, span, run, outs: list, ptrs: list[int], bb: int):
+        """One frame's pages written into the run's pages it holds: a dict (as a decoded
+        value is), or _CORRUPT."""
+        frame, lo = span.frame, run.lo
+        blocks = run.blocks_of(span)
+        a, n = blocks.start - lo, len(blocks)
+        if blocks.start == span.first and n == frame.blocks and ptrs[a] >= 0 \
+                and ptrs[a:a + n] == list(range(ptrs[a], ptrs[a] + n * bb, bb)):
+            dest = remote_frames.run_view(outs[a], n * bb)
         else:
-            dest = {framed[pieces[i].key][1]: into[i]["kv"] for i in idx if into[i] is not None}
+            dest = {b - span.first: outs[b - lo] for b in blocks}
         try:
             remote_frames.into_pages(buf, frame, bb, dest)
         except codec.CorruptValue:
@@ -246,17 +288,21 @@ class Reader:
         return {}
 
     def _keep(self, pieces: list[PieceRef], good: list[int], found, at: dict, raw: dict,
-              snaps: dict) -> None:
+              snaps: dict, run, places: dict) -> None:
         """What a remote restore read, handed to adopt in chain order (on the promoter
-        thread, after the restore has returned)."""
+        thread, after the restore has returned): the run's blocks, then the pieces."""
         keep = []
+        if run is not None:
+            keys = run.chain.keys
+            for s in run.spans:
+                buf = raw[at[s.loc]]
+                for b in run.blocks_of(s):
+                    keep.append((keys[b], run.meta(b).entry(), buf, None, s.frame,
+                                 b - s.first) if s.frame is not None else
+                                (keys[b], run.meta(b).entry(), buf, None, None, 0))
         for i in good:
             key = pieces[i].key
-            buf = raw[at[found.where[key]]]
-            if key in found.framed:
-                keep.append((key, found.meta(key), buf, None, *found.framed[key]))
-            else:
-                keep.append((key, found.meta(key), buf, snaps.get(i), None, 0))
+            keep.append((key, found.meta(key), raw[at[places[key]]], snaps.get(i), None, 0))
         self._adopt(keep, found.block_bytes)
 
     def _adopt(self, keep: list, block_bytes: int) -> None:
@@ -299,10 +345,12 @@ class Reader:
                 for (_, buf, _), v in zip(items, got)]
 
     def _touch_and_promote(self, pieces: list[PieceRef], values: list, from_disk: list[int],
-                           from_remote: list[int], at_once: bool = False):
+                           from_remote: list[int], at_once: bool = False,
+                           remote_bytes: int = 0):
         """from_disk, from_remote: the pieces read from disk and from the remote (the
-        rest came from RAM). at_once: copy blocks into RAM before returning (they are
-        the caller's pool pages, which may be reused once the restore has returned)."""
+        rest came from RAM); remote_bytes: what the remote's run of blocks gave. at_once:
+        copy blocks into RAM before returning (they are the caller's pool pages, which
+        may be reused once the restore has returned)."""
         now, promote = time.time(), []
         disk = set(from_disk)
         # what the remote gave is not in the index yet (adopt commits it later): counted
@@ -311,8 +359,8 @@ class Reader:
             else range(len(pieces))
         with self.catalog.lock:
             counted = self.catalog.counters.read_bytes
-            counted[REMOTE] += sum(pieces[i].nbytes for i in from_remote
-                                   if isinstance(values[i], dict))
+            counted[REMOTE] += remote_bytes + sum(pieces[i].nbytes for i in from_remote
+                                                  if isinstance(values[i], dict))
             for i in local:
                 p = pieces[i]
                 if not isinstance(values[i], dict):
