@@ -14,17 +14,13 @@ made again below it, here, in one loop (without the remote, once it was slow).
 from __future__ import annotations
 
 import gc
-import threading
 import time
-from concurrent.futures import Future
-
-import torch
 
 from ckptd.cache.device import DevicePages, OutOfPages
 from ckptd.cache.lookup import DEVICE, REMOTE, RestoredState, RestorePlan
+from ckptd.cache.page_views import PageViews
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import CacheStore
-from ckptd.cache.threads import started_pool
 from ckptd.cache.why import gone as departures
 from ckptd.cache.why.explain import Attempt, Declined, Failed
 from ckptd.cache.why.report import TIER_FAULT, tier_runs, tokens_by_tier
@@ -93,68 +89,6 @@ class Rates:
             self.bytes_per_s[tier] = 0.8 * self.bytes_per_s[tier] + 0.2 * nbytes / seconds
 
 
-class PageViews:
-    """The runner's views of its pool pages, each made once and kept: a view is a tensor
-    object (~5 us to make on a loaded box), and a 32K-token restore decodes into ~2,000
-    pages. The pool is allocated once; should it ever be replaced, the views are made
-    anew (each view holds its pool's memory, so a new pool can't sit at the old address)."""
-
-    def __init__(self, io) -> None:
-        self.io = io
-        self.made: dict[int, torch.Tensor] = {}
-        self.anchor: tuple[int, int] | None = None   # a page and where its view was
-        self.lock = threading.Lock()                 # of() and a warm-up in the background
-        self.warmer = None
-        self.warming: Future | None = None
-        self.warmed = 0                              # pages a warm-up was asked for
-
-    def warm(self, n_pages: int) -> None:
-        """Make the views of pages 0 .. n_pages-1 in the background, once: a long
-        restore on a fresh daemon needs most of them (15,625 for 250K tokens, ~35 ms
-        of CPU in one call, ~100-200 ms on a loaded box), and its remote lookup waits
-        on the network meanwhile. of() waits for a warm-up asked for."""
-        if n_pages <= self.warmed:
-            return
-        self.warmed = n_pages
-        if self.warmer is None:
-            self.warmer = started_pool(1, "ckptd-views")
-        self.warming = self.warmer.submit(self._warm, range(n_pages))
-
-    def _warm(self, pages: range) -> None:
-        with self.lock:
-            try:
-                self._of(pages)
-            except Exception:            # of() makes what its restore needs itself
-                pass
-
-    def of(self, pages) -> list[torch.Tensor] | None:
-        """Views of pages (io.page_views), or None where the runner offers none."""
-        warming = self.warming
-        if warming is not None:
-            warming.result()             # a restore finds its views made, never twice
-            self.warming = None
-        with self.lock:
-            return self._of(pages)
-
-    def _of(self, pages) -> list[torch.Tensor] | None:
-        if self.anchor is not None:
-            page, ptr = self.anchor
-            probe = self.io.page_views([page])
-            if probe is None or probe[0].data_ptr() != ptr:
-                self.made.clear()                      # another pool (or none)
-                self.anchor = None
-        made = self.made
-        missing = [p for p in pages if p not in made]
-        if missing:
-            views = self.io.page_views(missing)
-            if views is None:
-                return None
-            made.update(zip(missing, views))
-            if self.anchor is None:
-                self.anchor = (missing[0], views[0].data_ptr())
-        return [made[p] for p in pages]
-
-
 class Restorer:
     def __init__(self, device: DevicePages, store: CacheStore | None, io, spec: StateSpec,
                  windows: Windows | None = None) -> None:
@@ -187,8 +121,6 @@ class Restorer:
         t0 = time.perf_counter()
         seq, chain = rec.seq, rec.chain
         n = len(seq.tokens)
-        if 4 * (n // self.B) >= self.device.num_pages:
-            self.views.warm(self.device.num_pages)     # most of the pool: beside the lookup
         device = self.device.find(chain, n // self.B)
         dev, limit, remote = len(device), n, self.store.remote is not None
         seen, runs = Attempt(0), []           # what the report explains (cache/why/)
@@ -334,7 +266,7 @@ class Restorer:
             held = self.device.alloc(n)
         finally:
             self.device.decref(found)
-        views = self.views.of(held)
+        views = self.views.pages(held)
         if views is None:
             self.device.decref(held)
             return self.store.load(plan, remote_timeout=remote_timeout), []

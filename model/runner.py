@@ -294,6 +294,24 @@ class Runner:
         every = kv.unbind(0)
         return [every[p] for p in pages]
 
+    def page_run(self, first: int, n: int) -> torch.Tensor | None:
+        """A writable view [n, *kv_shape()] of pages first .. first + n - 1 (any strides:
+        one copy writes them all), where page_views would give their views; else None."""
+        kv = self.state.kv
+        if kv is None or kv.device.type != "cpu" or self.state.rooms is not None:
+            return None
+        return kv[first:first + n]
+
+    def page_addresses(self, pages: list[int]) -> list[int] | None:
+        """Where each page's bytes start, for the pages page_views would give (one pool,
+        on the CPU, each page contiguous); None otherwise."""
+        kv = self.state.kv
+        if kv is None or kv.device.type != "cpu" or self.state.rooms is not None \
+                or not kv[0].is_contiguous():
+            return None
+        base, step = kv.data_ptr(), kv.stride(0) * kv.element_size()
+        return [base + p * step for p in pages]
+
     def read_pages(self, pages: list[int]) -> torch.Tensor:
         """Host copy of whole pages: [n, n_attn, 2, block_size, kv_heads, head_dim] ([n, 0]
         for a model without attention: its blocks hold no KV). ValueError for a page

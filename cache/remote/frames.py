@@ -191,10 +191,11 @@ def _decompress_into(body: memoryview | bytes, out: memoryview) -> None:
 
 
 def into_pages(body: memoryview | bytes, frame: Frame, block_bytes: int,
-               dest: memoryview | dict[int, torch.Tensor]) -> None:
+               dest: memoryview | torch.Tensor | dict[int, torch.Tensor]) -> None:
     """Check a frame and write its blocks into their pages: dest is the memory of all
-    of them end to end (run_view; the decompressor writes straight into it), or block
-    index in the frame -> a page ([*kv_shape] tensor, any strides; the frame is then
+    of them end to end (run_view; the decompressor writes straight into it), all of
+    them as one [blocks, *kv_shape] tensor (any strides: one copy), or block index in
+    the frame -> a page ([*kv_shape] tensor, any strides; the frame is then
     decompressed once and each page copied). codec.CorruptValue when the frame is bad:
     a checksum that fails writes nothing; a frame that passes it and still does not
     decompress to its size (a writer's bug) may have written some of its pages, which
@@ -207,6 +208,11 @@ def into_pages(body: memoryview | bytes, frame: Frame, block_bytes: int,
         return
     raw = bytearray(frame.blocks * block_bytes)
     _decompress_into(body, memoryview(raw))
+    if isinstance(dest, torch.Tensor):
+        if dest.shape[0] != frame.blocks or dest[0].numel() * dest.element_size() != block_bytes:
+            raise ValueError(f"pages {list(dest.shape)} for a frame of {frame.blocks} pages")
+        dest.copy_(torch.frombuffer(raw, dtype=torch.uint8).view(dest.dtype).view(dest.shape))
+        return
     first = next(iter(dest.values()))
     src = torch.frombuffer(raw, dtype=torch.uint8).view(first.dtype).view(
         frame.blocks, *first.shape)
@@ -214,10 +220,15 @@ def into_pages(body: memoryview | bytes, frame: Frame, block_bytes: int,
     torch._foreach_copy_([dest[j] for j in js], [src[j] for j in js])
 
 
-def addresses(pages: list[torch.Tensor]) -> list[int]:
+def addresses(pages) -> list[int]:
     """Where each page's bytes start, when a frame can be decompressed straight into it
-    (a contiguous CPU page, little-endian host); else -1."""
-    if codec._BIG or any(p.device.type != "cpu" for p in pages[:1]):
+    (a contiguous CPU page, little-endian host); else -1. pages: [*kv_shape] tensors,
+    or pool pages that know their addresses (cache/page_views.py: PoolPages)."""
+    if codec._BIG:
+        return [-1] * len(pages)
+    if hasattr(pages, "addresses"):
+        return pages.addresses()
+    if any(p.device.type != "cpu" for p in pages[:1]):
         return [-1] * len(pages)
     return [p.data_ptr() if p.is_contiguous() and p.device.type == "cpu" else -1
             for p in pages]

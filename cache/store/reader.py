@@ -82,10 +82,11 @@ class Reader:
         are neither read nor part of `pages`.
 
         into_pages: where the blocks go, one [*kv_shape()] CPU tensor each (views of the
-        caller's KV pool pages; any strides): they are written in place and `pages` is
-        None. Memory the pool already holds is not faulted in anew, as a fresh output
-        buffer is on every restore (the kernel zeroing its pages was half a restarted
-        daemon's first disk restore). remote_timeout: seconds the remote pieces may take
+        caller's KV pool pages; any strides; or cache/page_views.py's PoolPages, whose
+        views are made as needed): they are written in place and `pages` is None.
+        Memory the pool already holds is not faulted in anew, as a fresh output buffer
+        is on every restore (the kernel zeroing its pages was half a restarted daemon's
+        first disk restore). remote_timeout: seconds the remote pieces may take
         (then they count as missing)."""
         first = plan.device_blocks
         # pieces: the blocks held one by one, then the snapshot; the remote's run of
@@ -108,7 +109,11 @@ class Reader:
             outs = list(pages)
         else:
             outs = []
-        into = [{"kv": outs[i]} if i < nr else None for i in range(len(pieces))]
+        # the pieces' pages as tensors (pool pages make their views here, in one call);
+        # the run's pages stay as they are: its frames need few views
+        ref_outs = outs[:nr]
+        ref_outs = ref_outs.tensors() if hasattr(ref_outs, "tensors") else ref_outs
+        into = [{"kv": ref_outs[i]} if i < nr else None for i in range(len(pieces))]
         values: list = [None] * len(pieces)
         from_disk, from_remote = [], []
         held = self.host.get_many([p.key for p in pieces])
@@ -122,7 +127,7 @@ class Reader:
                 (from_remote if p.tier == REMOTE and self.fetcher else from_disk).append(i)
             elif i < nr:
                 values[i] = into[i]
-                outs[i].copy_(v["kv"])
+                ref_outs[i].copy_(v["kv"])
             else:
                 values[i] = {k: t.clone() for k, t in v.items()}
         if from_disk:
@@ -276,11 +281,14 @@ class Reader:
         frame, lo = span.frame, run.lo
         blocks = run.blocks_of(span)
         a, n = blocks.start - lo, len(blocks)
-        if blocks.start == span.first and n == frame.blocks and ptrs[a] >= 0 \
+        whole = blocks.start == span.first and n == frame.blocks
+        if whole and ptrs[a] >= 0 \
                 and ptrs[a:a + n] == list(range(ptrs[a], ptrs[a] + n * bb, bb)):
             dest = remote_frames.run_view(outs[a], n * bb)
         else:
-            dest = {b - span.first: outs[b - lo] for b in blocks}
+            dest = outs.run(a, n) if whole and hasattr(outs, "run") else None
+            if dest is None:
+                dest = {b - span.first: outs[b - lo] for b in blocks}
         try:
             remote_frames.into_pages(buf, frame, bb, dest)
         except codec.CorruptValue:
