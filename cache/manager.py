@@ -190,8 +190,11 @@ class CacheManager:
         self.io.detach(seq)
 
     def store_pending(self) -> None:
-        """Put captured checkpoints into the store now (the engine is idle)."""
+        """Put captured checkpoints into the store now (the engine is idle), and let
+        what remote restores read go into LMDB."""
         self.checkpoints.store_pending()
+        if self.store is not None:
+            self.store.reader.idle_now()
 
     def close(self) -> None:
         self.checkpoints.store_pending()
