@@ -316,13 +316,15 @@ class Reader:
     def _keep(self, pieces: list[PieceRef], good: list[int], found, at: dict, raw: dict,
               snaps: dict, run, places: dict) -> None:
         """What a remote restore read, handed to adopt in chain order (on the promoter
-        thread, after the restore has returned): the run's blocks, then the pieces."""
+        thread, after the restore has returned): the run's blocks, then the pieces.
+        Blocks the store knows by now (a checkpoint after the restore put them from
+        the device pages) are not cut from their frames again."""
         keep = []
         if run is not None:
-            keys = run.chain.keys
+            keys, known = run.chain.keys, self.catalog.known
             for s in run.spans:
                 buf = raw[at[s.loc]]
-                for b in run.blocks_of(s):
+                for b in [b for b in run.blocks_of(s) if not known(keys[b])]:
                     keep.append((keys[b], run.meta(b).entry(), buf, None, s.frame,
                                  b - s.first) if s.frame is not None else
                                 (keys[b], run.meta(b).entry(), buf, None, None, 0))

@@ -138,3 +138,23 @@ def test_the_write_through_waits_for_an_idle_engine(aws, open_store, spec,  # no
     c.reader.promoter.submit(lambda: None).result(30)      # waits as a job, not a flush
     assert time.monotonic() - t0 >= reader._IDLE_WAIT - 0.1
     assert c.flush(30) and all(c.has(k) for k in c.chain(TOKENS).keys[:20])
+
+
+def test_blocks_a_checkpoint_put_meanwhile_are_not_cut_again(aws, open_store, spec,  # noqa: F811
+                                                             tmp_path, monkeypatch):
+    from ckptd.cache.remote import frames
+
+    cut = []
+    real = frames.cut_values
+
+    def counted(items, *args):
+        cut.extend(key for key, *_ in items)
+        return real(items, *args)
+    monkeypatch.setattr(frames, "cut_values", counted)
+    _, b, _ = _stores(open_store, spec, tmp_path)
+    chain = b.chain(TOKENS)
+    check_restored(spec, b.load(b.lookup_remote(TOKENS, len(TOKENS), chain)), TOKENS)
+    b.put_blocks(TOKENS, 0, fake_pages(spec, TOKENS, 0, 12), chain=chain)  # a checkpoint
+    assert b.reader.flush(30) and b.flush(30)
+    assert cut == chain.keys[12:20]
+    assert all(b.has(k) for k in chain.keys[:20])
