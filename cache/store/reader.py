@@ -164,8 +164,8 @@ class Reader:
                 done.set()
         run_good, run_corrupt, run_missing = 0, [], 0
         if from_remote or run is not None:
-            run_good, run_corrupt, run_missing = self._load_remote(plan, from_remote, into, values,
-                                                      remote_timeout, outs[nr:])
+            run_good, run_corrupt, run_missing = self._load_remote(
+                plan, from_remote, into, values, remote_timeout, outs[nr:])
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT] + run_corrupt
         if corrupt:
@@ -211,7 +211,8 @@ class Reader:
         run = plan.blocks.run if self.fetcher is not None else None
         spans = run.spans if run is not None else []
         places = found.places_of([pieces[i] for i in idx])
-        locs = list(dict.fromkeys([*(s.loc for s in spans), *(places[pieces[i].key] for i in idx)]))
+        locs = list(dict.fromkeys([*(s.loc for s in spans),
+                                   *(places[pieces[i].key] for i in idx)]))
         at = {loc: u for u, loc in enumerate(locs)}
         readers: list[list[int]] = [[] for _ in locs]        # loc -> pieces read from it
         for i in idx:
