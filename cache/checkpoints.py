@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -198,9 +199,18 @@ class Checkpointer:
                                        first, pages, Snapshot(), END, seq.id))
 
     def store_pending(self) -> None:
+        """Put the captured checkpoints. After a remote restore they go behind its
+        write-through (their parents are the blocks it keeps: the restore counted them
+        as stored, so a checkpoint reads and puts only the blocks after them)."""
         pending, self.pending = self.pending, []
         if pending:
             self.io.wait_reads()
+        if pending and self.store is not None \
+                and self.store.reader.after_keeps(partial(self._put, pending)):
+            return
+        self._put(pending)
+
+    def _put(self, pending: list[Checkpoint]) -> None:
         for cp in pending:
             if cp.pages is not None:
                 self.store.put_blocks(cp.tokens, cp.first_block, cp.pages, cp.salt,

@@ -178,6 +178,9 @@ class RestoredState:
     tier: str | None = None
     first_block: int = 0  # blocks before this come from the caller's device pages: `pages`
                           # holds blocks first_block .. position // B - 1
+    kept_from: int | None = None   # blocks kept_from .. position // B - 1 (the remote's
+                          # run) are on their way into the store: a write-through the
+                          # store's own puts wait for (Reader.after_keeps)
 
 
 def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,

@@ -171,7 +171,11 @@ class Restorer:
                 info.logits = restored.snapshot.logits
             # Blocks the store lacks (a device page outlived its stored copy) are put
             # again by the next checkpoint, so that its snapshot has a parent on disk.
-            rec.stored_blocks = self._stored_run(chain, restored.position // self.B)
+            # The remote's blocks count once the blocks before them are stored: the
+            # write-through keeps them, and the next checkpoint waits for it.
+            full, kept = restored.position // self.B, restored.kept_from
+            stored = self._stored_run(chain, full if kept is None else kept)
+            rec.stored_blocks = full if kept is not None and stored == kept else stored
             break
         info.restore_ms = (time.perf_counter() - t0) * 1000
         seen.restored = info.cached_tokens

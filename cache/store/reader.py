@@ -64,6 +64,29 @@ class Reader:
         # again and encoding 15,625 blocks beside a 250K-token request's first steps
         # made it ~0.6 s slower than the same request after an LMDB restore.
         self.idle = threading.Event()
+        # Promoter jobs the store's own puts must wait for: write-throughs, and the puts
+        # queued behind them (after_keeps).
+        self.keeps = 0
+        self.keeps_lock = threading.Lock()
+
+    def after_keeps(self, fn) -> bool:
+        """Run fn on the promoter after the write-throughs waiting there (a checkpoint
+        after a remote restore: its blocks' parents are those the write-through keeps,
+        and a put whose parent is neither stored nor queued is dropped); False when none
+        waits (the caller runs fn itself)."""
+        with self.keeps_lock:
+            if not self.keeps:
+                return False
+            self.keeps += 1
+        self.promoter.submit(self._counted, fn)
+        return True
+
+    def _counted(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        finally:
+            with self.keeps_lock:
+                self.keeps -= 1
 
     def idle_now(self) -> None:
         """The engine has nothing to run: what restores left to write goes ahead."""
@@ -189,7 +212,8 @@ class Reader:
             tier = REMOTE if remote else DISK if from_disk else HOST if pieces else DEVICE
             snap = Snapshot.from_tensors(snap) if isinstance(snap, dict) else None
             return RestoredState(plan.position, pages, snap, tier=tier if plan.position else None,
-                                 first_block=first)
+                                 first_block=first, kept_from=run.lo if run is not None
+                                 and self.adopt is not None and not self.readonly else None)
         with self.catalog.lock:
             self.catalog.counters.missing += run_missing + sum(values[i] != _CORRUPT
                                                                for i in bad)
@@ -280,8 +304,11 @@ class Reader:
             # Off the restore's path, as disk reads' promotions are: queueing ~16K
             # blocks for the writer took longer than reading them.
             self.idle.clear()
-            self.promoter.submit(self._when_idle, self._keep, pieces, good, found, at, raw,
-                                 snaps, run.head(run_good) if run_good else None, places)
+            with self.keeps_lock:
+                self.keeps += 1
+            self.promoter.submit(self._counted, self._when_idle, self._keep, pieces, good,
+                                 found, at, raw, snaps, run.head(run_good) if run_good else None,
+                                 places)
         if lost.objects:
             kept = {pieces[i].key for i in good}
             if run_good:

@@ -87,6 +87,34 @@ def test_a_remote_restore_gives_the_uncached_logits(tiny_model, daemons):
     assert (got - prompt_logits(tiny_model, tokens)[-1]).abs().max().item() <= 1e-5
 
 
+def test_a_checkpoint_after_a_remote_restore_puts_only_the_new_blocks(daemons):
+    """The restored blocks count as stored (the write-through keeps them): the end
+    checkpoint reads back and puts only the blocks after them, and goes into the store
+    behind the write-through, so its snapshot's parents are there: the whole answer
+    restores from the store alone afterwards."""
+    (ra, a), (rb, b) = daemons(2)
+    tokens = torch.randint(3, 500, (150,), generator=torch.Generator().manual_seed(9)).tolist()
+    _prefill(ra, a, tokens)
+    _uploaded(a)
+    b.rates.prefill_tps = 100.0
+    read = []
+    real = rb.read_pages
+
+    def counted(pages):
+        read.append(len(pages))
+        return real(pages)
+    rb.read_pages = counted
+    longer = tokens + list(range(20, 60))                # 190 tokens: 2 new full blocks
+    info, _ = _prefill(rb, b, longer)
+    assert info.tier == "remote" and info.cached_tokens >= 144
+    assert max(read) <= len(longer) // B - info.cached_tokens // B
+    assert b.store.flush(30)
+    keys = b.store.chain(longer).keys
+    assert all(b.store.has(k) for k in keys[:len(longer) // B])
+    plan = b.store.lookup(longer)                        # the local tiers alone
+    assert plan.position == len(longer) and plan.tier in ("host", "disk")
+
+
 def test_the_remote_is_taken_on_cost_and_asked_on_expectation(daemons):
     (ra, a), (rb, b) = daemons(2)
     tokens = torch.randint(3, 500, (150,), generator=torch.Generator().manual_seed(8)).tolist()
