@@ -84,6 +84,8 @@ class Reader:
     def _counted(self, fn, *args) -> None:
         try:
             fn(*args)
+        except Exception:      # nobody waits on the promoter's futures: say it here
+            log.exception("cache: work queued behind a restore's write-through failed")
         finally:
             with self.keeps_lock:
                 self.keeps -= 1
