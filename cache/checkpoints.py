@@ -206,7 +206,7 @@ class Checkpointer:
         if pending:
             self.io.wait_reads()
         if pending and self.store is not None \
-                and self.store.reader.after_keeps(partial(self._put, pending)):
+                and self.store.reader.writes.after(partial(self._put, pending)):
             return
         self._put(pending)
 

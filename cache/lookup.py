@@ -180,7 +180,7 @@ class RestoredState:
                           # holds blocks first_block .. position // B - 1
     kept_from: int | None = None   # blocks kept_from .. position // B - 1 (the remote's
                           # run) are on their way into the store: a write-through the
-                          # store's own puts wait for (Reader.after_keeps)
+                          # store's own puts wait for (WriteThrough.after)
 
 
 def plan_restore(tokens: list[int], limit: int, chain: KeyChain, hybrid: bool,

@@ -194,7 +194,7 @@ class CacheManager:
         what remote restores read go into LMDB."""
         self.checkpoints.store_pending()
         if self.store is not None:
-            self.store.reader.idle_now()
+            self.store.reader.writes.idle_now()
 
     def close(self) -> None:
         self.checkpoints.store_pending()

@@ -51,10 +51,10 @@ class Run:
         self.chain, self.tokens, self.fp = chain, tokens, fingerprint
         self.block_bytes, self.plain, self.made = block_bytes, plain, made
         self.lo, self.hi = lo, hi
-        a = max(bisect_right([s.first for s in spans], lo) - 1, 0)
-        b = bisect_right([s.first for s in spans], hi - 1) if hi > lo else a
-        self.spans = spans[a:b]
-        self.starts = [s.first for s in self.spans]
+        starts = [s.first for s in spans]
+        a = max(bisect_right(starts, lo) - 1, 0)
+        b = bisect_right(starts, hi - 1) if hi > lo else a
+        self.spans, self.starts = spans[a:b], starts[a:b]
 
     def __len__(self) -> int:
         return self.hi - self.lo

@@ -1,8 +1,8 @@
 """Loading a restore plan: RAM pieces are copied; disk pieces are read and decoded on
 the reader pool straight into the output pages (two helpers run ahead of it: disk
 read-ahead, output page faults), verified, and promoted into RAM. Remote pieces are
-fetched all at once (cache/remote/fetch.py), decoded the same way, and handed to
-`adopt`, which keeps them in LMDB (and a snapshot in RAM) for the next restore, once
+fetched all at once and decoded the same way (cache/store/remote_read.py), and handed
+to `adopt`, which keeps them in LMDB (and a snapshot in RAM) for the next restore, once
 the engine is idle."""
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from concurrent import futures
 import lmdb
 import torch
 
-from ckptd.cache import codec, codec_batch
+from ckptd.cache import codec_batch
 from ckptd.cache.entry import BLOCK
 from ckptd.cache.lookup import DEVICE, DISK, HOST, REMOTE, PieceRef, RestoredState, RestorePlan
-from ckptd.cache.remote import frames as remote_frames
-from ckptd.cache.remote import lost as remote_lost
-from ckptd.cache.remote.fetch import Lost
 from ckptd.cache.remote.ranges import CORRUPT, MISSING
 from ckptd.cache.snapshot import Snapshot
+from ckptd.cache.store import remote_read
 from ckptd.cache.store.catalog import Catalog
+from ckptd.cache.store.remote_read import WriteThrough
 from ckptd.cache.threads import started_pool
 from ckptd.cache.tiers import pagein
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
@@ -36,7 +35,6 @@ log = logging.getLogger(__name__)
 _MISSING, _CORRUPT = MISSING, CORRUPT
 _AHEAD = 8                   # values per read-ahead step
 _READ_ONCE_MAX = 1 << 20     # keys remembered as read from disk once (~80 MB at most)
-_IDLE_WAIT = 2.0             # s a remote restore's write-through waits for an idle engine
 
 
 class Reader:
@@ -59,45 +57,13 @@ class Reader:
         # read from disk once before in this process (`read_once`).
         self.promoter = started_pool(1, "ckptd-promote")
         self.read_once: set[bytes] = set()
-        # What a remote restore read goes into LMDB once the engine has nothing to run
-        # (`idle_now`), or _IDLE_WAIT after the restore: decompressing 64 MB of frames
-        # again and encoding 15,625 blocks beside a 250K-token request's first steps
-        # made it ~0.6 s slower than the same request after an LMDB restore.
-        self.idle = threading.Event()
-        # Promoter jobs the store's own puts must wait for: write-throughs, and the puts
-        # queued behind them (after_keeps).
-        self.keeps = 0
-        self.keeps_lock = threading.Lock()
-
-    def after_keeps(self, fn) -> bool:
-        """Run fn on the promoter after the write-throughs waiting there (a checkpoint
-        after a remote restore: its blocks' parents are those the write-through keeps,
-        and a put whose parent is neither stored nor queued is dropped); False when none
-        waits (the caller runs fn itself)."""
-        with self.keeps_lock:
-            if not self.keeps:
-                return False
-            self.keeps += 1
-        self.promoter.submit(self._counted, fn)
-        return True
-
-    def _counted(self, fn, *args) -> None:
-        try:
-            fn(*args)
-        except Exception:      # nobody waits on the promoter's futures: say it here
-            log.exception("cache: work queued behind a restore's write-through failed")
-        finally:
-            with self.keeps_lock:
-                self.keeps -= 1
-
-    def idle_now(self) -> None:
-        """The engine has nothing to run: what restores left to write goes ahead."""
-        self.idle.set()
+        # what remote restores read, into LMDB once the engine is idle
+        self.writes = WriteThrough(self.promoter)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every restored block so far is promoted into RAM (and what remote
         restores read is handed to the writer)."""
-        self.idle.set()
+        self.writes.idle_now()
         try:
             self.promoter.submit(lambda: None).result(timeout)
         except futures.TimeoutError:
@@ -129,9 +95,8 @@ class Reader:
         first = plan.device_blocks
         # pieces: the blocks held one by one, then the snapshot; the remote's run of
         # blocks (plan.blocks.run) comes after those blocks and is read as a whole
-        pieces, nb = plan.listed(), len(plan.blocks)
-        run = plan.blocks.run if self.fetcher is not None else None
-        if plan.blocks.run is not None and run is None:
+        pieces, nb, run = plan.listed(), len(plan.blocks), plan.blocks.run
+        if run is not None and self.fetcher is None:
             raise ValueError("a plan with the remote's blocks, and no remote to read")
         nr = len(plan.blocks.refs)
         pages = None
@@ -189,8 +154,8 @@ class Reader:
                 done.set()
         run_good, run_corrupt, run_missing = 0, [], 0
         if from_remote or run is not None:
-            run_good, run_corrupt, run_missing = self._load_remote(
-                plan, from_remote, into, values, remote_timeout, outs[nr:])
+            run_good, run_corrupt, run_missing = remote_read.load(
+                self, plan, from_remote, into, values, remote_timeout, outs[nr:])
         bad = [i for i, v in enumerate(values) if not isinstance(v, dict)]
         corrupt = [pieces[i].key for i in bad if values[i] == _CORRUPT] + run_corrupt
         if corrupt:
@@ -222,171 +187,11 @@ class Reader:
         return RestoredState((first + lost) * self.B, None, None, ok=False,
                              dropped=len(corrupt), first_block=first)
 
-    def _load_remote(self, plan: RestorePlan, idx: list[int], into: list, values: list,
-                     timeout: float, run_outs: list) -> tuple[int, list[bytes], int]:
-        """Fetch the plan's run of remote blocks into run_outs (their pages) and its
-        remote pieces idx, each frame or value decoded on the reader pool as its bytes
-        come in (cache/remote/fetch.py; the finder started their ranges when it read
-        the state's head); adopt the good ones up to the first that failed (what
-        follows it would be orphans). A frame is read once, checked once and
-        decompressed into every page it holds (cache/remote/frames.py); its blocks'
-        LMDB values are cut from it later, off the restore's path. Returns how many of
-        the run's blocks came (a prefix), the keys of its corrupt ones and how many of
-        its blocks did not come."""
-        pieces, found = plan.listed(), plan.remote
-        run = plan.blocks.run if self.fetcher is not None else None
-        spans = run.spans if run is not None else []
-        places = found.places_of([pieces[i] for i in idx])
-        locs = list(dict.fromkeys([*(s.loc for s in spans),
-                                   *(places[pieces[i].key] for i in idx)]))
-        at = {loc: u for u, loc in enumerate(locs)}
-        readers: list[list[int]] = [[] for _ in locs]        # loc -> pieces read from it
-        for i in idx:
-            readers[at[places[pieces[i].key]]].append(i)
-        bb = found.block_bytes
-        # where each run page is (-1: not one contiguous CPU page): a frame whose pages
-        # lie end to end is decompressed straight into them
-        ptrs = remote_frames.addresses(run_outs) if run is not None else []
-        if ptrs:
-            # Pool pages a fresh daemon never touched fault in as the frames decode into
-            # them, holding the GIL (~0.5 ms a 512 KiB frame, the transfer's threads
-            # waiting): faulted in here ahead, beside the transfer, without it.
-            self.prefetcher.submit(pagein.write_ready_pages, ptrs, bb)
-        raw: dict[int, memoryview] = {}
-        ns = len(spans)
-
-        def decode(ready: list[tuple[int, memoryview]]) -> list:
-            out: list = [None] * len(ready)
-            plain = []
-            for r, (u, buf) in enumerate(ready):
-                if u < ns and spans[u].frame is not None:
-                    out[r] = self._frame(buf, spans[u], run, run_outs, ptrs, bb)
-                else:
-                    plain.append(r)
-            if plain:
-                items = []
-                for r in plain:
-                    u, buf = ready[r]
-                    if u < ns:                      # an old-layout value of the run
-                        b = spans[u].first
-                        items.append((run.chain.keys[b], buf, {"kv": run_outs[b - run.lo]}))
-                    else:
-                        i = readers[u][0]
-                        items.append((pieces[i].key, buf, into[i]))
-                for r, v in zip(plain, self._decode_many(items)):
-                    out[r] = v
-            # Kept for LMDB (adopt) as the views they are: the fetch never writes a
-            # range's bytes twice, nor after it returns, and a copy of each value was a
-            # fifth of decoding it.
-            raw.update((u, buf) for (u, buf), v in zip(ready, out) if isinstance(v, dict))
-            return out
-        lost = Lost()
-        got = self.fetcher.fetch(locs, timeout, decode, self.pool, found.state, lost,
-                                 started=found.transfer)
-        run_good, run_corrupt, run_missing = (len(run) if run is not None else 0), [], 0
-        for u in range(ns):
-            if not isinstance(got[u], dict):
-                run_good = min(run_good, max(spans[u].first, run.lo) - run.lo)
-                if got[u] == _CORRUPT:
-                    run_corrupt += [run.chain.keys[b] for b in run.blocks_of(spans[u])]
-                else:
-                    run_missing += len(run.blocks_of(spans[u]))
-        for u in range(ns, len(locs)):
-            for i in readers[u]:
-                values[i] = into[i] if isinstance(got[u], dict) and into[i] is not None \
-                    else got[u]
-        # in chain order: the writer takes no block before its parent (the run's blocks
-        # come before the pieces read here: the snapshot)
-        good = next((n for n, i in enumerate(idx) if not isinstance(values[i], dict)), len(idx))
-        good = idx[:good] if run is None or run_good == len(run) else []
-        # a snapshot's tensors are copied now: the caller may change its own
-        snaps = {i: {k: t.clone() for k, t in values[i].items()} for i in good
-                 if into[i] is None}
-        if (good or run_good) and self.adopt is not None:
-            # Off the restore's path, as disk reads' promotions are: queueing ~16K
-            # blocks for the writer took longer than reading them.
-            self.idle.clear()
-            with self.keeps_lock:
-                self.keeps += 1
-            self.promoter.submit(self._counted, self._when_idle, self._keep, pieces, good,
-                                 found, at, raw, snaps, run.head(run_good) if run_good else None,
-                                 places)
-        if lost.objects:
-            kept = {pieces[i].key for i in good}
-            if run_good:
-                kept.update(run.head(run_good).keys())
-            remote_lost.record(self.gone, lost, found.where, found.metas, kept, self.fp)
-        return run_good, run_corrupt, run_missing
-
-    def _when_idle(self, fn, *args) -> None:
-        self.idle.wait(_IDLE_WAIT)
-        fn(*args)
-
-    @staticmethod
-    def _frame(buf: memoryview, span, run, outs: list, ptrs: list[int], bb: int):
-        """One frame's pages written into the run's pages it holds: a dict (as a decoded
-        value is), or _CORRUPT."""
-        frame, lo = span.frame, run.lo
-        blocks = run.blocks_of(span)
-        a, n = blocks.start - lo, len(blocks)
-        whole = blocks.start == span.first and n == frame.blocks
-        if whole and ptrs[a] >= 0 \
-                and ptrs[a:a + n] == list(range(ptrs[a], ptrs[a] + n * bb, bb)):
-            dest = remote_frames.run_view(outs[a], n * bb)
-        else:
-            dest = outs.run(a, n) if whole and hasattr(outs, "run") else None
-            if dest is None:
-                dest = {b - span.first: outs[b - lo] for b in blocks}
-        try:
-            remote_frames.into_pages(buf, frame, bb, dest)
-        except codec.CorruptValue:
-            return _CORRUPT
-        return {}
-
-    def _keep(self, pieces: list[PieceRef], good: list[int], found, at: dict, raw: dict,
-              snaps: dict, run, places: dict) -> None:
-        """What a remote restore read, handed to adopt in chain order (on the promoter
-        thread, after the restore has returned): the run's blocks, then the pieces.
-        Blocks the store knows by now (a checkpoint after the restore put them from
-        the device pages) are not cut from their frames again."""
-        keep = []
-        if run is not None:
-            keys, known = run.chain.keys, self.catalog.known
-            for s in run.spans:
-                buf = raw[at[s.loc]]
-                for b in [b for b in run.blocks_of(s) if not known(keys[b])]:
-                    keep.append((keys[b], run.meta(b).entry(), buf, None, s.frame,
-                                 b - s.first) if s.frame is not None else
-                                (keys[b], run.meta(b).entry(), buf, None, None, 0))
-        for i in good:
-            key = pieces[i].key
-            keep.append((key, found.meta(key), raw[at[places[key]]], snaps.get(i), None, 0))
-        self._adopt(keep, found.block_bytes)
-
-    def _adopt(self, keep: list, block_bytes: int) -> None:
-        """Hand what a remote restore read to adopt, in order: values as they came, and
-        blocks of frames cut into LMDB values (each frame decompressed once more, each
-        block encoded as the writer encodes a page)."""
-        out, framed = [], []
-        for key, meta, buf, tensors, frame, j in keep + [(None,) * 6]:
-            if frame is not None:
-                framed.append((key, meta, buf, frame, j))
-                continue
-            if framed:
-                cut = remote_frames.cut_values(framed, block_bytes, self.spec, self.fp)
-                out += cut
-                if len(cut) < len(framed):
-                    break                  # what follows would be orphans
-                framed = []
-            if key is not None:
-                out.append((key, meta, buf, tensors))
-        self.adopt(out)
-
     def _read_group(self, job: list[tuple[PieceRef, dict | None]]) -> list:
         into = [out for _, out in job]
 
         def decode(got: list[tuple[bytes, memoryview | None]]) -> list:
-            return self._decode_many([(k, buf, d) for (k, buf), d in zip(got, into)])
+            return self.decode_many([(k, buf, d) for (k, buf), d in zip(got, into)])
         try:
             return self.disk.read_batch([(ref.key, ref.kind) for ref, _ in job], decode)
         except lmdb.Error as e:
@@ -395,7 +200,7 @@ class Reader:
             log.warning("cache: disk read failed: %s", e)
             return [_MISSING] * len(job)
 
-    def _decode_many(self, items: list[tuple[bytes, memoryview | None, dict | None]]) -> list:
+    def decode_many(self, items: list[tuple[bytes, memoryview | None, dict | None]]) -> list:
         """Values' tensors, decoded into their dests where given (cache/codec_batch.py);
         _MISSING or _CORRUPT."""
         got = codec_batch.decode_many([(buf, key, dest) for key, buf, dest in items], self.fp)

@@ -117,26 +117,26 @@ def test_a_run_prices_its_blocks_as_the_frames_share_them():
 def test_the_write_through_waits_for_an_idle_engine(aws, open_store, spec,  # noqa: F811
                                                     tmp_path):
     """What a remote restore read goes into LMDB once the engine has nothing to run
-    (the manager's store_pending -> Reader.idle_now), not beside the request's first
-    steps; at the latest _IDLE_WAIT after the restore."""
+    (the manager's store_pending -> WriteThrough.idle_now), not beside the request's first
+    steps; at the latest IDLE_WAIT after the restore."""
     import time
 
-    from ckptd.cache.store import reader
+    from ckptd.cache.store import remote_read
 
     _, b, _ = _stores(open_store, spec, tmp_path)
     keys = b.chain(TOKENS).keys
     check_restored(spec, b.load(b.lookup_remote(TOKENS, len(TOKENS), b.chain(TOKENS))), TOKENS)
     time.sleep(0.5)
     assert not any(b.has(k) for k in keys[:20])           # the request's steps run
-    b.reader.idle_now()                                     # the engine went idle
+    b.reader.writes.idle_now()                              # the engine went idle
     assert b.reader.flush(30) and b.flush(30)
     assert all(b.has(k) for k in keys[:20])
-    # without an idle engine: after _IDLE_WAIT
+    # without an idle engine: after IDLE_WAIT
     _, c, _ = _stores(open_store, spec, tmp_path / "c")
     t0 = time.monotonic()
     c.load(c.lookup_remote(TOKENS, len(TOKENS), c.chain(TOKENS)))
     c.reader.promoter.submit(lambda: None).result(30)      # waits as a job, not a flush
-    assert time.monotonic() - t0 >= reader._IDLE_WAIT - 0.1
+    assert time.monotonic() - t0 >= remote_read.IDLE_WAIT - 0.1
     assert c.flush(30) and all(c.has(k) for k in c.chain(TOKENS).keys[:20])
 
 
