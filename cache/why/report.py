@@ -90,7 +90,7 @@ class CacheReport:
 def tier_runs(blocks, snapshot, position: int, device_blocks: int,
               block_size: int) -> list[tuple[str, int, int]]:
     """The restored tokens as runs of one tier, in prompt order: the device's leading
-    blocks, then the plan's stored blocks (lookup.Blocks, or PieceRefs), then the
+    blocks, then the plan's stored blocks (a lookup.Blocks), then the
     snapshot's tail."""
     B, runs = block_size, []
 
@@ -103,9 +103,7 @@ def tier_runs(blocks, snapshot, position: int, device_blocks: int,
             runs.append((tier, a, b))
     add("device", 0, min(device_blocks * B, position))
     end = device_blocks * B
-    counts = blocks.tier_counts() if hasattr(blocks, "tier_counts") else \
-        [(p.tier, 1) for p in blocks]
-    for tier, n in counts:
+    for tier, n in blocks.tier_counts():
         add(tier, end, end + n * B)
         end += n * B
     if snapshot is not None:
