@@ -22,7 +22,6 @@ from ckptd.cache.remote.ranges import CORRUPT, MISSING
 from ckptd.cache.snapshot import Snapshot
 from ckptd.cache.store import remote_read
 from ckptd.cache.store.catalog import Catalog
-from ckptd.cache.store.remote_read import WriteThrough
 from ckptd.cache.threads import started_pool
 from ckptd.cache.tiers import pagein
 from ckptd.cache.tiers.disk import DiskFull, DiskTier
@@ -58,7 +57,7 @@ class Reader:
         self.promoter = started_pool(1, "ckptd-promote")
         self.read_once: set[bytes] = set()
         # what remote restores read, into LMDB once the engine is idle
-        self.writes = WriteThrough(self.promoter)
+        self.writes = remote_read.WriteThrough(self.promoter)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every restored block so far is promoted into RAM (and what remote

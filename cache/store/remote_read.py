@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 from ckptd.cache import codec
 from ckptd.cache.lookup import PieceRef, RestorePlan
@@ -22,9 +21,6 @@ from ckptd.cache.remote import lost as remote_lost
 from ckptd.cache.remote.fetch import Lost
 from ckptd.cache.remote.ranges import CORRUPT
 from ckptd.cache.tiers import pagein
-
-if TYPE_CHECKING:
-    from ckptd.cache.store.reader import Reader
 
 log = logging.getLogger(__name__)
 IDLE_WAIT = 2.0              # s a remote restore's write-through waits for an idle engine
@@ -80,12 +76,13 @@ class WriteThrough:
                 self.waiting -= 1
 
 
-def load(r: Reader, plan: RestorePlan, idx: list[int], into: list, values: list,
+def load(r, plan: RestorePlan, idx: list[int], into: list, values: list,
          timeout: float, run_outs: list) -> tuple[int, list[bytes], int]:
     """Fetch the plan's run of remote blocks into run_outs (their pages) and its remote
-    pieces idx (into `values`, as Reader.load holds them), the ranges the finder
-    started when it read the state's head taken over; queue the good ones for the
-    write-through up to the first that failed (what follows it would be orphans).
+    pieces idx (into `values`, as r.load holds them; r: the store's Reader), the
+    ranges the finder started when it read the state's head taken over; queue the good
+    ones for the write-through up to the first that failed (what follows it would be
+    orphans).
     Returns how many of the run's blocks came (a prefix), the keys of its corrupt
     ones and how many of its blocks did not come."""
     pieces, found, run = plan.listed(), plan.remote, plan.blocks.run
@@ -188,7 +185,7 @@ def _frame(buf: memoryview, span, run, outs: list, ptrs: list[int], bb: int):
     return {}
 
 
-def _keep(r: Reader, pieces: list[PieceRef], good: list[int], found, at: dict, raw: dict,
+def _keep(r, pieces: list[PieceRef], good: list[int], found, at: dict, raw: dict,
           snaps: dict, run, places: dict) -> None:
     """What a remote restore read, handed to adopt in chain order (the write-through, on
     the promoter): the run's blocks, then the pieces. Blocks the store knows by now (a
@@ -208,7 +205,7 @@ def _keep(r: Reader, pieces: list[PieceRef], good: list[int], found, at: dict, r
     _adopt(r, keep, found.block_bytes)
 
 
-def _adopt(r: Reader, keep: list, block_bytes: int) -> None:
+def _adopt(r, keep: list, block_bytes: int) -> None:
     """Hand what a remote restore read to adopt, in order: values as they came, and
     blocks of frames cut into LMDB values (each frame decompressed once more, each
     block encoded as the writer encodes a page)."""
